@@ -1,0 +1,1 @@
+"""Pure-PyTorch VAE implementations and the tiling engine. Never imports `comfy`."""

@@ -1,0 +1,254 @@
+"""The public VAE object: input checks, clip-length policy, dtype/device handling, sampling.
+
+Architectures (vae/seedvr2, vae/wan) only see validated tensors; everything a user can get wrong is
+caught here with a `ValueError` that names the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+import torch
+
+from .base import LatentFormat, VAEModel
+from .checkpoint import (CheckpointError, StateDict, detect_architecture, read_state_dict,
+                         resolve_checkpoint_path)
+from .memory import auto_temporal_slice
+
+LOGVAR_CLAMP = (-30.0, 20.0)
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, fp32, fp16, bf16") from None
+
+
+class TurboVAE:
+    """A loaded VAE. `encode` returns raw posterior-mean latents, `decode` returns pixels in [-1, 1].
+
+    Pixels are [B, 3, T, H, W] (or [B, 3, H, W] for images; the output then has the same rank),
+    latents [B, C, T', H/f, W/f]. Outputs are on the model's device in the model's dtype.
+
+    Clip length policy: a clip of T frames with T != 4n+1 is padded at the end by repeating its last
+    frame up to the next 4n+1 (what the official SeedVR2 script does), so no frame is dropped; its
+    latents decode to that padded length, and `decode(..., num_frames=T)` trims the result back.
+    """
+
+    def __init__(self, model: VAEModel, source: Optional[str] = None):
+        self.model = model.eval().requires_grad_(False)
+        self.source = source
+
+    # -- descriptive ---------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.model.kind
+
+    @property
+    def latent_format(self) -> LatentFormat:
+        return self.model.latent_format
+
+    @property
+    def latent_channels(self) -> int:
+        return self.latent_format.channels
+
+    @property
+    def spatial_factor(self) -> int:
+        return self.latent_format.spatial_factor
+
+    @property
+    def temporal_factor(self) -> int:
+        return self.latent_format.temporal_factor
+
+    @property
+    def scaling_factor(self) -> float:
+        return self.latent_format.scaling_factor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def to(self, device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
+           non_blocking: bool = False) -> "TurboVAE":
+        self.model.to(device=device, dtype=parse_dtype(dtype), non_blocking=non_blocking)
+        return self
+
+    def state_dict(self) -> StateDict:
+        return self.model.state_dict()
+
+    def __repr__(self) -> str:
+        return f"TurboVAE(kind={self.kind!r}, dtype={self.dtype}, device={self.device}, source={self.source!r})"
+
+    # -- input checks --------------------------------------------------------------------------
+    def _check_common(self, x: torch.Tensor, what: str, channels: int, layout: str) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{what} must be a torch.Tensor {layout}, got {type(x).__name__}")
+        if x.ndim == 4:
+            x = x.unsqueeze(2)
+        if x.ndim != 5:
+            raise ValueError(f"{what} must be {layout} (or 4-D for a single frame); got shape {tuple(x.shape)}")
+        if not (x.is_floating_point()):
+            raise ValueError(f"{what} must be a floating-point tensor (got {x.dtype}); convert with .float()")
+        if x.shape[1] != channels:
+            hint = ""
+            if x.shape[-1] == channels and x.shape[1] != channels:
+                hint = " (channels-last? permute to channels-first)"
+            raise ValueError(f"{what} must have {channels} channels for a {self.kind} VAE; "
+                             f"got shape {tuple(x.shape)}{hint}")
+        if 0 in x.shape:
+            raise ValueError(f"{what} is empty (shape {tuple(x.shape)}); nothing to {'decode' if what == 'latents' else 'encode'}")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{what} contain NaN or inf values; check the upstream node (e.g. an fp16 overflow)")
+        return x
+
+    def check_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self._check_common(pixels, "pixels", 3, "[B, 3, T, H, W] in [-1, 1]")
+        f = self.spatial_factor
+        h, w = x.shape[-2:]
+        if h % f or w % f:
+            raise ValueError(
+                f"pixel height and width must be multiples of {f} for a {self.kind} VAE; got {h}x{w}. "
+                f"Crop or pad to {h - h % f}x{w - w % f} or {math.ceil(h / f) * f}x{math.ceil(w / f) * f} "
+                "(turbovae.pad_to_multiple pads by replication)")
+        return x
+
+    def check_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        return self._check_common(latents, "latents", self.latent_channels, f"[B, {self.latent_channels}, T, h, w]")
+
+    def pad_frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pad a clip to 4n+1 frames by repeating the last frame (documented policy; never drops frames)."""
+        t = pixels.shape[2]
+        tf = self.temporal_factor
+        extra = (-(t - 1)) % tf
+        if extra == 0:
+            return pixels
+        tail = pixels[:, :, -1:].expand(-1, -1, extra, -1, -1)
+        return torch.cat([pixels, tail], dim=2)
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def _auto_slice(self, latent_frames: int, pixels_per_frame: int, decode: bool) -> Optional[int]:
+        return auto_temporal_slice(self.model.memory_model, pixels_per_frame, latent_frames, self.dtype,
+                                   self.device, decode=decode, temporal_factor=self.temporal_factor)
+
+    # -- passes --------------------------------------------------------------------------------
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip."""
+        x = self.pad_frames(self.check_pixels(pixels))
+        x = self._prepare(x)
+        if temporal_slice is None:
+            temporal_slice = self._auto_slice(self.latent_format.latent_frames(x.shape[2]),
+                                              x.shape[-1] * x.shape[-2], decode=False)
+        with torch.inference_mode():
+            return self.model.encode_moments(x, temporal_slice=temporal_slice)
+
+    def encode(self, pixels: torch.Tensor, *, sample: bool = False, generator: Optional[torch.Generator] = None,
+               temporal_slice: Optional[int] = None) -> torch.Tensor:
+        """Raw latents: the posterior mean, or a posterior sample when `sample=True`."""
+        squeeze = pixels.ndim == 4 if isinstance(pixels, torch.Tensor) else False
+        moments = self.encode_moments(pixels, temporal_slice=temporal_slice)
+        out = moments_to_latents(moments, sample=sample, generator=generator)
+        return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+    def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
+               num_frames: Optional[int] = None) -> torch.Tensor:
+        """Pixels [B, 3, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
+        squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
+        z = self._prepare(self.check_latents(latents))
+        if temporal_slice is None:
+            f = self.spatial_factor
+            temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
+        with torch.inference_mode():
+            out = self.model.decode_latents(z, temporal_slice=temporal_slice)
+        if num_frames is not None:
+            if num_frames < 1 or num_frames > out.shape[2]:
+                raise ValueError(f"num_frames={num_frames} is outside 1..{out.shape[2]} decoded frames")
+            out = out[:, :, :num_frames]
+        return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def moments_to_latents(moments: torch.Tensor, *, sample: bool = False,
+                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Mean, or mean + σ·ε with the log-variance clamped to [-30, 20] as the references do."""
+    mean, logvar = moments.chunk(2, dim=1)
+    if not sample:
+        return mean.contiguous()
+    std = torch.exp(0.5 * logvar.float().clamp(*LOGVAR_CLAMP))
+    eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+    return (mean.float() + std * eps).to(mean.dtype)
+
+
+def pad_to_multiple(pixels: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """Replicate-pad H and W (bottom/right) up to a multiple; crop the decoded result back yourself."""
+    h, w = pixels.shape[-2:]
+    ph, pw = (-h) % multiple, (-w) % multiple
+    if not (ph or pw):
+        return pixels
+    x = pixels if pixels.ndim == 4 else pixels.flatten(1, 2)
+    x = torch.nn.functional.pad(x, (0, pw, 0, ph), mode="replicate")
+    return x if pixels.ndim == 4 else x.view(*pixels.shape[:3], h + ph, w + pw)
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _is_engine_source(source: object) -> bool:
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    from ..trt.formats import is_engine_path
+
+    return is_engine_path(Path(source))
+
+
+def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
+             dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
+             fallback: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None,
+             config: Optional[dict] = None) -> TurboVAE:
+    """Load a VAE from a checkpoint file, a diffusers folder, a state dict, or an engine file/folder.
+
+    The architecture is detected from the keys and checked strictly (every key, every shape).
+    `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.
+    `fallback` (engines only) is the checkpoint used for the PyTorch path when an engine cannot run.
+    """
+    target_dtype = parse_dtype(dtype)
+    target_device = torch.device(device) if device is not None else _default_device()
+    if target_dtype is None:
+        target_dtype = torch.bfloat16 if target_device.type == "cuda" else torch.float32
+
+    if _is_engine_source(source):
+        from ..trt.engine_vae import load_engine_vae
+
+        return load_engine_vae(Path(source), dtype=target_dtype, device=target_device, fallback=fallback)
+
+    if isinstance(source, Mapping):
+        sd, name = dict(source), "state dict"
+    else:
+        path, diffusers_config = resolve_checkpoint_path(source)
+        config = config if config is not None else diffusers_config
+        sd, name = read_state_dict(path), str(path)
+    arch = detect_architecture(sd)
+    if arch is None or arch.build is None:
+        looks = arch.name if arch else "no known VAE architecture"
+        raise CheckpointError(
+            f"{name}: not a supported VAE checkpoint (it looks like {looks}). Supported: SeedVR2 "
+            "(ema_vae*.safetensors), Qwen-Image / Wan 2.1 (qwen_image_vae, wan_2.1_vae), Wan 2.2 (wan2.2_vae), "
+            "in ComfyUI/original or diffusers key format.")
+    model = arch.build(sd, config=config, source=name)
+    model.to(device=target_device, dtype=target_dtype)
+    return TurboVAE(model, source=name)

@@ -1,0 +1,53 @@
+"""Free-memory queries and the choices derived from them (temporal slice, tile size)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from .base import MemoryModel
+
+# Never plan to use more than this share of what is free: allocator fragmentation and the rest
+# of the graph (ComfyUI keeps other models resident) need headroom.
+USABLE_FRACTION = 0.6
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Bytes that can still be allocated on `device` (CUDA: driver-reported free + torch's cached pool)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + max(reserved, 0))
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil is optional
+        pages = os.sysconf("SC_AVPHYS_PAGES")
+        return int(pages * os.sysconf("SC_PAGE_SIZE"))
+
+
+def auto_temporal_slice(memory_model: MemoryModel, pixels_per_frame: int, latent_frames: int,
+                        dtype: torch.dtype, device: torch.device, *, decode: bool,
+                        temporal_factor: int = 4, budget: Optional[int] = None) -> Optional[int]:
+    """Largest number of latent frames per slice whose working set fits the budget; None = whole clip.
+
+    The first slice carries one extra latent (1+k); the estimate covers it.
+    """
+    if latent_frames <= 1:
+        return None
+    budget = int(free_memory_bytes(device) * USABLE_FRACTION) if budget is None else budget
+
+    def fits(k: int) -> bool:
+        frames = 1 + k * temporal_factor
+        return memory_model.bytes_needed(pixels_per_frame, frames, dtype, decode=decode) <= budget
+
+    if fits(latent_frames - 1):
+        return None
+    k = latent_frames - 1
+    while k > 1 and not fits(k):
+        k //= 2
+    return max(k, 1)
