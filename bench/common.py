@@ -1,0 +1,128 @@
+"""Timing, memory and table/JSON helpers shared by every benchmark section."""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class BenchOptions:
+    """What the command line asked for; sections read only what they need."""
+
+    device: str = "cpu"
+    dtype: Optional[str] = None  # None = fp32 on CPU, bf16 on CUDA
+    repeat: int = 3
+    warmup: int = 1
+    quick: bool = False  # smallest sizes only (used by the smoke test)
+    checkpoint: dict = field(default_factory=dict)  # section name -> checkpoint path
+
+
+@dataclass
+class BenchRow:
+    section: str
+    case: str
+    variant: str
+    ms: float
+    baseline_ms: Optional[float] = None
+    peak_mb: Optional[float] = None
+    max_abs_err: Optional[float] = None
+    psnr_db: Optional[float] = None
+    note: str = ""
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return self.baseline_ms / self.ms if self.baseline_ms and self.ms else None
+
+
+def sync(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn: Callable[[], object], device, repeat: int = 3, warmup: int = 1) -> tuple[float, object]:
+    """Median wall time in ms of `fn()` after warm-up; returns the last result too."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    sync(device)
+    times = []
+    for _ in range(max(repeat, 1)):
+        t0 = time.perf_counter()
+        result = fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), result
+
+
+def cuda_peak_mb(fn: Callable[[], object], device) -> tuple[Optional[float], object]:
+    """Peak CUDA memory above the starting point while `fn` runs (None on CPU: use a subprocess RSS probe)."""
+    if torch.device(device).type != "cuda":
+        return None, fn()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20, out
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, data_range: float = 2.0) -> float:
+    mse = (a.float() - b.float()).pow(2).mean().item()
+    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(data_range**2 / mse)).item()
+
+
+def environment() -> dict:
+    env = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    head = ["section", "case", "variant", "ms", "speedup", "peak MB", "max err", "PSNR dB", "note"]
+    lines = []
+    for r in rows:
+        lines.append([
+            r.section, r.case, r.variant, f"{r.ms:.1f}",
+            f"{r.speedup:.2f}x" if r.speedup else "",
+            f"{r.peak_mb:.0f}" if r.peak_mb is not None else "",
+            f"{r.max_abs_err:.2e}" if r.max_abs_err is not None else "",
+            f"{r.psnr_db:.1f}" if r.psnr_db is not None else "",
+            r.note,
+        ])
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), "-+-".join("-" * w for w in widths)]
+    out += [fmt.format(*l) for l in lines]
+    return "\n".join(out)
+
+
+def write_json(rows: list[BenchRow], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"environment": environment(),
+               "rows": [dict(asdict(r), speedup=r.speedup) for r in rows]}
+    path.write_text(json.dumps(payload, indent=2))

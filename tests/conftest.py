@@ -1,0 +1,23 @@
+"""Shared fixtures: deterministic threads/seeds and GPU-marker handling."""
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def seeded():
+    torch.manual_seed(0)
+    return torch.Generator().manual_seed(0)

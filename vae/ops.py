@@ -1,0 +1,90 @@
+"""Normalisation(+SiLU) ops shared by both architectures.
+
+These are the single dispatch point for fused GPU kernels (vae/kernels): architecture code calls
+`group_norm_silu` / `rms_norm_silu` and never picks an implementation itself. The PyTorch versions
+here are the exact reference the kernels are tested against: statistics in fp32 whatever the input
+dtype, result cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+_FUSED_DISPATCH = None  # set by vae.kernels when Triton kernels are available (CUDA only)
+
+
+def set_fused_dispatch(dispatch) -> None:
+    """Install (or remove with None) the fused-kernel dispatcher; see vae/kernels."""
+    global _FUSED_DISPATCH
+    _FUSED_DISPATCH = dispatch
+
+
+def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                    eps: float, *, silu: bool = True) -> torch.Tensor:
+    """GroupNorm with statistics per frame (over C/G × H × W, never across time), then optional SiLU.
+
+    Accepts [N, C, H, W] or [B, C, T, H, W]. SeedVR2's `causal_norm_wrapper` semantics.
+    """
+    if _FUSED_DISPATCH is not None and x.is_cuda:
+        out = _FUSED_DISPATCH.group_norm_silu(x, num_groups, weight, bias, eps, silu)
+        if out is not None:
+            return out
+    return group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu)
+
+
+def group_norm_silu_reference(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
+                              bias: Optional[torch.Tensor], eps: float, *, silu: bool = True) -> torch.Tensor:
+    dtype = x.dtype
+    if x.ndim == 5:
+        b, c, t, h, w = x.shape
+        if t == 1:
+            y = _gn2d(x[:, :, 0], num_groups, weight, bias, eps).unsqueeze(2)
+        else:
+            x4 = x.transpose(1, 2).reshape(b * t, c, h, w)
+            y = _gn2d(x4, num_groups, weight, bias, eps).view(b, t, c, h, w).transpose(1, 2)
+    else:
+        y = _gn2d(x, num_groups, weight, bias, eps)
+    if silu:
+        y = F.silu(y, inplace=True)
+    return y.to(dtype)
+
+
+def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
+    if x.dtype in (torch.float16, torch.bfloat16):
+        w = weight.float() if weight is not None else None
+        b = bias.float() if bias is not None else None
+        return F.group_norm(x.float(), num_groups, w, b, eps).to(x.dtype)
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
+def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                  silu: bool = True, eps: float = 1e-12) -> torch.Tensor:
+    """Wan RMS_norm (`F.normalize(x, dim=1) * sqrt(C) * gamma + bias`), then optional SiLU.
+
+    The L2 reduction over channels accumulates in fp32 without materialising an fp32 copy of `x`.
+    """
+    if _FUSED_DISPATCH is not None and x.is_cuda:
+        out = _FUSED_DISPATCH.rms_norm_silu(x, gamma, bias, silu, eps)
+        if out is not None:
+            return out
+    return rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps)
+
+
+def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                            silu: bool = True, eps: float = 1e-12) -> torch.Tensor:
+    c = x.shape[1]
+    norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True, dtype=torch.float32).clamp_min_(eps)
+    if x.dtype == torch.float32:
+        y = x / norm
+        y.mul_(gamma * math.sqrt(c))
+    else:
+        y = (x.float() / norm).mul_(gamma.float() * math.sqrt(c)).to(x.dtype)
+    if bias is not None:
+        y.add_(bias)
+    if silu:
+        y = F.silu(y, inplace=True)
+    return y
