@@ -1,9 +1,172 @@
-"""Placeholder until the tiling engine lands (issue 4)."""
+"""`decode_tiled` / `encode_tiled`: tile sizes in pixels, three modes, OOM-safe, with progress and cancel.
+
+Modes:
+- "fast": independent tiles blended with raised-cosine ramps (not exact; PSNR reported in the docs).
+- "exact": equal to the untiled pass (fp32 ≤ 1e-4) with working memory bounded by the tile; global
+  operations (norm statistics, mid-block attention) run over the whole frame (see exact.py).
+- "auto": untiled when the estimated working set fits free memory, else exact tiles (fast tiles for
+  a model without an exact plan) sized from the model's memory model.
+On out-of-memory the tile is halved down to a floor, then a clear error states the numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+import torch
+
+from ..api import TurboVAE, moments_to_latents
+from ..memory import USABLE_FRACTION, auto_temporal_slice, free_memory_bytes
+from .exact import supports_exact, run_exact
+from .fast import PassGeometry, run_tiled
+from .grid import TileGrid
+
+log = logging.getLogger(__name__)
+
+MODES = ("fast", "exact", "auto")
+MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
+OOM_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+
+Progress = Optional[Callable[[int, int], None]]
 
 
-def decode_tiled(vae, latents, **kwargs):
-    raise NotImplementedError("tiled decode is not implemented yet")
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
 
 
-def encode_tiled(vae, pixels, **kwargs):
-    raise NotImplementedError("tiled encode is not implemented yet")
+def _check_sizes(tile: Optional[int], overlap: int, f: int) -> None:
+    if tile is not None and tile < MIN_TILE_LATENT * f:
+        raise ValueError(f"tile={tile} px is too small; use at least {MIN_TILE_LATENT * f} px (or None for auto)")
+    if overlap < 0:
+        raise ValueError(f"overlap must be ≥ 0 px, got {overlap}")
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
+                     budget: Optional[int] = None) -> int:
+    """Largest square latent tile whose working set (one frame slice) fits the memory budget."""
+    f = vae.spatial_factor
+    budget = int(free_memory_bytes(vae.device) * USABLE_FRACTION) if budget is None else budget
+    mm = vae.model.memory_model
+    slice_frames = min(frames, 1 + vae.temporal_factor)  # auto slicing goes down to 1 latent per step
+    tile = max(h_lat, w_lat)
+    while tile > MIN_TILE_LATENT:
+        px = min(tile, h_lat) * f * min(tile, w_lat) * f
+        if mm.bytes_needed(px, slice_frames, vae.dtype, decode=decode) <= budget:
+            return tile
+        tile = max(MIN_TILE_LATENT, (tile * 3) // 4)
+    return MIN_TILE_LATENT
+
+
+def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: int, what: str,
+                        device: torch.device) -> torch.Tensor:
+    first = tile_lat
+    while True:
+        try:
+            return run(tile_lat)
+        except OOM_ERRORS as e:
+            _empty_cache(device)
+            if tile_lat <= MIN_TILE_LATENT:
+                free = free_memory_bytes(device) / 2**30
+                raise MemoryError(
+                    f"out of memory during tiled {what} even with {tile_lat * f} px tiles (started at {first * f} px; "
+                    f"floor {MIN_TILE_LATENT * f} px); {free:.2f} GiB free on {device}. Lower temporal_slice, use "
+                    "bf16/fp16, or free memory (unload other models).") from e
+            smaller = max(MIN_TILE_LATENT, tile_lat // 2)
+            log.warning("TurboVAE: out of memory in tiled %s with %d px tiles; retrying with %d px",
+                        what, tile_lat * f, smaller * f)
+            tile_lat = smaller
+
+
+def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
+                 mode: str = "fast", temporal_slice: Optional[int] = None, progress: Progress = None,
+                 output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
+
+    `progress(done, total)` is called after every tile×slice step; an exception it raises (e.g. a
+    UI interrupt) propagates and leaves the model usable. `output_device` holds the fp32 accumulator
+    (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
+    """
+    _check_mode(mode)
+    f = vae.spatial_factor
+    _check_sizes(tile, overlap, f)
+    squeeze = latents.ndim == 4
+    z = vae.check_latents(latents).to(device=vae.device, dtype=vae.dtype)
+    h_lat, w_lat, t_lat = z.shape[-2], z.shape[-1], z.shape[2]
+    geom = PassGeometry(1, f, 3, True, vae.temporal_factor)
+    exact = mode == "exact" or (mode == "auto" and supports_exact(vae.model, decode=True))
+    if mode == "exact" and not supports_exact(vae.model, decode=True):
+        raise ValueError(f"exact tiled decode is not available for a {vae.kind} VAE; use mode='fast'")
+
+    def tile_latent() -> int:
+        if tile is not None:
+            return max(MIN_TILE_LATENT, tile // f)
+        return auto_tile_latent(vae, h_lat, w_lat, geom.out_frames(t_lat), decode=True)
+
+    def run(tile_lat: int) -> torch.Tensor:
+        ts = temporal_slice
+        if ts is None:
+            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
+            ts = auto_temporal_slice(vae.model.memory_model, px, t_lat, vae.dtype, vae.device, decode=True,
+                                     temporal_factor=vae.temporal_factor)
+        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
+        with torch.inference_mode():
+            if exact:
+                return run_exact(vae.model, z, grid, decode=True, temporal_slice=ts, progress=progress,
+                                 output_device=output_device)
+            return run_tiled(z, grid, geom, vae.model.decode_stream, blend=overlap, temporal_slice=ts,
+                             progress=progress, accum_device=output_device)
+
+    out = _run_with_oom_retry(run, tile_latent(), f, "decode", vae.device).to(vae.dtype)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
+                 mode: str = "fast", temporal_slice: Optional[int] = None, progress: Progress = None,
+                 sample: bool = False, generator: Optional[torch.Generator] = None,
+                 output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Encode pixels in spatial tiles (input pixels) and temporal slices; returns raw latents.
+
+    Moments (mean ‖ log-variance) are blended, then the mean (or a posterior sample) is taken.
+    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does.
+    """
+    _check_mode(mode)
+    f = vae.spatial_factor
+    _check_sizes(tile, overlap, f)
+    squeeze = pixels.ndim == 4
+    x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
+    h_lat, w_lat, t_px = x.shape[-2] // f, x.shape[-1] // f, x.shape[2]
+    geom = PassGeometry(f, 1, 2 * vae.latent_channels, False, vae.temporal_factor)
+    exact = mode == "exact" or (mode == "auto" and supports_exact(vae.model, decode=False))
+    if mode == "exact" and not supports_exact(vae.model, decode=False):
+        raise ValueError(f"exact tiled encode is not available for a {vae.kind} VAE; use mode='fast'")
+
+    def tile_latent() -> int:
+        if tile is not None:
+            return max(MIN_TILE_LATENT, tile // f)
+        return auto_tile_latent(vae, h_lat, w_lat, t_px, decode=False)
+
+    def run(tile_lat: int) -> torch.Tensor:
+        ts = temporal_slice
+        if ts is None:
+            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
+            ts = auto_temporal_slice(vae.model.memory_model, px, geom.out_frames(t_px), vae.dtype, vae.device,
+                                     decode=False, temporal_factor=vae.temporal_factor)
+        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
+        with torch.inference_mode():
+            if exact:
+                return run_exact(vae.model, x, grid, decode=False, temporal_slice=ts, progress=progress,
+                                 output_device=output_device)
+            return run_tiled(x, grid, geom, vae.model.encode_stream, blend=overlap // f, temporal_slice=ts,
+                             progress=progress, accum_device=output_device)
+
+    moments = _run_with_oom_retry(run, tile_latent(), f, "encode", vae.device).to(vae.dtype)
+    out = moments_to_latents(moments, sample=sample, generator=generator)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out

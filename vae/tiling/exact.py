@@ -1,0 +1,183 @@
+"""Exact tiles: equal to the untiled pass, with working memory bounded by the tile.
+
+A model opts in by returning an `ExactPlan` from `exact_plan(decode=...)`: its pass split into
+- local *stages* (convolutions, per-pixel norms, resampling) that can run on a spatial crop whose
+  halo covers their receptive field, and
+- one *global* part that needs the whole frame (mid-block attention, statistics over the frame),
+  run at latent resolution where a frame is small.
+Decode = global part on the whole latent clip, then the local suffix stage by stage per tile; encode
+= the local prefix per tile, then the global part. After every stage the crop is trimmed to the halo
+the remaining stages still need, so the redundant halo work shrinks as resolution grows. Every stage
+is a causal stream, so video tiles carry their own temporal memory through the slices.
+
+Each tile only exchanges halos with its neighbours and the global part only needs the assembled
+latent-resolution frame, which is the split a multi-GPU version needs (halo exchange between ranks,
+global part on one rank or with all-reduced statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..base import CausalStream
+from .fast import PassGeometry, Progress
+from .grid import TileGrid
+
+
+@dataclass(frozen=True)
+class LocalStage:
+    """A spatially local step: `open()` gives a causal stream over [B, C, t, h, w] slices.
+
+    `scale`: output pixels per input pixel (2 for an upsampler, 1/2 for a stride-2 conv, 1 otherwise).
+    `radius`: input pixels of context each output pixel needs on every side (its receptive radius).
+    """
+
+    open: Callable[[], CausalStream]
+    scale: Fraction
+    radius: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ExactPlan:
+    prefix: Sequence[LocalStage]  # encode: pixels -> latent-resolution features, tiled
+    global_open: Callable[[], CausalStream]  # whole frame, latent resolution
+    suffix: Sequence[LocalStage]  # decode: latent-resolution features -> pixels, tiled
+    global_channels: int  # channels of the tensor between the local and global parts
+
+
+def supports_exact(model, *, decode: bool) -> bool:
+    plan_fn = getattr(model, "exact_plan", None)
+    return plan_fn is not None and plan_fn(decode=decode) is not None
+
+
+def partition(length: int, tile: int) -> list[tuple[int, int]]:
+    """Non-overlapping cores of at most `tile` covering [0, length), evenly sized."""
+    n = max(1, math.ceil(length / tile))
+    bounds = [round(i * length / n) for i in range(n + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
+    """Halo (input pixels of each stage) such that the last stage's core output is exact.
+
+    Works backwards: the context still needed after stage k, expressed in latent units, plus stage
+    k's own radius. Down-sampling stages need crops aligned to their stride, so halos are rounded up
+    to a multiple of 1/scale.
+    """
+    res = [res_in]
+    for s in stages:
+        res.append(res[-1] * s.scale)
+    halos = [0] * len(stages)
+    need_latent = Fraction(0)  # context needed at the output of the current stage, in latent units
+    for k in range(len(stages) - 1, -1, -1):
+        need_latent += Fraction(stages[k].radius) / res[k]
+        h = math.ceil(need_latent * res[k])
+        step = max(1, math.ceil(1 / stages[k].scale)) if stages[k].scale < 1 else 1
+        halos[k] = math.ceil(h / step) * step
+        need_latent = Fraction(halos[k]) / res[k]
+    return halos
+
+
+class _TileChain:
+    """The local stages of one tile: crops each stage's input to the halo the rest still needs."""
+
+    def __init__(self, stages: Sequence[LocalStage], res_in: Fraction, core: tuple[tuple[int, int], tuple[int, int]],
+                 full_latent: tuple[int, int], stack: ExitStack):
+        self.stages = stages
+        self.res = [res_in]
+        for s in stages:
+            self.res.append(self.res[-1] * s.scale)
+        self.halos = _halos(stages, res_in) + [0]
+        self.core = core
+        self.full = full_latent
+        self.streams = [stack.enter_context(s.open()) for s in stages]
+
+    def window(self, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Crop [y0, y1) × [x0, x1) at the input of stage k (k == len(stages): the final core)."""
+        res, halo = self.res[k], self.halos[k]
+        out = []
+        for (c0, c1), full in zip(self.core, self.full):
+            lo = max(0, int(c0 * res) - halo)
+            hi = min(int(full * res), int(c1 * res) + halo)
+            out.append((lo, hi))
+        return out[0], out[1]
+
+    def run(self, x_full: torch.Tensor) -> torch.Tensor:
+        (y0, y1), (x0, x1) = self.window(0)
+        x = x_full[..., y0:y1, x0:x1]
+        origin = (y0, x0)
+        for k, stream in enumerate(self.streams):
+            x = stream.step(x)
+            scale = self.stages[k].scale
+            origin = (int(origin[0] * scale), int(origin[1] * scale))
+            (ny0, ny1), (nx0, nx1) = self.window(k + 1)
+            x = x[..., ny0 - origin[0]:ny1 - origin[0], nx0 - origin[1]:nx1 - origin[1]]
+            origin = (ny0, nx0)
+        return x
+
+
+def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_slice: Optional[int],
+              progress: Progress, output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32."""
+    plan: ExactPlan = model.exact_plan(decode=decode)
+    lf = model.latent_format
+    f = lf.spatial_factor
+    h_lat, w_lat = grid.rows.length, grid.cols.length
+    tile = max(grid.rows.tile, grid.cols.tile)
+    cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
+    in_geom = PassGeometry(1 if decode else f, f if decode else 1, 3 if decode else 2 * lf.channels, decode,
+                           lf.temporal_factor)
+    slices = in_geom.slices(x.shape[2], temporal_slice)
+    total = len(slices) * (len(cores) + 1)
+    done = 0
+    device = output_device or x.device
+
+    def tick():
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    b, t_in = x.shape[0], x.shape[2]
+    if decode:
+        glob = _run_global(plan, x, slices, in_geom, tick)
+        out = torch.empty(b, 3, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32, device=device)
+        _run_tiles(plan.suffix, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick)
+        return out
+    # encode: local prefix per tile into a latent-resolution buffer, then the global part
+    t_lat = in_geom.out_frames(t_in)
+    mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
+    _run_tiles(plan.prefix, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick)
+    lat_geom = PassGeometry(1, 1, 2 * lf.channels, True, 1)
+    lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
+    moments = _run_global(plan, mid, lat_slices, lat_geom, tick)
+    return moments.to(device=device, dtype=torch.float32)
+
+
+def _run_global(plan: ExactPlan, x: torch.Tensor, slices, geom: PassGeometry, tick) -> torch.Tensor:
+    parts = []
+    with plan.global_open() as stream:
+        for t0, t1 in slices:
+            parts.append(stream.step(x[:, :, t0:t1]))
+            tick()
+    return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+
+
+def _run_tiles(stages, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry, out_scale: int,
+               tick) -> None:
+    for (ry, rx) in cores:
+        with ExitStack() as stack:
+            chain = _TileChain(stages, res_in, (ry, rx), full_latent, stack)
+            for t0, t1 in slices:
+                y = chain.run(src[:, :, t0:t1])
+                o0, o1 = geom.out_frame_range(t0, t1)
+                dst[:, :, o0:o1, ry[0] * out_scale:ry[1] * out_scale, rx[0] * out_scale:rx[1] * out_scale] = y
+                del y
+                tick()

@@ -1,0 +1,87 @@
+"""Fast tiles: each tile runs the whole causal stream on its own crop; results are blended.
+
+Not exact (GroupNorm statistics and mid-block attention see only the tile), but memory is bounded
+by the tile and the blend is a partition of unity, so a single tile reproduces the untiled pass.
+Temporal slices inside a tile carry that tile's causal memory — never restarted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..base import CausalStream, split_slices
+from .grid import TileGrid
+
+Progress = Optional[Callable[[int, int], None]]
+
+
+@dataclass(frozen=True)
+class PassGeometry:
+    """How one pass maps latent-grid units and frames between its input and its output.
+
+    `in_scale` / `out_scale`: input / output pixels per latent pixel (decode 1 / f, encode f / 1).
+    """
+
+    in_scale: int
+    out_scale: int
+    out_channels: int
+    decode: bool
+    temporal_factor: int
+
+    def out_frames(self, in_frames: int) -> int:
+        tf = self.temporal_factor
+        return (in_frames - 1) * tf + 1 if self.decode else (in_frames - 1) // tf + 1
+
+    def out_frame_range(self, start: int, stop: int) -> tuple[int, int]:
+        """Output frames produced by the input frames [start, stop) of a causal stream."""
+        tf = self.temporal_factor
+        if self.decode:
+            return max(0, tf * start - (tf - 1)), tf * stop - (tf - 1)
+        return (start + tf - 1) // tf, (stop + tf - 1) // tf
+
+    def slices(self, in_frames: int, temporal_slice: Optional[int]) -> Sequence[tuple[int, int]]:
+        """Input frame slices: whole clip, or (1+k, k, k, …) latents ≙ (1+4k, 4k, …) pixel frames."""
+        if temporal_slice is None or temporal_slice <= 0:
+            return [(0, in_frames)]
+        step = temporal_slice if self.decode else temporal_slice * self.temporal_factor
+        return split_slices(in_frames, 1 + step, step)
+
+
+def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
+              *, blend: int, temporal_slice: Optional[int], progress: Progress,
+              accum_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Blend per-tile stream outputs into one pre-allocated fp32 accumulator; returns fp32.
+
+    `blend` is the ramp width in output units. Weights are a partition of unity; the weight plane is
+    still accumulated and divided out so rounding at the ramps cannot tint the result.
+    """
+    b, _, t_in = x.shape[:3]
+    h_lat, w_lat = grid.rows.length, grid.cols.length
+    oh, ow = h_lat * geom.out_scale, w_lat * geom.out_scale
+    t_out = geom.out_frames(t_in)
+    device = accum_device or x.device
+    out = torch.zeros(b, geom.out_channels, t_out, oh, ow, dtype=torch.float32, device=device)
+    weight = torch.zeros(oh, ow, dtype=torch.float32, device=device)
+    slices = geom.slices(t_in, temporal_slice)
+    total, done = len(grid) * len(slices), 0
+    s_in, s_out = geom.in_scale, geom.out_scale
+    for i, j, r, c in grid:
+        wy = grid.rows.weights(i, s_out, blend, device)
+        wx = grid.cols.weights(j, s_out, blend, device)
+        w2 = wy[:, None] * wx[None, :]
+        ys, xs = slice(r.start * s_out, r.stop * s_out), slice(c.start * s_out, c.stop * s_out)
+        crop = x[..., r.start * s_in:r.stop * s_in, c.start * s_in:c.stop * s_in]
+        with open_stream() as stream:
+            for t0, t1 in slices:
+                y = stream.step(crop[:, :, t0:t1])
+                o0, o1 = geom.out_frame_range(t0, t1)
+                out[:, :, o0:o1, ys, xs].addcmul_(y.to(device=device, dtype=torch.float32), w2)
+                del y
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        weight[ys, xs].add_(w2)
+    return out.div_(weight)
