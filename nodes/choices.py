@@ -1,0 +1,43 @@
+"""Combo option lists and their validation.
+
+ComfyUI does not check V3 combo values against their options (an out-of-list value from an API
+prompt or an old workflow reaches `execute`), so every node checks its own.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+TILE_MODES = ("auto", "fast", "exact")
+COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_DYNAMIC = ("auto", "true", "false")
+
+TILE_MODE_HELP = ("auto: no tiling when the whole pass fits in free memory, otherwise exact tiles sized from "
+                  "free memory. exact: tiles whose result equals the untiled pass (frame-wide statistics and "
+                  "attention are computed once at latent resolution); memory bounded by the tile. fast: "
+                  "independent tiles blended across the overlap; least memory and time, small differences "
+                  "from the untiled result are possible near seams.")
+
+
+def choice_error(name: str, value: object, options: Sequence[str]) -> str | None:
+    """None when `value` is one of `options`, else a message naming the valid values."""
+    if value in options:
+        return None
+    return f"{name}={value!r} is not a valid choice; use one of: {', '.join(map(str, options))}"
+
+
+def check_choice(name: str, value: object, options: Sequence[str]) -> str:
+    err = choice_error(name, value, options)
+    if err:
+        raise ValueError(err)
+    return value  # type: ignore[return-value]
+
+
+def first_error(*errors: str | None) -> bool | str:
+    """`validate_inputs` result: True, or the first error message."""
+    for err in errors:
+        if err:
+            return err
+    return True

@@ -1,0 +1,218 @@
+"""`ComfyTurboVAE`: a TurboVAE dressed as ComfyUI's `VAE` so core nodes (VAEDecode, VAEEncode,
+VAEDecodeTiled, VAEEncodeTiled, SaveLatent, Wan/Qwen helpers) accept it unchanged.
+
+Why a duck type and not a `comfy.sd.VAE` subclass: core never type-checks a VAE, and owning the
+calls lets us keep our exact temporal streaming and tiling, real per-tile progress/cancel in the
+3-D path (core passes no progress bar there), and memory estimates that match our working set
+instead of core's full-tensor guesses. Every public attribute of `comfy.sd.VAE` that core nodes
+read is provided with the meaning core gives it.
+
+Layouts: IMAGE is [N, H, W, C] in 0..1 on the intermediate device; for these 3-D VAEs an IMAGE batch
+is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are raw latents.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+import comfy.model_management as mm
+import comfy.model_patcher
+import comfy.utils
+
+from ..vae.api import TurboVAE
+from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+
+# Latent frames per slice whose working set we ask model management to free before a pass. Our
+# passes stream longer clips in slices sized to what is free at run time, so reserving the whole
+# clip (core's habit) would evict every other model for no gain.
+RESERVED_LATENT_FRAMES = 4
+WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+class ComfyTurboVAE:
+    is_turbovae = True
+
+    def __init__(self, turbo: TurboVAE, *, load_device: Optional[torch.device] = None,
+                 offload_device: Optional[torch.device] = None):
+        fmt = turbo.latent_format
+        self.turbo = turbo
+        self.first_stage_model = turbo.model
+        self.device = torch.device(load_device) if load_device is not None else mm.vae_device()
+        self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
+        self.output_device = mm.intermediate_device()
+        self.vae_dtype = turbo.dtype
+        self.patcher = comfy.model_patcher.ModelPatcher(turbo.model, load_device=self.device,
+                                                        offload_device=self.offload_device)
+        # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
+        # VAEEncodeForInpaint use `downscale_ratio` as a number).
+        self.latent_channels = fmt.channels
+        self.latent_dim = 3
+        self.output_channels = 3
+        self.downscale_ratio = fmt.spatial_factor
+        self.upscale_ratio = fmt.spatial_factor
+        self.downscale_index_formula = (fmt.temporal_factor, fmt.spatial_factor, fmt.spatial_factor)
+        self.upscale_index_formula = self.downscale_index_formula
+        self.working_dtypes = list(WORKING_DTYPES)
+        # Our modules are plain nn.Modules (no comfy cast-weight ops): they must be loaded whole.
+        self.disable_offload = True
+        self.not_video = False
+        self.crop_input = True
+        self.extra_1d_channel = None
+        self.process_input = lambda image: image * 2.0 - 1.0
+        self.process_output = lambda image: torch.clamp((image + 1.0) / 2.0, min=0.0, max=1.0)
+
+    # -- what core nodes query --------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.turbo.kind
+
+    def throw_exception_if_invalid(self) -> None:
+        if self.first_stage_model is None:
+            raise RuntimeError("TurboVAE: this VAE has been released; load it again")
+
+    def get_sd(self) -> dict:
+        return self.turbo.state_dict()
+
+    def spacial_compression_decode(self) -> int:
+        return self.turbo.spatial_factor
+
+    def spacial_compression_encode(self) -> int:
+        return self.turbo.spatial_factor
+
+    def temporal_compression_decode(self) -> int:
+        return self.turbo.temporal_factor
+
+    def temporal_compression_encode(self) -> int:
+        return self.turbo.temporal_factor
+
+    # -- memory ---------------------------------------------------------------------------
+    def _bytes(self, pixels_per_frame: int, frames: int, dtype: torch.dtype, decode: bool) -> int:
+        mem = self.turbo.model.memory_model
+        return int(mem.bytes_needed(pixels_per_frame, frames, dtype, decode=decode))
+
+    def _reserved_frames(self, frames: int) -> int:
+        return min(frames, 1 + RESERVED_LATENT_FRAMES * self.turbo.temporal_factor)
+
+    def memory_used_decode(self, shape, dtype) -> int:
+        """Working set of decoding one slice of latents `shape` ([B, C, T, h, w] or [B, C, h, w])."""
+        t = shape[2] if len(shape) == 5 else 1
+        f = self.turbo.spatial_factor
+        frames = self._reserved_frames(self.turbo.latent_format.pixel_frames(t))
+        return shape[0] * self._bytes(shape[-1] * shape[-2] * f * f, frames, dtype, True)
+
+    def memory_used_encode(self, shape, dtype) -> int:
+        """Working set of encoding one slice of pixels `shape` ([B, 3, T, H, W] or [B, 3, H, W])."""
+        t = shape[2] if len(shape) == 5 else 1
+        return shape[0] * self._bytes(shape[-1] * shape[-2], self._reserved_frames(t), dtype, False)
+
+    def _load(self, memory_required: int) -> None:
+        mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=self.disable_offload)
+
+    # -- layout conversions -----------------------------------------------------------------
+    def vae_encode_crop_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Centre-crop H and W down to multiples of the spatial factor (core's behaviour)."""
+        f = self.turbo.spatial_factor
+        for dim in (1, 2):
+            size = pixels.shape[dim]
+            keep = (size // f) * f
+            if keep != size:
+                pixels = pixels.narrow(dim, (size % f) // 2, keep)
+        return pixels
+
+    def _image_to_clip(self, pixels: torch.Tensor) -> torch.Tensor:
+        """IMAGE [N, H, W, C] (0..1) -> one clip [1, 3, N, H, W] (-1..1)."""
+        if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4:
+            raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels]; got "
+                             f"{tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__}")
+        pixels = self.vae_encode_crop_pixels(pixels[..., :3])
+        if pixels.shape[1] == 0 or pixels.shape[2] == 0:
+            raise ValueError(f"image is smaller than {self.turbo.spatial_factor}x{self.turbo.spatial_factor} "
+                             "pixels; nothing to encode")
+        return self.process_input(pixels.movedim(-1, 0).unsqueeze(0).float())
+
+    def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
+        """[B, 3, T, H, W] (-1..1) -> [B, T, H, W, 3] (0..1); 4-D latents give [B, H, W, 3]."""
+        out = self.process_output(pixels.to(self.output_device).float())
+        if was_4d and out.ndim == 5 and out.shape[2] == 1:
+            out = out[:, :, 0]
+        return out.movedim(1, -1)
+
+    def _check_latents(self, samples: torch.Tensor) -> torch.Tensor:
+        return self.turbo.check_latents(samples)
+
+    # -- whole passes (core VAEDecode / VAEEncode) ----------------------------------------------
+    def decode(self, samples_in: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
+        self.throw_exception_if_invalid()
+        was_4d = samples_in.ndim == 4
+        z = self._check_latents(samples_in)
+        self._load(self.memory_used_decode(z.shape, self.vae_dtype))
+        out = [self.turbo.decode(z[i:i + 1]).to(self.output_device) for i in range(z.shape[0])]
+        return self._clip_to_image(torch.cat(out), was_4d)
+
+    def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
+        self.throw_exception_if_invalid()
+        clip = self._image_to_clip(pixel_samples)
+        self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
+        return self.turbo.encode(clip).to(self.output_device).float()
+
+    # -- tiled passes ---------------------------------------------------------------------
+    def decode_tiles(self, samples: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
+                     temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
+        """Our tiled decode (pixel units) with a UI progress bar that is also the cancel point."""
+        self.throw_exception_if_invalid()
+        was_4d = samples.ndim == 4
+        z = self._check_latents(samples)
+        f = self.turbo.spatial_factor
+        side = tile if tile else max(z.shape[-1], z.shape[-2]) * f
+        frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
+        self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
+        mm.throw_exception_if_processing_interrupted()
+        out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
+                            progress=_progress_callback(node_id))
+        return self._clip_to_image(out, was_4d)
+
+    def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
+                     temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
+        self.throw_exception_if_invalid()
+        clip = self._image_to_clip(pixels)
+        side = tile if tile else max(clip.shape[-1], clip.shape[-2])
+        frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
+        self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
+        mm.throw_exception_if_processing_interrupted()
+        out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
+                            progress=_progress_callback(node_id))
+        return out.to(self.output_device).float()
+
+    def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
+        """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our
+        temporal slices carry the causal cache, so they are exact) and is ignored."""
+        f = self.turbo.spatial_factor
+        tile = max(tile_x or 0, tile_y or 0) * f or None
+        return self.decode_tiles(samples, tile=tile, overlap=(overlap or 0) * f, mode="auto",
+                                 temporal_slice=tile_t)
+
+    def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
+        """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
+        tile = max(tile_x or 0, tile_y or 0) or None
+        slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
+        return self.encode_tiles(pixel_samples, tile=tile, overlap=overlap or 0, mode="auto", temporal_slice=slice_)
+
+
+def _progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
+    """`progress(done, total)` for the tiling engine: drives the node's UI bar, and raises
+    ComfyUI's interrupt exception from inside the loop when the user presses Cancel."""
+    bar: list = []
+
+    def progress(done: int, total: int) -> None:
+        if not bar:
+            bar.append(comfy.utils.ProgressBar(total, node_id=node_id))
+        bar[0].update_absolute(done, total)
+        mm.throw_exception_if_processing_interrupted()
+
+    return progress
+
+
+def is_turbovae(vae: object) -> bool:
+    return getattr(vae, "is_turbovae", False) is True

@@ -1,0 +1,121 @@
+"""Load VAE (TurboVAE) and Compile Settings: thin adapters over `load_vae` and `vae/compile.py`."""
+
+from __future__ import annotations
+
+import logging
+
+import comfy.model_management as mm
+from comfy_api.latest import io
+
+from ..vae.api import load_vae, parse_dtype
+from .choices import (COMPILE_BACKENDS, COMPILE_DYNAMIC, COMPILE_MODES, DTYPES, check_choice, choice_error,
+                      first_error)
+from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
+from .paths import VAE_KEY, list_model_files, resolve_model_file
+
+log = logging.getLogger(__name__)
+
+CATEGORY = "TurboVAE"
+CompileSettingsType = io.Custom("TURBOVAE_COMPILE")
+
+
+class TurboVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAELoader",
+            display_name="Load VAE (TurboVAE)",
+            category=CATEGORY,
+            description="Loads a SeedVR2, Qwen-Image, Wan 2.1 or Wan 2.2 VAE from models/vae (architecture "
+                        "detected from the weights, every key and shape checked). The result plugs into core "
+                        "VAE Decode/Encode (Tiled) nodes and into the TurboVAE tiled nodes.",
+            inputs=[
+                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
+                               tooltip="VAE file in models/vae (or an extra_model_paths.yaml vae folder). "
+                                       "Supported: SeedVR2 ema_vae, qwen_image_vae, wan_2.1_vae, wan2.2_vae."),
+                io.Combo.Input("dtype", options=list(DTYPES), default="auto",
+                               tooltip="Weights and compute precision. auto: ComfyUI's VAE dtype for the device "
+                                       "(bf16 on recent GPUs, fp32 on CPU). fp16 can overflow in these VAEs."),
+                CompileSettingsType.Input("compile", optional=True,
+                                          tooltip="Optional: connect a 'Compile Settings (TurboVAE)' node to "
+                                                  "torch.compile the VAE's regions (first run is slow)."),
+            ],
+            outputs=[io.Vae.Output(tooltip="A standard VAE: works with core and TurboVAE nodes.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, dtype: str = "auto") -> bool | str:
+        return first_error(choice_error("dtype", dtype, DTYPES))
+
+    @classmethod
+    def execute(cls, vae_name: str, dtype: str = "auto", compile=None) -> io.NodeOutput:
+        check_choice("dtype", dtype, DTYPES)
+        path = resolve_model_file(VAE_KEY, vae_name)
+        load_device = mm.vae_device()
+        target = parse_dtype(dtype)
+        if target is None:
+            target = mm.vae_dtype(load_device, WORKING_DTYPES)
+        # Weights land on the offload device; ComfyUI's model management moves them when a pass runs.
+        turbo = load_vae(path, dtype=target, device=mm.vae_offload_device())
+        if compile is not None:
+            from ..vae.compile import apply_compile
+
+            apply_compile(turbo.model, compile)
+        log.info("TurboVAE: loaded %s as %s (%s)", vae_name, turbo.kind, target)
+        return io.NodeOutput(ComfyTurboVAE(turbo, load_device=load_device))
+
+
+class TurboVAECompileSettings(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAECompileSettings",
+            display_name="Compile Settings (TurboVAE)",
+            category=CATEGORY,
+            description="torch.compile settings for 'Load VAE (TurboVAE)'. Regions are compiled separately and "
+                        "cached; if compilation fails (e.g. no C compiler) the VAE runs eagerly and one warning "
+                        "is logged.",
+            inputs=[
+                io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor",
+                               tooltip="torch.compile backend. inductor generates fused kernels (needs a C "
+                                       "compiler, and Triton on GPU); the others are for debugging."),
+                io.Combo.Input("mode", options=list(COMPILE_MODES), default="default",
+                               tooltip="default is usually best for a VAE. reduce-overhead uses CUDA graphs "
+                                       "(more memory, recompiles per shape); max-autotune tunes kernels "
+                                       "(much slower first run)."),
+                io.Combo.Input("dynamic", options=list(COMPILE_DYNAMIC), default="auto",
+                               tooltip="auto: static first, dynamic after a shape change. true: dynamic shapes "
+                                       "from the start (fewer recompiles, often slower). false: recompile for "
+                                       "every new resolution / tile size / frame count."),
+                io.Boolean.Input("fullgraph", default=False,
+                                 tooltip="Require each region to compile as one graph (errors instead of "
+                                         "graph breaks). Leave off unless debugging."),
+                io.Int.Input("cache_size_limit", default=64, min=1, max=1024,
+                             tooltip="torch._dynamo cache size per region: how many shape variants are kept "
+                                     "before falling back to eager. Raise it if you switch sizes often."),
+            ],
+            outputs=[CompileSettingsType.Output(display_name="compile",
+                                                tooltip="Connect to 'Load VAE (TurboVAE)'.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto") -> bool | str:
+        return first_error(choice_error("backend", backend, COMPILE_BACKENDS),
+                           choice_error("mode", mode, COMPILE_MODES),
+                           choice_error("dynamic", dynamic, COMPILE_DYNAMIC))
+
+    @classmethod
+    def execute(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto",
+                fullgraph: bool = False, cache_size_limit: int = 64) -> io.NodeOutput:
+        check_choice("backend", backend, COMPILE_BACKENDS)
+        check_choice("mode", mode, COMPILE_MODES)
+        check_choice("dynamic", dynamic, COMPILE_DYNAMIC)
+        if int(cache_size_limit) < 1:
+            raise ValueError(f"cache_size_limit must be at least 1, got {cache_size_limit}")
+        from ..vae.compile import CompileSettings
+
+        return io.NodeOutput(CompileSettings(backend=backend, mode=mode, dynamic=dynamic,
+                                             fullgraph=bool(fullgraph), cache_size_limit=int(cache_size_limit)))
+
+
+LOADER_NODES = [TurboVAELoader, TurboVAECompileSettings]

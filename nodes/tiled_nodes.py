@@ -1,0 +1,136 @@
+"""Optimized Tiled Decode / Encode: our tiling engine with UI progress and cancel between tiles.
+
+Any VAE works: a TurboVAE VAE uses our tiler; a core VAE falls back to its own `decode_tiled` /
+`encode_tiled` with the settings converted the way core VAEDecodeTiled / VAEEncodeTiled convert them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from comfy_api.latest import io
+
+from .choices import TILE_MODE_HELP, TILE_MODES, check_choice, choice_error, first_error
+from .comfy_vae import is_turbovae
+
+CATEGORY = "TurboVAE"
+MIN_TILE = 64  # pixels; also the tiling engine's floor (8 latents at 8x)
+
+
+def _tile_inputs(what: str, default_tile: int) -> list:
+    return [
+        io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
+                     tooltip=f"Tile side in pixels for {what}; 0 = choose from free memory. Smaller tiles use "
+                             f"less memory and run slower. Minimum {MIN_TILE}."),
+        io.Int.Input("overlap", default=64, min=0, max=1024, step=8,
+                     tooltip="Overlap between neighbouring tiles in pixels (fast mode blends across it; "
+                             "exact mode uses it as extra context)."),
+        io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
+                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = choose from "
+                             "free memory. Slices carry the causal cache, so slicing never changes the result."),
+        io.Combo.Input("mode", options=list(TILE_MODES), default="auto", tooltip=TILE_MODE_HELP),
+    ]
+
+
+def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str) -> tuple[Optional[int], Optional[int]]:
+    check_choice("mode", mode, TILE_MODES)
+    if tile_size and tile_size < MIN_TILE:
+        raise ValueError(f"tile_size={tile_size} is too small; use at least {MIN_TILE} pixels, or 0 for automatic")
+    if overlap < 0 or temporal_slice < 0:
+        raise ValueError("overlap and temporal_slice must be 0 or more")
+    if tile_size and overlap * 2 >= tile_size:
+        raise ValueError(f"overlap={overlap} must be less than half of tile_size={tile_size}")
+    return (tile_size or None), (temporal_slice or None)
+
+
+def _node_id(cls) -> Optional[str]:
+    hidden = getattr(cls, "hidden", None)
+    return getattr(hidden, "unique_id", None) if hidden is not None else None
+
+
+class TurboVAETiledDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAETiledDecode",
+            display_name="Optimized Tiled Decode (TurboVAE)",
+            category=CATEGORY,
+            description="Decodes latents tile by tile with per-tile progress; Cancel stops between tiles. "
+                        "Video latents give all frames as an IMAGE batch.",
+            inputs=[io.Latent.Input("samples", tooltip="Latents to decode (from a sampler or an encode)."),
+                    io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
+                                                "own tiled decode."),
+                    *_tile_inputs("decoding (decode needs far more memory than encode)", 512)],
+            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, 3] in 0..1.")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, mode: str = "auto") -> bool | str:
+        return first_error(choice_error("mode", mode, TILE_MODES))
+
+    @classmethod
+    def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
+                mode: str = "auto") -> io.NodeOutput:
+        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode)
+        z = samples["samples"]
+        if is_turbovae(vae):
+            images = vae.decode_tiles(z, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
+                                      node_id=_node_id(cls))
+        else:
+            images = _core_decode_tiled(vae, z, tile or 512, overlap, slice_)
+        if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
+            images = images.reshape(-1, *images.shape[-3:])
+        return io.NodeOutput(images)
+
+
+class TurboVAETiledEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAETiledEncode",
+            display_name="Optimized Tiled Encode (TurboVAE)",
+            category=CATEGORY,
+            description="Encodes an IMAGE batch tile by tile with per-tile progress; Cancel stops between "
+                        "tiles. For video VAEs the batch is one clip (padded to 4n+1 frames by repeating "
+                        "the last frame; no frame is dropped).",
+            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, 3] in 0..1; "
+                                                     "height and width are centre-cropped to multiples of 8."),
+                    io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
+                                                "own tiled encode."),
+                    *_tile_inputs("encoding", 1024)],
+            outputs=[io.Latent.Output(tooltip="Raw latents (what samplers and VAE Decode expect).")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, mode: str = "auto") -> bool | str:
+        return first_error(choice_error("mode", mode, TILE_MODES))
+
+    @classmethod
+    def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,
+                mode: str = "auto") -> io.NodeOutput:
+        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode)
+        if is_turbovae(vae):
+            latents = vae.encode_tiles(pixels, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
+                                       node_id=_node_id(cls))
+        else:
+            frames = slice_ * 4 if slice_ else None
+            latents = vae.encode_tiled(pixels[..., :3], tile_x=tile or 512, tile_y=tile or 512, overlap=overlap,
+                                       tile_t=frames, overlap_t=8 if frames else None)
+        return io.NodeOutput({"samples": latents})
+
+
+def _core_decode_tiled(vae, z, tile: int, overlap: int, slice_: Optional[int]):
+    """Core VAEDecodeTiled's unit conversion (pixels -> latent units) for a VAE that is not ours."""
+    f = vae.spacial_compression_decode()
+    tc = vae.temporal_compression_decode()
+    tile_t = overlap_t = None
+    if tc is not None:
+        tile_t = max(2, slice_) if slice_ else max(2, 64 // tc)
+        overlap_t = max(1, min(tile_t // 2, 8 // tc))
+    return vae.decode_tiled(z, tile_x=tile // f, tile_y=tile // f, overlap=overlap // f,
+                            tile_t=tile_t, overlap_t=overlap_t)
+
+
+TILED_NODES = [TurboVAETiledDecode, TurboVAETiledEncode]
