@@ -1,0 +1,128 @@
+"""A tiny VAEModel for engine tests: convs, GroupNorm, nearest 2x upsampling and one global attention
+at latent resolution (so padded buckets are measurably not exact, as with the real VAEs).
+
+Registered as architecture "toy engine VAE" so engine folders can fall back to its checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from turbovae.vae.base import CausalStream, LatentFormat, MemoryModel, VAEModel
+from turbovae.vae.checkpoint import Architecture, register_architecture
+
+MARKER = "toy_engine_vae.marker"
+
+
+class _Attn(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(2, c)
+        self.qkv = nn.Conv2d(c, 3 * c, 1)
+        self.proj = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).flatten(2).transpose(1, 2).chunk(3, dim=-1)
+        a = torch.softmax(q @ k.transpose(1, 2) / c**0.5, dim=-1) @ v
+        return x + self.proj(a.transpose(1, 2).reshape(b, c, h, w))
+
+
+class ToyEncoder(nn.Module):
+    def __init__(self, c=8, z=4):
+        super().__init__()
+        self.conv_in = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.GroupNorm(2, c)
+        self.down = nn.ModuleList(nn.Conv2d(c, c, 3, stride=2, padding=1) for _ in range(3))
+        self.attn = _Attn(c)
+        self.conv_out = nn.Conv2d(c, 2 * z, 3, padding=1)
+
+    def forward(self, x):
+        x = F.silu(self.norm(self.conv_in(x)))
+        for d in self.down:
+            x = F.silu(d(x))
+        return self.conv_out(self.attn(x))
+
+
+class ToyDecoder(nn.Module):
+    def __init__(self, c=8, z=4):
+        super().__init__()
+        self.conv_in = nn.Conv2d(z, c, 3, padding=1)
+        self.attn = _Attn(c)
+        self.up = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1) for _ in range(3))
+        self.norm = nn.GroupNorm(2, c)
+        self.conv_out = nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, z):
+        x = self.attn(self.conv_in(z))
+        for u in self.up:
+            x = F.silu(u(F.interpolate(x, scale_factor=2.0, mode="nearest")))
+        return self.conv_out(F.silu(self.norm(x))).clamp(-1, 1)
+
+
+class _Frames(CausalStream):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def step(self, x):
+        return self.fn(x)
+
+
+class ToyVAE(VAEModel):
+    """Frames are independent (no causal memory): enough for engine tests, which run T = 1."""
+
+    kind = "toy"
+    latent_format = LatentFormat(channels=4, spatial_factor=8, temporal_factor=4)
+    memory_model = MemoryModel(100.0, 100.0)
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = ToyEncoder()
+        self.decoder = ToyDecoder()
+        self.register_buffer("marker", torch.zeros(1))
+
+    def _per_frame(self, fn, x):
+        b, c, t, h, w = x.shape
+        y = fn(x.transpose(1, 2).reshape(b * t, c, h, w))
+        return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+
+    def encode_moments(self, pixels, *, temporal_slice=None):
+        return self._per_frame(self.encoder, pixels[:, :, ::4] if pixels.shape[2] > 1 else pixels)
+
+    def decode_latents(self, latents, *, temporal_slice=None):
+        out = self._per_frame(self.decoder, latents)
+        first, rest = out[:, :, :1], out[:, :, 1:]
+        return torch.cat([first, rest.repeat_interleave(4, dim=2)], dim=2)
+
+    def encode_stream(self):
+        return _Frames(lambda x: self.encode_moments(x))
+
+    def decode_stream(self):
+        return _Frames(lambda z: self.decode_latents(z))
+
+    def image_encoder(self):
+        return self.encoder
+
+    def image_decoder(self):
+        return self.decoder
+
+
+def _build(sd, config=None, source=None):
+    m = ToyVAE()
+    m.load_state_dict({("marker" if k == MARKER else k): v for k, v in sd.items()}, strict=True)
+    return m
+
+
+register_architecture(Architecture("toy engine VAE", lambda sd: MARKER in sd, _build, 100))
+
+
+def save_toy_checkpoint(path, seed: int = 0) -> ToyVAE:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    m = ToyVAE().eval()
+    sd = {(MARKER if k == "marker" else k): v.contiguous() for k, v in m.state_dict().items()}
+    save_file(sd, str(path))
+    return m

@@ -1,0 +1,131 @@
+"""AOTInductor backend: `torch.export` + `aoti_compile_and_package` -> one `.pt2` per table entry.
+
+Needs no TensorRT, runs on CPU and GPU, and is the backend the CPU tests exercise end to end.
+AOTInductor packages do not reject inputs outside the exported ranges reliably, so every call is
+checked against the recorded range first.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .backend import (Backend, BackendUnavailable, BuildProgress, BuildSpec, EngineLoadError, EngineRunError,
+                      LoadedEngine, ShapeRange, shape_in_range)
+from .fileio import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def dynamic_shapes(spec: BuildSpec, profile: Mapping[str, ShapeRange]) -> tuple:
+    """`torch.export` dynamic_shapes for one profile: axes with min < max become factor·Dim(symbol)."""
+    symbols: dict[str, torch.export.Dim] = {}
+    out = []
+    for name in spec.input_names:
+        lo, _opt, hi = profile[name]
+        axes = {}
+        for axis, (symbol, factor) in spec.dims.get(name, {}).items():
+            if lo[axis] == hi[axis]:
+                continue
+            if lo[axis] % factor or hi[axis] % factor:
+                raise ValueError(f"input {name} axis {axis}: range {lo[axis]}..{hi[axis]} is not in steps of {factor}")
+            if symbol not in symbols:
+                symbols[symbol] = torch.export.Dim(symbol, min=lo[axis] // factor, max=hi[axis] // factor)
+            axes[axis] = factor * symbols[symbol] if factor != 1 else symbols[symbol]
+        out.append(axes or None)
+    return tuple(out)
+
+
+class AOTIEngine(LoadedEngine):
+    def __init__(self, path: Path, runner, profile: Mapping[str, ShapeRange], input_names: Sequence[str],
+                 output_names: Sequence[str], memory_bytes: int):
+        self.path = path
+        self._runner = runner
+        self._profile = profile
+        self._inputs = tuple(input_names)
+        self._outputs = tuple(output_names)
+        self._memory = memory_bytes
+
+    def run(self, inputs: Mapping[str, torch.Tensor], profile: int = 0) -> dict[str, torch.Tensor]:
+        if self._runner is None:
+            raise EngineRunError(f"{self.path.name}: engine was released")
+        if profile != 0:
+            raise EngineRunError(f"{self.path.name}: AOTInductor packages hold one profile, asked for {profile}")
+        args = []
+        for name in self._inputs:
+            x = inputs[name]
+            if not shape_in_range(tuple(x.shape), self._profile[name]):
+                lo, _, hi = self._profile[name]
+                raise EngineRunError(f"{self.path.name}: input {name} shape {tuple(x.shape)} outside {lo}..{hi}")
+            args.append(x.contiguous())
+        try:
+            out = self._runner(*args)
+        except torch.OutOfMemoryError as e:
+            raise EngineRunError(f"{self.path.name}: out of memory ({e})") from e
+        except Exception as e:  # AOTI surfaces C++ failures as RuntimeError and friends
+            raise EngineRunError(f"{self.path.name}: execution failed ({type(e).__name__}: {e})") from e
+        outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        if len(outs) != len(self._outputs):
+            raise EngineRunError(f"{self.path.name}: {len(outs)} outputs, expected {len(self._outputs)}")
+        return dict(zip(self._outputs, outs))
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._memory if self._runner is not None else 0
+
+    def release(self) -> None:
+        self._runner = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class AOTIBackend(Backend):
+    name = "aoti"
+    suffix = ".pt2"
+
+    def version(self) -> str:
+        return f"torch-{torch.__version__}"
+
+    def check_available(self, device: torch.device) -> None:
+        if not hasattr(torch._inductor, "aoti_compile_and_package"):
+            raise BackendUnavailable(f"torch {torch.__version__} has no AOTInductor packaging; upgrade to torch >= 2.6")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise BackendUnavailable("an AOTInductor engine for CUDA needs a CUDA device")
+
+    def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,
+              progress: BuildProgress, *, overwrite: bool = False) -> None:
+        if len(spec.profiles) != 1:
+            raise ValueError("an AOTInductor package holds exactly one shape range; build one package per profile")
+        self.check_available(spec.device)
+        module = module.to(device=spec.device, dtype=spec.dtype).eval()
+        example = tuple(x.to(device=spec.device, dtype=spec.dtype) for x in example)
+        progress.check_cancel()
+        progress.report(f"{out_path.name}: torch.export")
+        with torch.inference_mode(False), torch.no_grad():
+            ep = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(spec, spec.profiles[0]))
+        progress.check_cancel()
+        progress.report(f"{out_path.name}: AOTInductor compile (cannot be interrupted)")
+        with atomic_path(out_path, overwrite=overwrite) as tmp:
+            tmp.unlink()  # the packager writes the file itself
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp))
+            progress.check_cancel()
+        progress.report(f"{out_path.name}: written")
+
+    def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
+             input_names: Sequence[str], output_names: Sequence[str]) -> AOTIEngine:
+        self.check_available(device)
+        device = torch.device(device)
+        before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        try:
+            runner = torch._inductor.aoti_load_package(str(path))
+        except Exception as e:  # a truncated/corrupt zip raises many types
+            raise EngineLoadError(f"{path}: cannot load AOTInductor package ({type(e).__name__}: {e}); "
+                                  "rebuild the engine") from e
+        held = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else path.stat().st_size
+        return AOTIEngine(path, runner, spec_profiles[0], input_names, output_names, held)

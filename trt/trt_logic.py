@@ -1,0 +1,118 @@
+"""TensorRT decisions as pure functions (no `tensorrt` import): testable on any machine.
+
+Covers what differs between TensorRT 10.12+ and 11.x (flags that 11 removed), profile choice,
+shape checks, dtype mapping, workspace sizing, timing-cache keys and return-code checking.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from .backend import EngineError, EngineRunError, ShapeRange, shape_in_range
+
+MIN_VERSION = (10, 12)
+
+# TensorRT DataType member name -> torch dtype (I/O dtypes are read from the engine, never assumed).
+TRT_TO_TORCH = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT32": torch.int32,
+                "INT64": torch.int64, "INT8": torch.int8, "UINT8": torch.uint8, "BOOL": torch.bool}
+
+# Builder flags TensorRT 11 removed (AttributeError there). Precision must come from the ONNX dtypes
+# (strongly typed network), so none of these is ever set, on 10.x either.
+REMOVED_IN_11 = ("FP16", "BF16", "INT8", "FP8", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
+                 "PREFER_PRECISION_CONSTRAINTS")
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    if not m:
+        raise ValueError(f"unrecognised TensorRT version {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_version(text: str) -> tuple[int, int]:
+    v = parse_version(text)
+    if v < MIN_VERSION:
+        raise EngineError(f"TensorRT {text} is too old: TurboVAE needs 10.12 or newer (pip install -U tensorrt-cu12 "
+                          "for CUDA 12, or tensorrt for CUDA 13)")
+    return v
+
+
+def network_flags(flag_members: Iterable[str], strongly_typed_value: Optional[int]) -> int:
+    """Network creation flags: STRONGLY_TYPED where the enum has it (10.x); on 11 it is always on.
+
+    EXPLICIT_BATCH is never set: a no-op since 10.0 and gone in 11.
+    """
+    return (1 << strongly_typed_value) if "STRONGLY_TYPED" in set(flag_members) and strongly_typed_value is not None \
+        else 0
+
+
+def builder_flags(available: Iterable[str], *, tf32: bool = True, refit: bool = False,
+                  version_compatible: bool = False) -> list[str]:
+    """Builder flag names to set, limited to what this TensorRT exposes; never a precision flag."""
+    have = set(available)
+    wanted = []
+    if tf32:
+        wanted.append("TF32")
+    if refit:
+        wanted.append("REFIT_IDENTICAL" if "REFIT_IDENTICAL" in have else "REFIT")
+    if version_compatible:
+        wanted.append("VERSION_COMPATIBLE")
+    return [f for f in wanted if f in have and f not in REMOVED_IN_11]
+
+
+def workspace_bytes(free_bytes: int, *, fraction: float = 0.75, reserve: int = 1 << 30,
+                    cap: Optional[int] = None) -> int:
+    """Builder workspace from free device memory (TensorRT's default is the whole device)."""
+    budget = int(max(free_bytes - reserve, 0) * fraction)
+    if cap is not None:
+        budget = min(budget, cap)
+    if budget < 256 << 20:
+        raise EngineError(f"only {free_bytes / 2**30:.1f} GiB free on the GPU; TensorRT needs a workspace of at least "
+                          "256 MiB — unload other models (ComfyUI: 'Unload models') and retry")
+    return budget
+
+
+def timing_cache_path(cache_dir: Path, compute_capability: str, trt_version: str) -> Path:
+    """One timing cache per (compute capability, TensorRT version): never loaded with ignore_mismatch."""
+    safe = re.sub(r"[^0-9A-Za-z.]+", "_", f"sm{compute_capability}_trt{trt_version}")
+    return Path(cache_dir) / f"timing_{safe}.cache"
+
+
+def choose_profile(ranges: Sequence[Sequence[ShapeRange]], shapes: Sequence[Sequence[int]]) -> int:
+    """Index of the profile containing every input shape; the smallest max volume wins, ties the first.
+
+    `ranges[k][i]` is the (min, opt, max) of input i in profile k.
+    """
+    hits = []
+    for k, prof in enumerate(ranges):
+        if all(shape_in_range(tuple(s), r) for s, r in zip(shapes, prof)):
+            vol = 1
+            for r in prof:
+                for v in r[2]:
+                    vol *= v
+            hits.append((vol, k))
+    if not hits:
+        raise EngineRunError(f"input shapes {[tuple(s) for s in shapes]} are outside every optimization profile")
+    return min(hits)[1]
+
+
+def torch_dtype(trt_dtype_name: str) -> torch.dtype:
+    try:
+        return TRT_TO_TORCH[trt_dtype_name.split(".")[-1].upper()]
+    except KeyError:
+        raise EngineError(f"engine uses TensorRT dtype {trt_dtype_name}, which TurboVAE cannot feed") from None
+
+
+def check(result, what: str, exc: type = EngineRunError):
+    """TensorRT reports many failures as False/None instead of raising: turn those into errors."""
+    if result is None or result is False:
+        raise exc(f"TensorRT {what} failed")
+    return result
+
+
+def output_shape_ok(shape: Sequence[int]) -> bool:
+    return len(shape) > 0 and all(int(d) >= 0 for d in shape)
