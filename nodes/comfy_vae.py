@@ -170,7 +170,7 @@ class ComfyTurboVAE:
         self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
         mm.throw_exception_if_processing_interrupted()
         out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                            progress=_progress_callback(node_id))
+                            progress=_progress_callback(node_id), output_device=self.output_device)
         return self._clip_to_image(out, was_4d)
 
     def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
@@ -182,7 +182,7 @@ class ComfyTurboVAE:
         self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
         mm.throw_exception_if_processing_interrupted()
         out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                            progress=_progress_callback(node_id))
+                            progress=_progress_callback(node_id), output_device=self.output_device)
         return out.to(self.output_device).float()
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):

@@ -1,0 +1,56 @@
+"""TEST DOUBLE of comfy.model_management: CPU devices, a recorded load_models_gpu, the interrupt flag."""
+
+import torch
+
+
+class InterruptProcessingException(Exception):
+    pass
+
+
+OOM_EXCEPTION = torch.OutOfMemoryError
+interrupt_processing = False
+load_calls: list = []
+
+
+def get_torch_device():
+    return torch.device("cpu")
+
+
+def vae_device():
+    return torch.device("cpu")
+
+
+def vae_offload_device():
+    return torch.device("cpu")
+
+
+def intermediate_device():
+    return torch.device("cpu")
+
+
+def vae_dtype(device=None, allowed_dtypes=()):
+    return torch.float32
+
+
+def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
+                    force_full_load=False):
+    load_calls.append({"models": list(models), "memory_required": memory_required,
+                       "force_full_load": force_full_load})
+    for patcher in models:
+        patcher.model.to(patcher.load_device)
+
+
+def interrupt_current_processing(value=True):
+    global interrupt_processing
+    interrupt_processing = value
+
+
+def processing_interrupted():
+    return interrupt_processing
+
+
+def throw_exception_if_processing_interrupted():
+    global interrupt_processing
+    if interrupt_processing:
+        interrupt_processing = False
+        raise InterruptProcessingException()

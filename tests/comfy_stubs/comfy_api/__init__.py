@@ -1,0 +1,1 @@
+"""TEST DOUBLE of comfy_api (see tests/comfy_stubs/README.md)."""
