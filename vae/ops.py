@@ -14,13 +14,38 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-_FUSED_DISPATCH = None  # set by vae.kernels when Triton kernels are available (CUDA only)
+_AUTO = object()  # not resolved yet: vae.kernels.default_dispatch() is asked on the first CUDA call
+_FUSED_DISPATCH = _AUTO
 
 
 def set_fused_dispatch(dispatch) -> None:
-    """Install (or remove with None) the fused-kernel dispatcher; see vae/kernels."""
+    """Install a fused-kernel dispatcher, or None to force the PyTorch reference; see vae/kernels."""
     global _FUSED_DISPATCH
     _FUSED_DISPATCH = dispatch
+
+
+def reset_fused_dispatch() -> None:
+    """Back to automatic selection (resolved again on the next CUDA call)."""
+    global _FUSED_DISPATCH
+    _FUSED_DISPATCH = _AUTO
+
+
+def fused_dispatch():
+    """The active dispatcher (resolving the automatic choice now), or None."""
+    global _FUSED_DISPATCH
+    if _FUSED_DISPATCH is _AUTO:
+        from .kernels import default_dispatch
+
+        _FUSED_DISPATCH = default_dispatch()
+    return _FUSED_DISPATCH
+
+
+def _fused_for(x: torch.Tensor):
+    # Under torch.compile the reference ops are traced instead: inductor fuses them itself and
+    # does not need to see through our kernel launches.
+    if not x.is_cuda or torch.compiler.is_compiling():
+        return None
+    return fused_dispatch()
 
 
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -29,8 +54,9 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
 
     Accepts [N, C, H, W] or [B, C, T, H, W]. SeedVR2's `causal_norm_wrapper` semantics.
     """
-    if _FUSED_DISPATCH is not None and x.is_cuda:
-        out = _FUSED_DISPATCH.group_norm_silu(x, num_groups, weight, bias, eps, silu)
+    dispatch = _fused_for(x)
+    if dispatch is not None:
+        out = dispatch.group_norm_silu(x, num_groups, weight, bias, eps, silu)
         if out is not None:
             return out
     return group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu)
@@ -67,8 +93,9 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
 
     The L2 reduction over channels accumulates in fp32 without materialising an fp32 copy of `x`.
     """
-    if _FUSED_DISPATCH is not None and x.is_cuda:
-        out = _FUSED_DISPATCH.rms_norm_silu(x, gamma, bias, silu, eps)
+    dispatch = _fused_for(x)
+    if dispatch is not None:
+        out = dispatch.rms_norm_silu(x, gamma, bias, silu, eps)
         if out is not None:
             return out
     return rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps)
