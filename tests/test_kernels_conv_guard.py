@@ -1,0 +1,83 @@
+"""conv3d regression guard: the policy on fake versions, and the exact fallbacks on CPU."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from turbovae.vae.kernels import conv_guard as G
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.mark.parametrize("torch_version,cudnn,dtype,route", [
+    ("2.8.0+cu128", 91002, BF16, "native"),    # before the regression
+    ("2.9.0+cu128", 91002, BF16, "conv2d"),    # 2.9.0 bypasses cuDNN; 9.10 has the correctness bug
+    ("2.9.0+cu130", 91300, FP16, "cudnn"),     # 2.9.0 bypass, cuDNN new enough to call directly
+    ("2.9.0+cu130", 91500, BF16, "cudnn"),     # 2.9.0 bypasses cuDNN unconditionally
+    ("2.9.1+cu128", 91002, BF16, "conv2d"),    # 2.9.1 needs cuDNN >= 9.15
+    ("2.9.1+cu128", 91400, BF16, "cudnn"),
+    ("2.9.1+cu128", 91500, BF16, "native"),    # the documented fix
+    ("2.10.0+cu128", 91501, FP16, "native"),
+    ("2.13.0+cu130", 92100, BF16, "native"),
+    ("2.9.0+cu128", 91002, FP32, "native"),    # fp32 never affected
+    ("2.9.1", None, BF16, "fp32"),             # no cuDNN at all
+])
+def test_route_policy(torch_version, cudnn, dtype, route):
+    chosen = G.choose_conv3d_route(torch_version, cudnn, dtype)
+    assert chosen.route == route
+    assert chosen.affected == (route != "native")
+    assert torch_version.split("+")[0] in chosen.reason or "not affected" in chosen.reason
+
+
+def test_route_policy_is_native_off_cuda_and_rejects_garbage():
+    assert G.choose_conv3d_route("2.9.0", 91002, BF16, "cpu").route == "native"
+    with pytest.raises(ValueError, match="cannot parse torch version"):
+        G.choose_conv3d_route("nightly", 91002, BF16)
+
+
+@pytest.mark.parametrize("frames,kt,stride,padding", [
+    (3, 3, 1, (0, 1, 1)),   # causal conv on an image after its 2-frame front pad
+    (1, 1, 1, (0, 1, 1)),   # 1x3x3 conv
+    (5, 3, 2, (0, 1, 0)),   # strided temporal conv with several output frames
+    (2, 3, 1, (1, 0, 1)),   # symmetric temporal padding
+])
+def test_conv3d_as_conv2d_is_exact_in_fp32(frames, kt, stride, padding, seeded):
+    x = torch.randn(2, 6, frames, 7, 9, generator=seeded)
+    w = torch.randn(5, 6, kt, 3, 3, generator=seeded)
+    b = torch.randn(5, generator=seeded)
+    ref = F.conv3d(x, w, b, stride, padding)
+    out = G.conv3d_as_conv2d(x, w, b, stride, padding)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_guarded_conv3d_routes_and_logs_once(seeded, caplog):
+    x = torch.randn(1, 4, 3, 6, 6, generator=seeded)
+    w = torch.randn(4, 4, 3, 3, 3, generator=seeded)
+    b = torch.randn(4, generator=seeded)
+    ref = F.conv3d(x, w, b, 1, (0, 1, 1))
+    route = G.choose_conv3d_route("2.9.0", 91002, BF16)
+    G._LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger="turbovae"):
+        single = G.conv3d(x, w, b, 1, (0, 1, 1), route=route)          # one output frame: conv2d sum
+        multi = G.conv3d(torch.cat([x, x], 2), w, b, 1, (0, 1, 1), route=route)  # several frames: fp32 path
+    assert (single - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    assert torch.allclose(multi, F.conv3d(torch.cat([x, x], 2), w, b, 1, (0, 1, 1)), rtol=0, atol=1e-4)
+    assert [r.message for r in caplog.records].count(f"turbovae conv3d guard: {route.reason}") == 1
+    # Unaffected installs are a plain F.conv3d.
+    assert torch.equal(G.conv3d(x, w, b, 1, (0, 1, 1)), ref)
+
+
+@pytest.mark.gpu
+def test_cudnn_route_matches_native_on_gpu(seeded):
+    x = torch.randn(1, 8, 5, 16, 16, generator=seeded).cuda().bfloat16()
+    w = torch.randn(8, 8, 3, 3, 3, generator=seeded).cuda().bfloat16()
+    b = torch.randn(8, generator=seeded).cuda().bfloat16()
+    ref = F.conv3d(x.float(), w.float(), b.float(), 1, 1)
+    for route in ("cudnn", "conv2d", "fp32"):
+        out = G.conv3d(x, w, b, 1, 1, route=G.Conv3dRoute(route, f"test {route}"))
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
