@@ -1,0 +1,348 @@
+"""SeedVR2 VAE: equality with the independent reference, slicing, image path, loader strictness, input checks."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import turbovae
+from turbovae.vae.checkpoint import CheckpointError
+from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE, build, expected_shapes
+from turbovae.vae.seedvr2.layers import PassContext, Upsample3D, pixel_shuffle_3d
+
+sys.path.insert(0, str(Path(__file__).parent))
+from seedvr2_reference import ReferenceSeedVR2, random_state_dict  # noqa: E402
+
+TINY = SeedVR2Config.tiny()
+REL = 1e-5
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def tiny_sd():
+    return random_state_dict(expected_shapes(TINY), seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_ref(tiny_sd):
+    return ReferenceSeedVR2(tiny_sd, TINY.norm_groups)
+
+
+def tiny_model(sd, fast=FastPaths()) -> SeedVR2VAE:
+    return build(sd, TINY, fast=fast)
+
+
+def clip(t, h=24, w=40, seed=0):
+    return torch.rand(1, 3, t, h, w, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+def latents(n, h=3, w=5, seed=0):
+    return torch.randn(1, 16, n, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+# -- equality with the reference -------------------------------------------------------------------
+@pytest.mark.parametrize("fast", [FastPaths(), FastPaths.plain()], ids=["fast", "plain"])
+@pytest.mark.parametrize("t", [1, 5, 9, 13])
+def test_tiny_matches_reference(tiny_sd, tiny_ref, fast, t):
+    model = tiny_model(tiny_sd, fast)
+    x, z = clip(t, seed=t), latents((t - 1) // 4 + 1, seed=t)
+    with torch.inference_mode():
+        moments = model.encode_moments(x)
+        pixels = model.decode_latents(z, clamp=False)
+    ref_m, ref_p = tiny_ref.encode(x), tiny_ref.decode(z)
+    assert moments.shape == ref_m.shape == (1, 32, (t - 1) // 4 + 1, 3, 5)
+    assert pixels.shape == ref_p.shape == (1, 3, t, 24, 40)
+    assert rel_err(moments[:, :16], ref_m[:, :16]) <= REL
+    assert rel_err(moments, ref_m) <= REL
+    assert rel_err(pixels, ref_p) <= REL
+
+
+def test_turbovae_api_matches_reference(tiny_sd, tiny_ref):
+    vae = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32")
+    assert vae.kind == "seedvr2"
+    assert vae.latent_format.scaling_factor == 0.9152 and vae.latent_format.channels == 16
+    x = clip(9, 40, 24)
+    mean = vae.encode(x)
+    assert rel_err(mean, tiny_ref.encode(x)[:, :16]) <= REL
+    z = latents(3, 5, 3) * 0.3
+    assert rel_err(vae.decode(z), tiny_ref.decode(z).clamp(-1, 1)) <= REL
+
+
+@pytest.mark.slow
+def test_real_config_matches_reference():
+    sd = random_state_dict(expected_shapes(), seed=2)
+    model = build(sd)
+    ref = ReferenceSeedVR2(sd, 32)
+    with torch.inference_mode():
+        for t, h, w in ((1, 32, 48), (5, 16, 24)):
+            x = clip(t, h, w, seed=t)
+            assert rel_err(model.encode_moments(x), ref.encode(x)) <= REL
+            z = latents((t - 1) // 4 + 1, h // 8, w // 8, seed=t)
+            assert rel_err(model.decode_latents(z, clamp=False), ref.decode(z)) <= REL
+
+
+# -- slicing, streams, image path, shuffle ----------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_temporal_slicing_equals_whole_clip(tiny_sd, n):
+    model = tiny_model(tiny_sd)
+    x, z = clip(13, seed=3), latents(4, seed=3)
+    with torch.inference_mode():
+        whole_m, whole_p = model.encode_moments(x), model.decode_latents(z, clamp=False)
+        assert rel_err(model.encode_moments(x, temporal_slice=n), whole_m) <= REL
+        assert rel_err(model.decode_latents(z, temporal_slice=n, clamp=False), whole_p) <= REL
+
+
+def test_plain_slicing_equals_whole_clip(tiny_sd):
+    model = tiny_model(tiny_sd, FastPaths.plain())
+    z = latents(4, seed=4)
+    with torch.inference_mode():
+        assert rel_err(model.decode_latents(z, temporal_slice=1, clamp=False),
+                       model.decode_latents(z, clamp=False)) <= REL
+
+
+def test_streams_equal_whole_clip_and_check_lengths(tiny_sd):
+    model = tiny_model(tiny_sd)
+    x, z = clip(13, seed=5), latents(4, seed=5)
+    with torch.inference_mode():
+        with model.encode_stream() as s:
+            enc = torch.cat([s.step(x[:, :, :5]), s.step(x[:, :, 5:13])], dim=2)
+            with pytest.raises(ValueError, match="multiples of 4"):
+                s.step(x[:, :, :3])
+        with model.decode_stream() as s:
+            dec = torch.cat([s.step(z[:, :, :1]), s.step(z[:, :, 1:3]), s.step(z[:, :, 3:])], dim=2)
+        assert rel_err(enc, model.encode_moments(x)) <= REL
+        assert rel_err(dec, model.decode_latents(z)) <= REL
+
+
+def test_functional_state_matches_layout(tiny_sd):
+    model = tiny_model(tiny_sd)
+    z = latents(4, seed=6)
+    with torch.inference_mode():
+        out0, state = model.decode_step(z[:, :, :2], None)
+        layout = model.memory_layout(decode=True, batch=1, height=3, width=5, first_frames=2)
+        assert [s for _, s in layout] == [tuple(t.shape) for t in state]
+        assert all(t.is_contiguous() and t._base is None for t in state)  # compact copies, no views
+        out1, state2 = model.decode_step(z[:, :, 2:], state)
+        assert len(state2) == len(state)
+        with pytest.raises(ValueError, match="causal memory"):
+            model.decode_step(z[:, :, 2:], state[:-1])
+    assert rel_err(torch.cat([out0, out1], 2), model.decode_latents(z)) <= REL
+
+
+def test_encode_layout_shapes():
+    with torch.device("meta"):
+        model = SeedVR2VAE()
+    layout = dict(model.memory_layout(decode=False, batch=1, height=64, width=96, first_frames=5))
+    assert layout["encoder.conv_in"] == (1, 3, 2, 64, 96)
+    assert layout["encoder.down_blocks.1.downsamplers.0.conv"] == (1, 256, 1, 33, 49)  # right/bottom pad kept
+    assert "encoder.down_blocks.0.downsamplers.0.conv" not in layout  # k_t = 1: no memory
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_image_path_equals_3d_path(tiny_sd, t):
+    fast = tiny_model(tiny_sd)
+    slow = tiny_model(tiny_sd, FastPaths().without("image_path"))
+    x = clip(1, seed=7)
+    z = latents(t, seed=7)
+    with torch.inference_mode():
+        assert rel_err(fast.encode_moments(x), slow.encode_moments(x)) <= REL
+        assert rel_err(fast.decode_latents(z, clamp=False), slow.decode_latents(z, clamp=False)) <= REL
+        img = fast.image_decoder()(z[:, :, 0])
+        assert rel_err(img, slow.decode_latents(z[:, :, :1])[:, :, 0]) <= REL
+        assert rel_err(fast.image_encoder()(x[:, :, 0]), slow.encode_moments(x)[:, :, 0]) <= REL
+
+
+def test_folded_weights_follow_weight_changes(tiny_sd):
+    model = tiny_model(tiny_sd)
+    x = clip(1, seed=8)
+    with torch.inference_mode():
+        before = model.encode_moments(x)
+    with torch.no_grad():
+        model.encoder.conv_in.weight.mul_(2)
+    with torch.inference_mode():
+        after = model.encode_moments(x)
+    ref = tiny_model({k: v.clone() for k, v in model.state_dict().items()}, FastPaths.plain())
+    with torch.inference_mode():
+        assert not torch.allclose(before, after)
+        assert rel_err(after, ref.encode_moments(x)) <= REL
+
+
+def test_channels_last_is_exact(tiny_sd):
+    a, b = tiny_model(tiny_sd), tiny_model(tiny_sd, FastPaths(channels_last=True))
+    z = latents(3, seed=9)
+    with torch.inference_mode():
+        assert rel_err(b.decode_latents(z, clamp=False), a.decode_latents(z, clamp=False)) <= REL
+
+
+@pytest.mark.parametrize("zr", [1, 2])
+@pytest.mark.parametrize("drop_head", [False, True])
+def test_native_shuffle_is_bit_exact_to_einops(zr, drop_head):
+    from einops import rearrange
+
+    if drop_head and zr == 1:
+        pytest.skip("only temporal upsamplers drop the head frame")
+    u = torch.randn(2, 4 * zr * 5, 3, 4, 6)
+    ref = rearrange(u, "b (x y z c) f h w -> b c (f z) (h x) (w y)", x=2, y=2, z=zr)
+    assert torch.equal(pixel_shuffle_3d(u, 2, zr), ref)
+    up = Upsample3D(5, temporal=zr == 2)
+    got = up._shuffle_into_output(u, drop_head)
+    want = torch.cat([ref[:, :, :1], ref[:, :, 2:]], dim=2) if drop_head else ref
+    assert torch.equal(got, want)
+
+
+# -- real architecture: keys and parameters ---------------------------------------------------------
+def test_real_key_set_and_parameter_count():
+    with torch.device("meta"):
+        model = SeedVR2VAE()
+    sd = model.state_dict()
+    assert len(sd) == 250
+    assert sum(p.numel() for p in model.parameters()) == 250_648_227
+    assert {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes()
+    assert sum(v.numel() for k, v in sd.items() if k.startswith("encoder.")) == 100_046_496
+
+
+# -- loading -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_load_safetensors_in_each_dtype(tmp_path, tiny_sd, dtype):
+    from safetensors.torch import save_file
+
+    path = tmp_path / f"ema_vae_{dtype}.safetensors"
+    stored = {k: v.to(dtype).contiguous() for k, v in tiny_sd.items()}
+    save_file(stored, str(path))
+    vae = turbovae.load_vae(path, config=TINY, device="cpu", dtype="fp32")
+    assert vae.kind == "seedvr2" and vae.dtype == torch.float32
+    for k, v in vae.state_dict().items():
+        assert torch.equal(v, stored[k].float()), k
+    same = turbovae.load_vae(path, config=TINY, device="cpu", dtype=dtype)
+    assert same.dtype == dtype
+
+
+def test_bf16_decode_close_to_fp32(tiny_sd):
+    z = latents(2, seed=10) * 0.3
+    f32 = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32").decode(z)
+    b16 = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="bf16").decode(z)
+    assert b16.dtype == torch.bfloat16
+    assert (b16.float() - f32).abs().max().item() < 0.1
+
+
+def test_truncated_file_is_reported(tmp_path, tiny_sd):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "ema_vae.safetensors"
+    save_file(tiny_sd, str(path))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        turbovae.load_vae(path, config=TINY)
+
+
+def test_renamed_keys_are_listed(tiny_sd):
+    sd = dict(tiny_sd)
+    sd["decoder.conv_out.weight_renamed"] = sd.pop("decoder.conv_out.weight")
+    with pytest.raises(CheckpointError) as e:
+        build(sd, TINY)
+    msg = str(e.value)
+    assert "1 missing key(s): decoder.conv_out.weight" in msg
+    assert "1 unexpected key(s): decoder.conv_out.weight_renamed" in msg
+    assert "looks like SeedVR2" in msg
+
+
+def test_wrong_shape_and_2d_conv_are_rejected(tiny_sd):
+    sd = dict(tiny_sd)
+    sd["encoder.conv_in.weight"] = torch.zeros(8, 3, 1, 3, 3)
+    with pytest.raises(CheckpointError, match=r"wrong-shape key\(s\): encoder.conv_in.weight \(8, 3, 1, 3, 3\)"):
+        build(sd, TINY)
+    sd = dict(tiny_sd)
+    sd["decoder.conv_in.weight"] = sd["decoder.conv_in.weight"][:, :, 1]
+    with pytest.raises(CheckpointError, match="2-D .*decoder.conv_in.weight"):
+        turbovae.load_vae(sd, config=TINY)
+
+
+def test_missing_real_key_and_wrong_models():
+    shapes = expected_shapes()
+    sd = {k: torch.empty(s, device="meta") for k, s in shapes.items() if "attentions" not in k}
+    with pytest.raises(CheckpointError, match="20 missing key"):
+        build(sd)
+    sd_kl = {"decoder.up_blocks.0.resnets.0.norm1.weight": torch.zeros(512),
+             "decoder.up_blocks.0.resnets.0.conv1.weight": torch.zeros(512, 512, 3, 3)}
+    with pytest.raises(CheckpointError, match="looks like SD-style"):
+        build(sd_kl)
+    with pytest.raises(CheckpointError, match="SD-style"):
+        turbovae.load_vae(sd_kl)
+
+
+def test_wan_dict_is_named_if_wan_is_registered():
+    from turbovae.vae.checkpoint import registered_architectures
+
+    names = [a.name for a in registered_architectures()]
+    wan = [a for a in registered_architectures() if "wan" in a.name.lower() or "qwen" in a.name.lower()]
+    if not wan:
+        pytest.skip(f"no Wan architecture registered yet ({names})")
+    try:
+        from turbovae.vae.wan.keys import expected_shapes as wan_shapes  # type: ignore
+    except ImportError:
+        pytest.skip("wan key table not available")
+    try:
+        table = wan_shapes()
+    except TypeError:
+        pytest.skip("wan key table needs arguments")
+    sd = {k: torch.empty(s, device="meta") for k, s in table.items()}
+    with pytest.raises(CheckpointError, match="(?i)wan|qwen"):
+        build(sd)
+
+
+# -- TurboVAE behaviour on this architecture ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_vae(tiny_sd):
+    return turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32")
+
+
+def test_sample_draws_from_posterior(tiny_vae):
+    x = clip(5, seed=11)
+    moments = tiny_vae.encode_moments(x)
+    mean, logvar = moments.chunk(2, dim=1)
+    s = tiny_vae.encode(x, sample=True, generator=torch.Generator().manual_seed(3))
+    eps = torch.randn(mean.shape, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(s, mean + torch.exp(0.5 * logvar.clamp(-30, 20)) * eps, atol=1e-6)
+    assert not torch.allclose(s, tiny_vae.encode(x))
+    assert torch.equal(tiny_vae.encode(x), mean)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.zeros(3, 32, 32), "4-D for a single frame"),
+    (torch.zeros(1, 4, 1, 32, 32), "3 channels"),
+    (torch.zeros(1, 3, 1, 32, 32, dtype=torch.int64), "floating-point"),
+    (torch.zeros(1, 3, 1, 30, 32), "multiples of 8"),
+    (torch.zeros(1, 3, 0, 32, 32), "empty"),
+    (torch.full((1, 3, 1, 32, 32), float("nan")), "NaN"),
+    (torch.full((1, 3, 1, 32, 32), float("inf")), "NaN or inf"),
+])
+def test_bad_pixels_raise_value_error(tiny_vae, bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_vae.encode(bad)
+
+
+def test_bad_latents_raise_value_error(tiny_vae):
+    with pytest.raises(ValueError, match="16 channels"):
+        tiny_vae.decode(torch.zeros(1, 4, 1, 4, 4))
+    with pytest.raises(ValueError, match="temporal_slice"):
+        tiny_vae.decode(torch.zeros(1, 16, 3, 4, 4), temporal_slice=0)
+
+
+def test_non_4n1_clip_is_padded_and_trimmed(tiny_vae):
+    x = clip(6, seed=12)
+    z = tiny_vae.encode(x)
+    assert z.shape[2] == 3  # 6 frames -> padded to 9 -> 3 latents
+    padded = torch.cat([x, x[:, :, -1:].expand(-1, -1, 3, -1, -1)], dim=2)
+    assert torch.equal(z, tiny_vae.encode(padded))
+    out = tiny_vae.decode(z, num_frames=6)
+    assert out.shape == (1, 3, 6, 24, 40)
+    assert torch.equal(out, tiny_vae.decode(z)[:, :, :6])
+    img = tiny_vae.decode(tiny_vae.encode(x[:, :, 0]))
+    assert img.shape == (1, 3, 24, 40)  # 4-D in, 4-D out

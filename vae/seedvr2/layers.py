@@ -1,0 +1,309 @@
+"""SeedVR2 building blocks: causal 3-D conv with explicit memory, resnet, mid attention, resamplers.
+
+Every layer takes `(x, ctx)`; `ctx` (a `PassContext`) carries the switchable fast paths and the
+causal memory of the previous temporal slice as a flat list of tensors (read in execution order,
+new memory appended in the same order), so a whole encode/decode step is a pure function of
+(input slice, previous memory) that can be traced for export. Module attribute names reproduce the
+released checkpoint's keys exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import group_norm_silu
+from .config import FastPaths
+
+
+def _tracing() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None:
+        if compiler.is_compiling():
+            return True
+        is_exporting = getattr(compiler, "is_exporting", None)
+        if is_exporting is not None and is_exporting():
+            return True
+    return torch.jit.is_tracing()
+
+
+class PassContext:
+    """State of one encode/decode step: fast paths plus causal memory in and out.
+
+    `memory_in` None means "first slice": causal convs replicate the first frame as head padding and
+    temporal upsamplers drop the duplicated first frame, as the reference does outside its ACTIVE
+    state. Otherwise it must be exactly the list a previous step returned (see `memory_layout`).
+    """
+
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False):
+        self.fast = fast
+        self.first = memory_in is None
+        self._memory_in = list(memory_in) if memory_in is not None else []
+        self._pos = 0
+        self.collect = collect
+        self.memory_out: list[torch.Tensor] = []
+        self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
+
+    def image(self, x: torch.Tensor) -> bool:
+        """True when the T=1 conv2d path applies (first slice, one frame)."""
+        return self.fast.image_path and self.first and x.shape[2] == 1
+
+    def take(self) -> Optional[torch.Tensor]:
+        if self.first:
+            return None
+        if self._pos >= len(self._memory_in):
+            raise ValueError(f"causal memory has {len(self._memory_in)} tensors but the model needs more; "
+                             "pass the state returned by the previous step of the same model")
+        t = self._memory_in[self._pos]
+        self._pos += 1
+        return t
+
+    def put(self, t: torch.Tensor) -> None:
+        if self.collect:
+            self.memory_out.append(t)
+
+    def finish(self) -> tuple[torch.Tensor, ...]:
+        if not self.first and self._pos != len(self._memory_in):
+            raise ValueError(f"causal memory has {len(self._memory_in)} tensors, the model used {self._pos}; "
+                             "pass the state returned by the previous step of the same model")
+        return tuple(self.memory_out)
+
+
+class CausalConv3d(nn.Conv3d):
+    """Conv3d, causal in time: the head is padded with copies of frame 0 (first slice) or with the
+    previous slice's last `kernel_t - stride_t` padded input frames; nothing is added at the tail.
+
+    `pad_right_bottom` zero-pads one extra row/column (the encoder's stride-2 downsamplers); the
+    pad is written into the same buffer as the temporal head.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: tuple[int, int, int], stride: tuple[int, int, int] = (1, 1, 1),
+                 padding: tuple[int, int, int] = (1, 1, 1), pad_right_bottom: bool = False):
+        super().__init__(cin, cout, kernel, stride=stride, padding=(0, padding[1], padding[2]))
+        self.head_frames = 2 * padding[0]
+        self.memory_frames = max(kernel[0] - stride[0], 0)
+        self.pad_right_bottom = pad_right_bottom
+        self._folded: Optional[tuple[tuple, torch.Tensor]] = None
+
+    def _apply(self, fn, *args, **kwargs):
+        self._folded = None  # weights move/cast: derived weights are stale
+        return super()._apply(fn, *args, **kwargs)
+
+    def folded_weight(self) -> torch.Tensor:
+        """Sum of the temporal taps: at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps)."""
+        w = self.weight
+        if w.requires_grad or _tracing():
+            return w.sum(2)
+        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
+        if self._folded is None or self._folded[0] != key:
+            self._folded = (key, w.detach().sum(2))
+        return self._folded[1]
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
+            return self._image_forward(x, ctx)
+        prev = ctx.take() if self.memory_frames else None
+        if ctx.fast.single_buffer:
+            padded = self._write_padded(x, prev, ctx.fast.channels_last)
+        else:
+            padded = self._cat_padded(x, prev)
+        if self.memory_frames:
+            tail = padded[:, :, -self.memory_frames:]
+            ctx.put(tail.clone() if ctx.fast.single_buffer else tail)
+        return F.conv3d(padded, self.weight, self.bias, self.stride, self.padding)
+
+    def _head(self, prev: Optional[torch.Tensor]) -> int:
+        return prev.shape[2] if prev is not None else self.head_frames
+
+    def _write_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor], channels_last: bool) -> torch.Tensor:
+        head = self._head(prev)
+        fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
+        if head == 0 and not self.pad_right_bottom:
+            return x.contiguous(memory_format=fmt) if channels_last else x
+        b, c, t, h, w = x.shape
+        e = 1 if self.pad_right_bottom else 0
+        buf = torch.empty((b, c, head + t, h + e, w + e), dtype=x.dtype, device=x.device, memory_format=fmt)
+        if e:
+            buf[:, :, head:, h:, :].zero_()
+            buf[:, :, head:, :h, w:].zero_()
+        buf[:, :, head:, :h, :w].copy_(x)
+        if prev is not None:
+            buf[:, :, :head].copy_(prev)
+        elif head:
+            buf[:, :, :head].copy_(buf[:, :, head:head + 1].expand(-1, -1, head, -1, -1))
+        return buf
+
+    def _cat_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> torch.Tensor:
+        """The reference's order of copies: pad, then concatenate the head."""
+        if self.pad_right_bottom:
+            x = F.pad(x, (0, 1, 0, 1))
+        if prev is not None:
+            return torch.cat([prev, x], dim=2)
+        if self.head_frames:
+            return torch.cat([x[:, :, :1].repeat(1, 1, self.head_frames, 1, 1), x], dim=2)
+        return x
+
+    def _image_forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        x2 = x[:, :, 0]
+        if self.pad_right_bottom:
+            x2 = F.pad(x2, (0, 1, 0, 1))
+        if ctx.fast.channels_last:
+            x2 = x2.contiguous(memory_format=torch.channels_last)
+        if self.memory_frames:  # the padded input was [f0] * k_t; its tail is the memory
+            ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous())
+        y = F.conv2d(x2, self.folded_weight(), self.bias, self.stride[1:], self.padding[1:])
+        return y.unsqueeze(2)
+
+
+def _norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+    return group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu)
+
+
+class ResnetBlock3D(nn.Module):
+    """GN → SiLU → conv1 (3x3x3) → GN → SiLU → conv2 (3x3x3), plus a 1x1x1 shortcut when channels change."""
+
+    def __init__(self, cin: int, cout: int, groups: int, eps: float):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, cin, eps=eps)
+        self.conv1 = CausalConv3d(cin, cout, (3, 3, 3))
+        self.norm2 = nn.GroupNorm(groups, cout, eps=eps)
+        self.conv2 = CausalConv3d(cout, cout, (3, 3, 3))
+        self.conv_shortcut = CausalConv3d(cin, cout, (1, 1, 1), padding=(0, 0, 0)) if cin != cout else None
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        h = self.conv1(_norm_silu(self.norm1, x), ctx)
+        h = self.conv2(_norm_silu(self.norm2, h), ctx)
+        skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
+        return h.add_(skip) if ctx.inplace else skip + h
+
+
+class MidAttention(nn.Module):
+    """Single-head self-attention over the H×W tokens of each frame (diffusers' deprecated VAE attention block)."""
+
+    def __init__(self, channels: int, groups: int, eps: float):
+        super().__init__()
+        self.group_norm = nn.GroupNorm(groups, channels, eps=eps)
+        self.to_q = nn.Linear(channels, channels)
+        self.to_k = nn.Linear(channels, channels)
+        self.to_v = nn.Linear(channels, channels)
+        self.to_out = nn.ModuleList([nn.Linear(channels, channels), nn.Dropout(0.0)])
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
+        tokens = _norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
+        q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
+        if ctx.fast.sdpa:
+            o = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+        else:  # explicit attention, softmax in fp32 (the reference's upcast_softmax)
+            scores = torch.bmm(q, k.transpose(1, 2)).mul_(c ** -0.5)
+            o = torch.bmm(scores.float().softmax(dim=-1).to(v.dtype), v)
+        o = self.to_out[0](o).transpose(1, 2).reshape(b * t, c, h, w)
+        o = o.add_(frames) if ctx.inplace else o + frames
+        return o.unsqueeze(2) if t == 1 else o.view(b, t, c, h, w).transpose(1, 2)
+
+
+class MidBlock3D(nn.Module):
+    def __init__(self, channels: int, groups: int, eps: float):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResnetBlock3D(channels, channels, groups, eps) for _ in range(2)])
+        self.attentions = nn.ModuleList([MidAttention(channels, groups, eps)])
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        x = self.resnets[0](x, ctx)
+        x = self.attentions[0](x, ctx)
+        return self.resnets[1](x, ctx)
+
+
+class Downsample3D(nn.Module):
+    """Zero-pad right/bottom by one, then a stride-2 conv: k(3,3,3) s2 when time halves, else k(1,3,3) s(1,2,2)."""
+
+    def __init__(self, channels: int, temporal: bool):
+        super().__init__()
+        kt, st = (3, 2) if temporal else (1, 1)
+        self.conv = CausalConv3d(channels, channels, (kt, 3, 3), stride=(st, 2, 2),
+                                 padding=(1 if temporal else 0, 0, 0), pad_right_bottom=True)
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        return self.conv(x, ctx)
+
+
+def pixel_shuffle_3d(u: torch.Tensor, s: int, zr: int) -> torch.Tensor:
+    """`b (x y z c) f h w -> b c (f z) (h x) (w y)` as view/permute/reshape (bit-exact; it only moves data)."""
+    b, ch, f, h, w = u.shape
+    c = ch // (s * s * zr)
+    return u.view(b, s, s, zr, c, f, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2).reshape(b, c, f * zr, h * s, w * s)
+
+
+class Upsample3D(nn.Module):
+    """1x1x1 `upscale_conv` to C·s²·z channels, sub-pixel shuffle in space (and time), causal 3x3x3 conv.
+
+    On the first slice of a temporal stage the reference drops output frame 1 (the z=1 copy of
+    latent frame 0); the fast paths never compute or store it.
+    """
+
+    def __init__(self, channels: int, temporal: bool):
+        super().__init__()
+        self.zr = 2 if temporal else 1
+        self.upscale_conv = nn.Conv3d(channels, channels * 4 * self.zr, kernel_size=1)
+        self.conv = CausalConv3d(channels, channels, (3, 3, 3))
+        self._kept: Optional[tuple[tuple, torch.Tensor, torch.Tensor]] = None
+
+    def _apply(self, fn, *args, **kwargs):
+        self._kept = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def _kept_half(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """upscale_conv rows for sub-frame z=0 only (channel index ((x·2+y)·z_r+z)·C+c), as a 2-D conv."""
+        w, bias = self.upscale_conv.weight, self.upscale_conv.bias
+        c = w.shape[1]
+
+        def select() -> tuple[torch.Tensor, torch.Tensor]:
+            wk = w.view(4, self.zr, c, c)[:, 0].reshape(4 * c, c, 1, 1)
+            bk = bias.view(4, self.zr, c)[:, 0].reshape(4 * c)
+            return wk, bk
+
+        if w.requires_grad or _tracing():
+            return select()
+        key = (w.data_ptr(), w._version, bias.data_ptr(), bias._version, w.dtype, w.device)
+        if self._kept is None or self._kept[0] != key:
+            with torch.no_grad():
+                wk, bk = select()
+                self._kept = (key, wk.contiguous(), bk.contiguous())
+        return self._kept[1], self._kept[2]
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        drop_head = self.zr == 2 and ctx.first
+        if ctx.image(x):
+            wk, bk = self._kept_half()
+            u = F.conv2d(x[:, :, 0], wk, bk)
+            b, _, h, w = u.shape
+            c = u.shape[1] // 4
+            y = u.view(b, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(b, c, 1, h * 2, w * 2)
+        elif ctx.fast.native_shuffle:
+            y = self._shuffle_into_output(F.conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), drop_head)
+        else:
+            y = pixel_shuffle_3d(F.conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), 2, self.zr)
+            if drop_head:
+                y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
+        return self.conv(y, ctx)
+
+    def _shuffle_into_output(self, u: torch.Tensor, drop_head: bool) -> torch.Tensor:
+        b, ch, f, h, w = u.shape
+        zr, c = self.zr, ch // (4 * self.zr)
+        uv = u.view(b, 2, 2, zr, c, f, h, w)
+        out = torch.empty((b, c, f * zr - int(drop_head), 2 * h, 2 * w), dtype=u.dtype, device=u.device)
+
+        def frames_view(t: torch.Tensor, n: int) -> torch.Tensor:  # [b, c, n*zr, 2h, 2w] -> [b, c, n, zr, h, 2, w, 2]
+            return t.unflatten(2, (n, zr)).unflatten(4, (h, 2)).unflatten(6, (w, 2))
+
+        if drop_head:
+            out[:, :, 0].unflatten(2, (h, 2)).unflatten(4, (w, 2)).copy_(uv[:, :, :, 0, :, 0].permute(0, 3, 4, 1, 5, 2))
+            if f > 1:
+                frames_view(out[:, :, 1:], f - 1).copy_(uv[:, :, :, :, :, 1:].permute(0, 4, 5, 3, 6, 1, 7, 2))
+        else:
+            frames_view(out, f).copy_(uv.permute(0, 4, 5, 3, 6, 1, 7, 2))
+        return out

@@ -1,0 +1,255 @@
+"""`SeedVR2VAE`: the SeedVR2 3-D causal VAE with functional temporal steps.
+
+Whole-clip passes, temporal slicing and streams all run through `encode_step` / `decode_step`,
+pure functions of (slice, causal memory) -> (output, new memory). Nothing is cached on the modules
+between calls except weights derived for the T=1 image path.
+
+Memory layout (`memory_layout()` lists it): one tensor per causal conv whose temporal kernel
+exceeds its stride, in execution order; each holds the last `k_t - s_t` frames of that conv's
+padded input, [B, C_in, k_t - s_t, H(+1), W(+1)] (the encoder's downsamplers store their
+right/bottom zero pad too). The first slice is a step with `state=None`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
+from .config import FastPaths, SeedVR2Config
+from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, _norm_silu
+
+State = tuple[torch.Tensor, ...]
+
+
+class DownBlock3D(nn.Module):
+    def __init__(self, cin: int, cout: int, layers: int, cfg: SeedVR2Config, downsample: Optional[bool]):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResnetBlock3D(cin if i == 0 else cout, cout, cfg.norm_groups, cfg.eps)
+                                      for i in range(layers)])
+        self.downsamplers = nn.ModuleList([Downsample3D(cout, downsample)]) if downsample is not None else None
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        for resnet in self.resnets:
+            x = resnet(x, ctx)
+        if self.downsamplers is not None:
+            x = self.downsamplers[0](x, ctx)
+        return x
+
+
+class UpBlock3D(nn.Module):
+    def __init__(self, cin: int, cout: int, layers: int, cfg: SeedVR2Config, upsample: Optional[bool]):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResnetBlock3D(cin if i == 0 else cout, cout, cfg.norm_groups, cfg.eps)
+                                      for i in range(layers)])
+        self.upsamplers = nn.ModuleList([Upsample3D(cout, upsample)]) if upsample is not None else None
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        for resnet in self.resnets:
+            x = resnet(x, ctx)
+        if self.upsamplers is not None:
+            x = self.upsamplers[0](x, ctx)
+        return x
+
+
+class Encoder3D(nn.Module):
+    def __init__(self, cfg: SeedVR2Config):
+        super().__init__()
+        ch = cfg.block_out_channels
+        self.conv_in = CausalConv3d(cfg.in_channels, ch[0], (3, 3, 3))
+        self.down_blocks = nn.ModuleList([
+            DownBlock3D(ch[max(i - 1, 0)], c, cfg.layers_per_block, cfg,
+                        cfg.encoder_temporal_down(i) if i < cfg.num_blocks - 1 else None)
+            for i, c in enumerate(ch)])
+        self.mid_block = MidBlock3D(ch[-1], cfg.norm_groups, cfg.eps)
+        self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, ch[-1], eps=cfg.eps)
+        self.conv_out = CausalConv3d(ch[-1], 2 * cfg.latent_channels, (3, 3, 3))
+
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        x = self.conv_in(x, ctx)
+        for block in self.down_blocks:
+            x = block(x, ctx)
+        x = self.mid_block(x, ctx)
+        return self.conv_out(_norm_silu(self.conv_norm_out, x), ctx)
+
+
+class Decoder3D(nn.Module):
+    def __init__(self, cfg: SeedVR2Config):
+        super().__init__()
+        rev = tuple(reversed(cfg.block_out_channels))
+        self.conv_in = CausalConv3d(cfg.latent_channels, rev[0], (3, 3, 3))
+        self.mid_block = MidBlock3D(rev[0], cfg.norm_groups, cfg.eps)
+        self.up_blocks = nn.ModuleList([
+            UpBlock3D(rev[max(i - 1, 0)], c, cfg.layers_per_block + 1, cfg,
+                      cfg.decoder_temporal_up(i) if i < cfg.num_blocks - 1 else None)
+            for i, c in enumerate(rev)])
+        self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, rev[-1], eps=cfg.eps)
+        self.conv_out = CausalConv3d(rev[-1], cfg.out_channels, (3, 3, 3))
+
+    def forward(self, z: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        x = self.mid_block(self.conv_in(z, ctx), ctx)
+        for block in self.up_blocks:
+            x = block(x, ctx)
+        return self.conv_out(_norm_silu(self.conv_norm_out, x), ctx)
+
+
+def _memory_model(cfg: SeedVR2Config) -> MemoryModel:
+    """Working-set estimate from the widest full-resolution stages (2-byte dtype).
+
+    Decode peaks in the last up block: a 2·C0-channel input, its normalised copy, the padded conv
+    buffer and C0-channel outputs alive together ≈ 11·C0 values per output pixel (C0 = 128 → 2.8 kB);
+    encode peaks in the first blocks at ≈ 9·C0. The mid block's per-frame attention is in
+    `fixed_bytes` for a 1080p frame with a memory-efficient kernel (it does not store scores).
+    """
+    c0, cm = cfg.block_out_channels[0], cfg.block_out_channels[-1]
+    return MemoryModel(encode_bytes_per_pixel=9 * c0 * 2, decode_bytes_per_pixel=11 * c0 * 2,
+                       fixed_bytes=256 * 2**20 + 8 * cm * 2 * (1920 * 1080 // 64))
+
+
+class SeedVR2VAE(VAEModel):
+    """SeedVR2 ("video_vae_v3") VAE: 16 latent channels, 8x space, 4x time, replicate-causal convs."""
+
+    kind = "seedvr2"
+
+    def __init__(self, config: SeedVR2Config = SeedVR2Config(), fast: FastPaths = FastPaths()):
+        super().__init__()
+        self.config = config
+        self.fast = fast
+        self.encoder = Encoder3D(config)
+        self.decoder = Decoder3D(config)
+        self.latent_format = LatentFormat(config.latent_channels, config.spatial_factor, config.temporal_factor,
+                                          scaling_factor=config.scaling_factor)
+        self.memory_model = _memory_model(config)
+
+    # -- functional steps ----------------------------------------------------------------------
+    def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True) -> tuple[torch.Tensor, State]:
+        """One causal encode slice: [B,3,T,H,W] -> (moments [B,2C,T',h,w], memory for the next slice).
+
+        First slice (`state=None`): T = 1+4k frames; later slices: 4k frames. `collect=False` skips
+        building the memory (last slice / whole clip).
+        """
+        ctx = PassContext(self.fast, state, collect)
+        out = self.encoder(pixels, ctx)
+        return out, ctx.finish()
+
+    def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
+        """One causal decode slice: [B,C,n,h,w] -> (pixels, memory). First slice gives 1+4(n-1)
+        frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
+        ctx = PassContext(self.fast, state, collect)
+        out = self.decoder(latents, ctx)
+        if clamp:
+            out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
+        return out, ctx.finish()
+
+    # -- whole clips and temporal slicing --------------------------------------------------------
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        tf = self.latent_format.temporal_factor
+        if temporal_slice is not None and temporal_slice < 1:
+            raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
+        if (pixels.shape[2] - 1) % tf:
+            raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
+        n = temporal_slice
+        bounds = [(0, pixels.shape[2])] if n is None else split_slices(pixels.shape[2], 1 + tf * n, tf * n)
+        return self._run_slices(self.encode_step, pixels, bounds, {})
+
+    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       clamp: bool = True) -> torch.Tensor:
+        if temporal_slice is not None and temporal_slice < 1:
+            raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
+        n = temporal_slice
+        bounds = [(0, latents.shape[2])] if n is None else split_slices(latents.shape[2], 1 + n, n)
+        return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp})
+
+    @staticmethod
+    def _run_slices(step: Callable, x: torch.Tensor, bounds: Sequence[tuple[int, int]], kwargs: dict) -> torch.Tensor:
+        state: Optional[State] = None
+        outs = []
+        for i, (a, b) in enumerate(bounds):
+            out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    # -- streams -----------------------------------------------------------------------------------
+    def encode_stream(self) -> CausalStream:
+        return _Stream(self.encode_step, first_rule=lambda t: (t - 1) % 4 == 0, rest_rule=lambda t: t % 4 == 0,
+                       what="pixel frames: 1+4k first, then multiples of 4")
+
+    def decode_stream(self) -> CausalStream:
+        return _Stream(lambda z, s, collect: self.decode_step(z, s, collect=collect), first_rule=lambda t: t >= 1,
+                       rest_rule=lambda t: t >= 1, what="latent frames: at least 1 per step")
+
+    # -- export ----------------------------------------------------------------------------------
+    def image_encoder(self) -> nn.Module:
+        return _ImageEncoder(self)
+
+    def image_decoder(self) -> nn.Module:
+        return _ImageDecoder(self)
+
+    def memory_layout(self, *, decode: bool, batch: int, height: int, width: int,
+                      first_frames: int = 2) -> list[tuple[str, tuple[int, ...]]]:
+        """(conv name, memory shape) in state order after a first slice of `first_frames` frames (latent
+        frames for decode, pixel frames for encode, 1+4k) at `height`×`width` of the step's input.
+        Runs a meta-device copy, so it costs nothing; engines use it to declare the cache I/O."""
+        with torch.device("meta"):
+            clone = SeedVR2VAE(self.config, self.fast)
+        channels = self.config.latent_channels if decode else self.config.in_channels
+        x = torch.empty(batch, channels, first_frames, height, width, device="meta")
+        order: list[str] = []
+        hooks = [m.register_forward_pre_hook(lambda mod, args, name=n: order.append(name))
+                 for n, m in clone.named_modules() if isinstance(m, CausalConv3d) and m.memory_frames]
+        try:
+            _, state = clone.decode_step(x, None, clamp=False) if decode else clone.encode_step(x, None)
+        finally:
+            for h in hooks:
+                h.remove()
+        return list(zip(order, [tuple(t.shape) for t in state]))
+
+
+class _Stream(CausalStream):
+    def __init__(self, step: Callable, first_rule: Callable[[int], bool], rest_rule: Callable[[int], bool], what: str):
+        self._step, self._first, self._rest, self._what = step, first_rule, rest_rule, what
+        self._state: Optional[State] = None
+        self._started = False
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[2]
+        ok = self._rest(t) if self._started else self._first(t)
+        if not ok:
+            raise ValueError(f"stream slice of {t} frames is not allowed ({self._what}); "
+                             "other lengths would break the causal memory")
+        out, self._state = self._step(x, self._state, collect=True)
+        self._started = True
+        return out
+
+    def close(self) -> None:
+        self._state = None
+        self._started = False
+
+
+class _ImageEncoder(nn.Module):
+    """[B,3,H,W] -> moments [B,32,H/8,W/8] through the T=1 conv2d path."""
+
+    def __init__(self, vae: SeedVR2VAE):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        ctx = PassContext(replace(self.vae.fast, image_path=True))
+        return self.vae.encoder(pixels.unsqueeze(2), ctx).squeeze(2)
+
+
+class _ImageDecoder(nn.Module):
+    """[B,16,h,w] -> pixels [B,3,8h,8w] in [-1,1] through the T=1 conv2d path."""
+
+    def __init__(self, vae: SeedVR2VAE):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        ctx = PassContext(replace(self.vae.fast, image_path=True))
+        return self.vae.decoder(latents.unsqueeze(2), ctx).squeeze(2).clamp(-1.0, 1.0)
