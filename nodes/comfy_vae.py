@@ -31,6 +31,16 @@ RESERVED_LATENT_FRAMES = 4
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
+class _PatcherModule(torch.nn.Module):
+    """What ComfyUI's ModelPatcher manages: a plain container around our model, because the patcher
+    writes bookkeeping attributes (`device`, `model_lowvram`, ...) onto the module it is given and our
+    `VAEModel.device` is a read-only property."""
+
+    def __init__(self, vae_model: torch.nn.Module):
+        super().__init__()
+        self.vae = vae_model
+
+
 class ComfyTurboVAE:
     is_turbovae = True
 
@@ -38,12 +48,12 @@ class ComfyTurboVAE:
                  offload_device: Optional[torch.device] = None):
         fmt = turbo.latent_format
         self.turbo = turbo
-        self.first_stage_model = turbo.model
+        self.first_stage_model = _PatcherModule(turbo.model)
         self.device = torch.device(load_device) if load_device is not None else mm.vae_device()
         self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
         self.output_device = mm.intermediate_device()
         self.vae_dtype = turbo.dtype
-        self.patcher = comfy.model_patcher.ModelPatcher(turbo.model, load_device=self.device,
+        self.patcher = comfy.model_patcher.ModelPatcher(self.first_stage_model, load_device=self.device,
                                                         offload_device=self.offload_device)
         # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
         # VAEEncodeForInpaint use `downscale_ratio` as a number).

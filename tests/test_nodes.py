@@ -87,7 +87,7 @@ def test_loader_returns_a_core_compatible_vae(name):
     assert vae.kind == ("seedvr2" if "seedvr2" in name else "qwen_image")
     assert vae.latent_dim == 3 and vae.spacial_compression_decode() == 8 and vae.temporal_compression_decode() == 4
     assert vae.downscale_index_formula == (4, 8, 8) and vae.latent_channels == vae.turbo.latent_channels
-    assert vae.vae_dtype == torch.float32 and vae.patcher.model is vae.turbo.model
+    assert vae.vae_dtype == torch.float32 and vae.patcher.model.vae is vae.turbo.model
     assert set(vae.get_sd()) == set(vae.turbo.state_dict())
 
 
