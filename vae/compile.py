@@ -1,0 +1,190 @@
+"""torch.compile recipes for VAEs: per-region compilation that does not recompile on every prompt.
+
+Compiling a whole VAE as one graph is slow to build, breaks on the causal-cache bookkeeping and
+recompiles whenever anything about the call changes. Instead each *region* — every member of the
+model's ModuleLists / Sequentials (resnets, attention, up/down blocks; found generically, without
+architecture class names) — is compiled on its own, in place, the way `nn.Module.compile` does it:
+state-dict keys, `.to()` and the architecture code are untouched.
+
+Side effects, all required by torch and documented here: dynamo's per-code-object recompile limit
+(`torch._dynamo.config.recompile_limit`, a.k.a. `cache_size_limit`) is process-wide, so it is
+*raised* to `settings.cache_size_limit` when lower, never lowered. All regions share the code object
+of `nn.Module._call_impl`, which is why the default of 8 is too small for a VAE.
+
+If compilation fails (no C compiler, no Triton, an unsupported op) the model runs eagerly and one
+warning is logged; genuine errors (the eager call fails too) are raised as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+log = logging.getLogger("turbovae")
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DYNAMIC = {"auto": None, "true": True, "false": False}
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What to hand to torch.compile for every region (hashable: it keys the compiled-model cache)."""
+
+    backend: str = "inductor"
+    mode: str = "default"
+    dynamic: str = "auto"  # auto: static first, dynamic after a shape change (torch's dynamic=None)
+    fullgraph: bool = False
+    cache_size_limit: int = 64
+
+    def __post_init__(self) -> None:
+        backends = available_backends()
+        if not isinstance(self.backend, str) or self.backend not in backends:
+            raise ValueError(f"unknown torch.compile backend {self.backend!r}; choose one of {', '.join(backends)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown compile mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.dynamic not in DYNAMIC:
+            raise ValueError(f"dynamic must be one of {', '.join(DYNAMIC)} (got {self.dynamic!r})")
+        if not isinstance(self.fullgraph, bool):
+            raise ValueError(f"fullgraph must be True or False (got {self.fullgraph!r})")
+        if isinstance(self.cache_size_limit, bool) or not isinstance(self.cache_size_limit, int) \
+                or self.cache_size_limit < 1:
+            raise ValueError(f"cache_size_limit must be an integer >= 1 (got {self.cache_size_limit!r})")
+
+    def torch_compile_kwargs(self) -> dict:
+        """Keyword arguments for torch.compile (mode is an inductor option; other backends ignore it)."""
+        kwargs = {"backend": self.backend, "dynamic": DYNAMIC[self.dynamic], "fullgraph": self.fullgraph}
+        if self.backend == "inductor" and self.mode != "default":
+            kwargs["mode"] = self.mode
+        return kwargs
+
+
+def available_backends() -> list[str]:
+    import torch._dynamo
+
+    return sorted(set(torch._dynamo.list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"})
+
+
+def find_regions(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every member of a ModuleList/Sequential, outermost first.
+
+    A member that is itself a container is descended into; a member is never split further. A model
+    without containers is a single region (itself, named "").
+    """
+    regions: list[tuple[str, nn.Module]] = []
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        in_list = isinstance(module, (nn.ModuleList, nn.Sequential))
+        for name, child in module.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if in_list and not isinstance(child, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
+                regions.append((path, child))
+            else:
+                visit(child, path)
+
+    visit(model, "")
+    return regions or [("", model)]
+
+
+class _CompileState:
+    """Shared by the regions of one compiled model: one failure switches them all to eager."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+
+class _RegionCall:
+    """Installed as a region's `_compiled_call_impl`: compiled call with an eager safety net."""
+
+    def __init__(self, module: nn.Module, compiled: Callable, state: _CompileState, settings: CompileSettings):
+        self._module = weakref.ref(module)
+        self.compiled = compiled
+        self.state = state
+        self.settings = settings
+
+    def __call__(self, *args, **kwargs):
+        module = self._module()
+        if self.state.failed:
+            return module._call_impl(*args, **kwargs)
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as compile_exc:
+            out = module._call_impl(*args, **kwargs)  # raises the genuine error if there is one
+            self.state.failed = True
+            log.warning("turbovae: torch.compile (%s) failed, running the VAE eagerly: %s",
+                        _describe(self.settings), _root_cause(compile_exc))
+            return out
+
+
+def _describe(settings: CompileSettings) -> str:
+    return f"backend={settings.backend}, mode={settings.mode}, dynamic={settings.dynamic}"
+
+
+def _root_cause(exc: BaseException) -> str:
+    """Innermost cause (dynamo wraps backend errors), as 'Type: first line'."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+# model -> settings -> (state, {region name: _RegionCall}); weak so unloading a model frees its graphs.
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, dict[CompileSettings, tuple[_CompileState, dict[str, _RegionCall]]]]"
+_CACHE = weakref.WeakKeyDictionary()
+
+
+def apply_compile(model: nn.Module, settings: Optional[CompileSettings] = None) -> nn.Module:
+    """Compile `model`'s regions in place with `settings` and return `model`.
+
+    Calling it again with the same settings is free; with other settings, the regions switch to
+    that variant (variants are cached per model, so switching back does not recompile).
+    """
+    settings = settings or CompileSettings()
+    _raise_recompile_limit(settings.cache_size_limit)
+    variants = _CACHE.setdefault(model, {})
+    if settings not in variants:
+        state = _CompileState()
+        calls = {}
+        for name, region in find_regions(model):
+            compiled = torch.compile(region._call_impl, **settings.torch_compile_kwargs())
+            calls[name] = _RegionCall(region, compiled, state, settings)
+        variants[settings] = (state, calls)
+    _state, calls = variants[settings]
+    for name, call in calls.items():
+        region = model.get_submodule(name) if name else model
+        region._compiled_call_impl = call
+    return model
+
+
+def remove_compile(model: nn.Module) -> nn.Module:
+    """Back to eager for every region (the compiled variants stay cached for a later apply_compile)."""
+    for name, region in find_regions(model):
+        if isinstance(getattr(region, "_compiled_call_impl", None), _RegionCall):
+            region._compiled_call_impl = None
+    return model
+
+
+def compile_failed(model: nn.Module) -> bool:
+    """True when the active compiled variant of `model` fell back to eager."""
+    for _name, region in find_regions(model):
+        call = getattr(region, "_compiled_call_impl", None)
+        if isinstance(call, _RegionCall):
+            return call.state.failed
+    return False
+
+
+def _raise_recompile_limit(limit: int) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if getattr(dynamo_config, name) < limit:
+        setattr(dynamo_config, name, limit)
