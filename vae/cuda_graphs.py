@@ -1,0 +1,183 @@
+"""Opt-in CUDA-graph runner for fixed-shape VAE passes.
+
+A VAE decode launches thousands of small kernels; at 1024² the launch gaps are a visible share of
+the time. Capturing the pass once per input shape and replaying it removes them. The price is
+memory (the graph keeps its intermediates' pool) and rigidity (one graph per shape), so:
+
+- graphs are keyed by the shapes, strides and dtypes of the tensor arguments (plus the values of
+  the other arguments); at most `max_graphs` are kept, least recently used evicted first;
+- all graphs of a runner share one memory pool (they replay one at a time on one stream);
+- inputs are copied into static buffers, outputs are cloned out of the static ones by default;
+- warm-up runs on a side stream before capture, as torch.cuda.graph requires;
+- anything that is not all-CUDA simply runs eagerly.
+
+The captured callable must be capturable: no host synchronisation, no CPU-side data-dependent
+control flow, and the same work for the same shapes (true for our decoders at fixed slicing).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
+
+import torch
+
+log = logging.getLogger("turbovae")
+
+E = TypeVar("E")
+
+
+def graph_key(args: tuple, kwargs: Optional[dict] = None) -> tuple:
+    """What a captured graph depends on: tensor geometry/dtype/device, and the other arguments' values."""
+
+    def one(a: Any) -> Hashable:
+        if isinstance(a, torch.Tensor):
+            return ("T", tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device))
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(one(x) for x in a))
+        try:
+            hash(a)
+        except TypeError as exc:
+            raise ValueError(f"cannot key a CUDA graph on an unhashable argument of type {type(a).__name__}; "
+                             "pass tensors and plain values only") from exc
+        return ("V", a)
+
+    kw = tuple(sorted((k, one(v)) for k, v in (kwargs or {}).items()))
+    return tuple(one(a) for a in args), kw
+
+
+class GraphCache(Generic[E]):
+    """A bounded LRU map key -> entry that tells the owner which entries to release."""
+
+    def __init__(self, max_entries: int, release: Callable[[E], None] = lambda e: None):
+        if max_entries < 1:
+            raise ValueError(f"max_graphs must be >= 1 (got {max_entries})")
+        self.max_entries = max_entries
+        self._release = release
+        self._entries: "OrderedDict[Hashable, E]" = OrderedDict()
+        self.builds = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list:
+        return list(self._entries)
+
+    def get_or_build(self, key: Hashable, build: Callable[[], E]) -> E:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        while len(self._entries) >= self.max_entries:
+            _old_key, old = self._entries.popitem(last=False)
+            self.evictions += 1
+            self._release(old)
+        entry = build()
+        self.builds += 1
+        self._entries[key] = entry
+        return entry
+
+    def clear(self) -> None:
+        while self._entries:
+            _k, entry = self._entries.popitem(last=False)
+            self._release(entry)
+
+
+@dataclass
+class _Captured:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: list  # static tensors, in the order of the flattened tensor arguments
+    output: Any
+
+
+def _flatten_tensors(obj: Any, out: list) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _flatten_tensors(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _flatten_tensors(x, out)
+
+
+def _replace_tensors(obj: Any, it) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return next(it)
+    if isinstance(obj, list):
+        return [_replace_tensors(x, it) for x in obj]
+    if isinstance(obj, tuple):
+        return tuple(_replace_tensors(x, it) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _replace_tensors(v, it) for k, v in obj.items()}
+    return obj
+
+
+def _map_output(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_output(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map_output(v, fn) for k, v in obj.items()}
+    return obj
+
+
+class CudaGraphRunner:
+    """Wraps `fn(*args, **kwargs)`; on CUDA, captures one graph per argument geometry and replays it.
+
+    `clone_outputs=False` returns the static output tensors themselves: faster, but they are
+    overwritten by the next call with the same shapes.
+    """
+
+    def __init__(self, fn: Callable, *, max_graphs: int = 4, warmup: int = 2, clone_outputs: bool = True):
+        self.fn = fn
+        self.warmup = warmup
+        self.clone_outputs = clone_outputs
+        self.cache: GraphCache[_Captured] = GraphCache(max_graphs, release=self._release)
+        self._pool = None
+
+    @staticmethod
+    def _release(entry: _Captured) -> None:
+        entry.graph.reset()
+        entry.inputs.clear()
+        entry.output = None
+
+    def invalidate(self) -> None:
+        """Drop every graph (call after changing weights in a way that reallocates them, or moving the model)."""
+        self.cache.clear()
+        self._pool = None
+
+    def __call__(self, *args, **kwargs):
+        tensors: list = []
+        _flatten_tensors((args, kwargs), tensors)
+        if not tensors or not all(t.is_cuda for t in tensors) or torch.cuda.is_current_stream_capturing():
+            return self.fn(*args, **kwargs)
+        key = graph_key(args, kwargs)
+        entry = self.cache.get_or_build(key, lambda: self._capture(args, kwargs, tensors))
+        for static, new in zip(entry.inputs, tensors):
+            static.copy_(new)
+        entry.graph.replay()
+        return _map_output(entry.output, torch.clone) if self.clone_outputs else entry.output
+
+    def _capture(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
+        statics = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in tensors]
+        it = iter(statics)
+        s_args = _replace_tensors(args, it)
+        s_kwargs = _replace_tensors(kwargs, it)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(*s_args, **s_kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = self.fn(*s_args, **s_kwargs)
+        log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d)",
+                 [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries)
+        return _Captured(graph, statics, output)
