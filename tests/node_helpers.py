@@ -18,7 +18,7 @@ STUBS = Path(__file__).parent / "comfy_stubs"
 def use_comfy_stubs() -> None:
     """Put the test doubles first on sys.path (the unit tests never run against a real `comfy`)."""
     loaded = sys.modules.get("comfy")
-    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(STUBS)):
+    if loaded is not None and not str(getattr(loaded, "__file__", "")).startswith(str(STUBS)):  # real ComfyUI
         raise RuntimeError("a real ComfyUI `comfy` is already imported; run the node unit tests on their own")
     if str(STUBS) not in sys.path:
         sys.path.insert(0, str(STUBS))
@@ -50,3 +50,13 @@ def write_tiny_vae(folder: Path, name: str) -> tuple[Path, object]:
     path = folder / name
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path))
     return path, cfg
+
+
+def hide_comfy_stubs() -> None:
+    """Drop the doubles from sys.modules once the node modules hold their references, so other tests
+    (e.g. the check that `import turbovae` never pulls `comfy`) see a clean interpreter."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("comfy", "comfy_api", "folder_paths"):
+            del sys.modules[name]
+    if str(STUBS) in sys.path:
+        sys.path.remove(str(STUBS))

@@ -22,10 +22,6 @@ import node_helpers  # noqa: E402
 
 node_helpers.use_comfy_stubs()
 
-import comfy.model_management as mm  # noqa: E402  (test double)
-import comfy.utils  # noqa: E402
-import folder_paths  # noqa: E402
-
 from turbovae import TurboVAE, load_vae  # noqa: E402
 from turbovae.vae.checkpoint import CheckpointError  # noqa: E402
 from turbovae.vae.tiling.exact import supports_exact  # noqa: E402
@@ -34,6 +30,12 @@ from turbovae.nodes.comfy_vae import ComfyTurboVAE  # noqa: E402
 from turbovae.nodes.loader_nodes import TurboVAECompileSettings, TurboVAELoader  # noqa: E402
 from turbovae.nodes.paths import UnsafePathError, register_tensorrt_folder, resolve_model_file  # noqa: E402
 from turbovae.nodes.tiled_nodes import TurboVAETiledDecode, TurboVAETiledEncode  # noqa: E402
+
+# The doubles exactly as the node modules bound them (another test module may have imported them first).
+from turbovae.nodes import comfy_vae as _cv, paths as _paths  # noqa: E402
+
+mm, comfy, folder_paths = _cv.mm, _cv.comfy, _paths.folder_paths
+node_helpers.hide_comfy_stubs()
 
 NODES_DIR = Path(loader_nodes.__file__).parent
 

@@ -18,6 +18,8 @@ node_helpers.use_comfy_stubs()
 
 from turbovae.nodes import all_nodes  # noqa: E402
 
+node_helpers.hide_comfy_stubs()
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
 CORE = {k: v for k, v in json.loads((Path(__file__).parent / "data" / "core_node_signatures.json").read_text()).items()
