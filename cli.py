@@ -14,6 +14,7 @@ BENCH_SECTIONS = {
     "qwen": "qwen",
     "tiling": "tiling",
     "engines": "engines",
+    "gpu": "gpu",
 }
 DEFAULT_SECTIONS = ("seedvr2", "qwen")
 

@@ -1,0 +1,240 @@
+"""GPU fast-path ablation: each step adds one lever on top of the previous ones, same weights, same run.
+
+Steps: eager baseline (every architecture fast path off) -> image path / architecture fast paths ->
+channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs. Engines are
+measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
+against the fp32 eager baseline, and (CUDA) the share of the dense-bf16 FLOP floor reached.
+
+CUDA cases: Qwen-Image 1024² and 1328² encode and decode; SeedVR2 1080p image decode and 720p×21
+decode. CPU (no GPU here): the same code at 64² with fp32 and the CUDA-only steps skipped;
+`--quick`: tiny configs (topology only) so the smoke test takes seconds. Random seeded weights
+unless `--qwen-checkpoint` / `--seedvr2-checkpoint` are given.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..vae.api import parse_dtype
+from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
+from ..vae.cuda_graphs import CudaGraphRunner
+from ..vae.kernels import fused_norms, triton_available
+from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+
+SECTION = "gpu"
+
+# Dense bf16 tensor-core peak (TFLOP/s) for the floor column; the issue's achievable figure is ~790.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    arch: str  # "qwen" | "seedvr2"
+    kind: str  # "decode" | "encode"
+    shape: tuple[int, ...]  # input shape (latents for decode, pixels for encode)
+    temporal_slice: Optional[int] = None
+
+
+def cases(cuda: bool, quick: bool) -> list[Case]:
+    if quick:
+        return [Case("qwen decode 16² (tiny)", "qwen", "decode", (1, 4, 1, 2, 2)),
+                Case("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2))]
+    if cuda:
+        return [Case("qwen decode 1024²", "qwen", "decode", (1, 16, 1, 128, 128)),
+                Case("qwen encode 1024²", "qwen", "encode", (1, 3, 1, 1024, 1024)),
+                Case("qwen decode 1328²", "qwen", "decode", (1, 16, 1, 166, 166)),
+                Case("qwen encode 1328²", "qwen", "encode", (1, 3, 1, 1328, 1328)),
+                Case("seedvr2 decode 1080p image", "seedvr2", "decode", (1, 16, 1, 135, 240)),
+                Case("seedvr2 decode 720p×21", "seedvr2", "decode", (1, 16, 6, 90, 160))]
+    return [Case("qwen decode 64²", "qwen", "decode", (1, 16, 1, 8, 8)),
+            Case("qwen encode 64²", "qwen", "encode", (1, 3, 1, 64, 64)),
+            Case("seedvr2 decode 64² image", "seedvr2", "decode", (1, 16, 1, 8, 8)),
+            Case("seedvr2 decode 64²×5", "seedvr2", "decode", (1, 16, 2, 8, 8))]
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+def _seeded_init(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Fan-in-scaled random weights so activations stay O(1) through the whole network."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1 or name.endswith("gamma"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                t = torch.randn(p.shape, generator=g)
+                p.copy_(t / t[0].numel() ** 0.5)
+    return model
+
+
+def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
+    """The architecture in fp32 on CPU, from the user's checkpoint or seeded random weights."""
+    if arch == "qwen":
+        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
+
+        ckpt = opts.checkpoint.get("qwen")
+        if ckpt:
+            from ..vae.api import load_vae
+
+            return load_vae(ckpt, device="cpu", dtype=torch.float32).model
+        return _seeded_init(WanVAE(TINY_WAN21 if quick else WAN21)).eval()
+    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+
+    ckpt = opts.checkpoint.get("seedvr2")
+    if ckpt:
+        from ..vae.api import load_vae
+
+        return load_vae(ckpt, device="cpu", dtype=torch.float32).model
+    return _seeded_init(SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())).eval()
+
+
+def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
+    """Switch the architecture's own fast paths (SeedVR2 `FastPaths`, Wan `WanFlags`)."""
+    if hasattr(model, "fast"):  # SeedVR2
+        from ..vae.seedvr2 import FastPaths
+
+        paths = FastPaths() if fast else FastPaths.plain()
+        model.fast = replace(paths, channels_last=channels_last)
+    elif hasattr(model, "flags"):  # Wan / Qwen-Image
+        from ..vae.wan import WanFlags
+
+        flags = WanFlags() if fast else WanFlags(fold_image=False, sdpa=False, inplace=False)
+        model.flags = replace(flags, channels_last=channels_last)
+    else:  # pragma: no cover - a new architecture without switches
+        raise ValueError(f"{type(model).__name__} exposes neither `fast` nor `flags`")
+
+
+def _call(model: nn.Module, case: Case) -> Callable[[torch.Tensor], torch.Tensor]:
+    if case.kind == "decode":
+        return lambda x: model.decode_latents(x, temporal_slice=case.temporal_slice)
+    return lambda x: model.encode_moments(x, temporal_slice=case.temporal_slice)
+
+
+def conv_flops(model: nn.Module, case: Case, x: torch.Tensor) -> Optional[float]:
+    """FLOPs of one pass as counted by torch's FlopCounterMode (convs, matmuls, attention)."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with counter, torch.inference_mode():
+            _call(model, case)(x)
+        return float(counter.get_total_flops())
+    except Exception:  # counting is informative only
+        return None
+
+
+# -- the ablation --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    fast: bool
+    channels_last: bool
+    fused: bool
+    compiled: bool
+    graphs: bool
+    cuda_only: bool
+
+
+STEPS = [
+    Step("eager baseline", False, False, False, False, False, False),
+    Step("+ image path / arch fast paths", True, False, False, False, False, False),
+    Step("+ channels-last", True, True, False, False, False, False),
+    Step("+ fused norms (Triton)", True, True, True, False, False, True),
+    Step("+ compile (per region)", True, True, True, True, False, True),
+    Step("+ CUDA graphs", True, True, True, True, True, True),
+]
+
+
+def _floor_note(flops: Optional[float], ms: float, cuda: bool) -> str:
+    if not (cuda and flops):
+        return ""
+    gpu = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in gpu), None)
+    if peak is None:
+        return f"{flops / 1e12:.2f} TFLOP"
+    floor_ms = flops / (peak * 1e12) * 1e3
+    return f"{flops / 1e12:.2f} TFLOP, floor {floor_ms:.1f} ms = {100 * floor_ms / ms:.0f}%"
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    device = torch.device(opts.device)
+    cuda = device.type == "cuda"
+    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    rows: list[BenchRow] = []
+    models: dict[str, nn.Module] = {}
+    g = torch.Generator().manual_seed(0)
+    for case in cases(cuda, opts.quick):
+        if case.arch not in models:
+            models.clear()
+            gc.collect()
+            models[case.arch] = build_model(case.arch, opts, opts.quick)
+        model = models[case.arch]
+        x32 = torch.randn(case.shape, generator=g).clamp_(-1, 1) if case.kind == "encode" \
+            else torch.randn(case.shape, generator=g)
+        rows.extend(_ablate(opts, model, case, x32, device, dtype))
+    return rows
+
+
+def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor, device: torch.device,
+            dtype: torch.dtype) -> list[BenchRow]:
+    cuda = device.type == "cuda"
+    # fp32 eager reference on the device (the PSNR target), then the model in the bench dtype.
+    model.to(device=device, dtype=torch.float32)
+    set_arch_paths(model, fast=False, channels_last=False)
+    x = x32.to(device)
+    with fused_norms(False), torch.inference_mode():
+        reference = _call(model, case)(x).float()
+    flops = conv_flops(model, case, x) if cuda else None
+    model.to(dtype=dtype)
+    x = x.to(dtype)
+    rows: list[BenchRow] = []
+    baseline_ms = None
+    for step in STEPS:
+        if step.cuda_only and not cuda:
+            continue
+        if step.fused and not triton_available():
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note="skipped: Triton not installed"))
+            continue
+        set_arch_paths(model, fast=step.fast, channels_last=step.channels_last)
+        if step.compiled:
+            apply_compile(model, CompileSettings())
+        fn = _call(model, case)
+        runner = CudaGraphRunner(fn, max_graphs=1) if step.graphs else None
+
+        def once(fn=fn, runner=runner) -> torch.Tensor:
+            with torch.inference_mode():
+                return runner(x) if runner is not None else fn(x)
+
+        try:
+            with fused_norms(step.fused):
+                peak, out = cuda_peak_mb(once, device)
+                ms, out = time_ms(once, device, repeat=opts.repeat, warmup=opts.warmup)
+        except Exception as exc:  # one failing lever must not hide the rest of the table
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
+                                 note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"))
+            continue
+        finally:
+            if runner is not None:
+                runner.invalidate()
+        note = _floor_note(flops, ms, cuda)
+        if step.compiled and compile_failed(model):
+            note = ("compile fell back to eager; " + note).strip("; ")
+        baseline_ms = baseline_ms or ms
+        rows.append(BenchRow(SECTION, case.name, step.name, ms, baseline_ms=baseline_ms, peak_mb=peak,
+                             max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=note))
+    remove_compile(model)
+    model.to(device="cpu", dtype=torch.float32)
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
