@@ -47,7 +47,7 @@ def data_path(onnx_path: Path) -> Path:
 
 
 def export_onnx(module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, path: Path, *,
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, optimize: bool = True) -> Path:
     """Write `path` (+ `path.data`) with dynamic axes from `spec`; both files appear or neither.
 
     The exporter names the weight file after the graph file, so both are written under their final
@@ -65,7 +65,7 @@ def export_onnx(module: nn.Module, example: Sequence[torch.Tensor], spec: BuildS
             warnings.simplefilter("ignore")
             torch.onnx.export(module, example, str(tmp), input_names=list(spec.input_names),
                               output_names=list(spec.output_names), dynamic_shapes=onnx_dynamic_shapes(spec),
-                              dynamo=True, external_data=True, verbose=False)
+                              dynamo=True, external_data=True, verbose=False, optimize=optimize)
         if not tmp.is_file():
             raise RuntimeError(f"ONNX export wrote no {tmp.name}")
         if data_path(tmp).is_file():

@@ -1,0 +1,64 @@
+"""`python -m turbovae build-engines`: export and build an engine set for one checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vae", required=True, help="VAE checkpoint (file or diffusers folder)")
+    parser.add_argument("--out", required=True, help="engine folder to create")
+    shape = parser.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--static", nargs="+", metavar="WxH",
+                       help="static bucket(s); several form a multi-ratio set of exactly these sizes")
+    shape.add_argument("--multi-ratio", nargs="*", metavar="WxH",
+                       help="multi-ratio static set (default: Qwen-Image ratios + 512², 1024²)")
+    shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
+    parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp16")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--components", default="encoder,decoder", help="comma list of encoder, decoder")
+    parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
+    parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
+
+
+def table_from_args(args: argparse.Namespace):
+    if args.static:
+        buckets = [Bucket.parse(s) for s in args.static]
+        return static_table(buckets[0]) if len(buckets) == 1 else multi_ratio_table(buckets)
+    if args.multi_ratio is not None:
+        return multi_ratio_table([Bucket.parse(s) for s in args.multi_ratio]) if args.multi_ratio \
+            else multi_ratio_table()
+    return multi_profile_table()
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..vae.api import load_vae, parse_dtype
+    from .backend import EngineError
+    from .build import build_engine_set
+
+    try:
+        table = table_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = parse_dtype(args.dtype)
+    vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    try:
+        paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
+                                 components=[c.strip() for c in args.components.split(",") if c.strip()],
+                                 overwrite=args.overwrite, source=args.vae, optimization_level=args.opt_level)
+    except (EngineError, FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for p in paths:
+        print(p)
+    return 0
