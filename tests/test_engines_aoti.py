@@ -1,0 +1,154 @@
+"""AOTInductor engines end to end on CPU (tiny toy VAE; compiles are shared via module fixtures):
+exact parity at the bucket, output size == request for padded sizes, load_vae routing, fallback on
+identity mismatch / corrupt files / shapes outside the table, memory report and release."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engines_toy import save_toy_checkpoint  # noqa: E402
+
+import turbovae  # noqa: E402
+from turbovae.bench.common import psnr  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.build import build_engine_set  # noqa: E402
+from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE  # noqa: E402
+from turbovae.trt.identity import sidecar_path  # noqa: E402
+
+BUCKET = Bucket(64, 64)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    ckpt = root / "toy.safetensors"
+    save_toy_checkpoint(ckpt)
+    vae = turbovae.load_vae(ckpt, device="cpu")
+    paths = build_engine_set(vae, root / "set", static_table(BUCKET), backend="aoti", dtype=torch.float32,
+                             device=torch.device("cpu"))
+    return root, ckpt, vae, paths
+
+
+def _copy_set(built, name):
+    root = built[0]
+    dst = root / name
+    shutil.copytree(root / "set", dst)
+    return dst
+
+
+def test_static_bucket_is_exact(built):
+    root, _ckpt, vae, paths = built
+    assert [p.name for p in paths] == ["encoder_64x64.pt2", "decoder_64x64.pt2"]
+    ev = turbovae.load_vae(root / "set", device="cpu")
+    assert isinstance(ev, EngineVAE) and ev.engines is not None
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 3, 64, 64, generator=g) * 2 - 1
+    z = torch.randn(1, 4, 8, 8, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineFallbackWarning)
+        enc, dec = ev.encode(x), ev.decode(z)
+    assert ev.engine_calls == 2
+    assert (enc - vae.encode(x)).abs().max() <= 1e-4
+    assert (dec - vae.decode(z)).abs().max() <= 1e-4
+    assert ev.engine_memory_bytes() > 0
+    ev.release_engines()
+    assert ev.engine_memory_bytes() == 0
+    assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4  # reloads on use
+
+
+def test_padded_sizes_keep_the_requested_size(built):
+    root, _ckpt, vae, _ = built
+    ev = turbovae.load_vae(root / "set", device="cpu")
+    rng = random.Random(0)
+    psnrs = []
+    for _ in range(20):
+        h, w = 8 * rng.randint(2, 8), 8 * rng.randint(2, 8)
+        x = torch.rand(1, 3, h, w, generator=torch.Generator().manual_seed(h * 100 + w)) * 2 - 1
+        lat = ev.encode(x)
+        assert lat.shape == (1, 4, h // 8, w // 8)
+        out = ev.decode(lat)
+        assert out.shape == (1, 3, h, w)
+        psnrs.append(psnr(out, vae.decode(lat)))
+    assert ev.engine_calls == 40
+    print(f"padded-bucket decode PSNR vs eager: min {min(psnrs):.1f} dB, mean {sum(psnrs) / len(psnrs):.1f} dB")
+    assert min(psnrs) > 20  # random weights: global attention sees the padding (not exact, see docs)
+
+
+def test_outside_bucket_falls_back_with_one_warning(built):
+    root, _ckpt, vae, _ = built
+    ev = turbovae.load_vae(root / "set", device="cpu")
+    z = torch.randn(1, 4, 10, 8)  # 64x80 px: taller than the 64x64 bucket
+    with pytest.warns(EngineFallbackWarning, match="outside every"):
+        out = ev.decode(z)
+    assert torch.equal(out, vae.decode(z)) and ev.engine_calls == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineFallbackWarning)
+        ev.decode(z)  # same size again: no second warning
+
+
+def test_identity_mismatch_falls_back(built):
+    folder = _copy_set(built, "mismatch")
+    side = sidecar_path(folder / "decoder_64x64.pt2")
+    data = json.loads(side.read_text())
+    data["backend_version"] = "torch-0.0"
+    side.write_text(json.dumps(data))
+    with pytest.warns(EngineFallbackWarning, match="build-engines .*--static 64x64 --backend aoti"):
+        ev = turbovae.load_vae(folder, device="cpu")
+    assert ev.engines is None
+    z = torch.randn(1, 4, 8, 8)
+    assert torch.equal(ev.decode(z), built[2].decode(z))
+
+
+def test_other_weights_fall_back(built, tmp_path):
+    other = tmp_path / "other.safetensors"
+    save_toy_checkpoint(other, seed=5)
+    with pytest.warns(EngineFallbackWarning, match="different weights"):
+        ev = turbovae.load_vae(built[0] / "set", device="cpu", fallback=other)
+    assert ev.engines is None and ev.source == str(other)
+
+
+def test_truncated_engine_is_detected_before_loading(built):
+    folder = _copy_set(built, "truncated")
+    eng = folder / "encoder_64x64.pt2"
+    eng.write_bytes(eng.read_bytes()[: eng.stat().st_size // 2])
+    with pytest.warns(EngineFallbackWarning, match="truncated"):
+        ev = turbovae.load_vae(folder, device="cpu")
+    assert ev.engines is None
+
+
+def test_corrupt_engine_without_hash_gives_clear_error(built):
+    from turbovae.trt.aoti import AOTIBackend
+    from turbovae.trt.backend import EngineLoadError
+
+    folder = _copy_set(built, "corrupt")
+    eng = folder / "decoder_64x64.pt2"
+    eng.write_bytes(b"not a zip file")
+    with pytest.raises(EngineLoadError, match="rebuild"):
+        AOTIBackend().load(eng, [{}], torch.device("cpu"), ("latents",), ("pixels",))
+
+
+def test_rebuild_refuses_to_overwrite(built):
+    root, _ckpt, vae, _ = built
+    with pytest.raises(FileExistsError, match="overwrite"):
+        build_engine_set(vae, root / "set", static_table(BUCKET), backend="aoti", device=torch.device("cpu"))
+
+
+def test_single_engine_file_and_lazy_loading(built):
+    root = built[0]
+    ev = turbovae.load_vae(root / "set" / "decoder_64x64.pt2", device="cpu")
+    assert ev.engines.components == ("decoder",)
+    from turbovae.trt.engine_vae import load_engine_vae
+
+    lazy = load_engine_vae(root / "set", device="cpu", lazy=True)
+    assert lazy.engine_memory_bytes() == 0
+    lazy.decode(torch.randn(1, 4, 8, 8))
+    assert lazy.engine_memory_bytes() > 0 and lazy.engine_calls == 1
