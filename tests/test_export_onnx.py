@@ -1,0 +1,58 @@
+"""ONNX export (dynamo) of the real architectures' image graphs (tiny configs) with onnxruntime parity
+at a size other than the export size (the graphs are shape-generic, in steps of 16 px)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from turbovae.trt.backend import BuildSpec  # noqa: E402
+from turbovae.trt.export import data_path, export_onnx, validate_onnx  # noqa: E402
+
+
+def _model(kind):
+    torch.manual_seed(0)
+    if kind == "wan":
+        from turbovae.vae.wan.config import TINY_WAN21
+        from turbovae.vae.wan.model import WanVAE
+
+        return WanVAE(TINY_WAN21).eval()
+    from turbovae.vae.seedvr2.config import SeedVR2Config
+    from turbovae.vae.seedvr2.model import SeedVR2VAE
+
+    return SeedVR2VAE(SeedVR2Config.tiny()).eval()
+
+
+CASES = [("wan", "encoder", torch.float32), ("wan", "decoder", torch.float32), ("wan", "decoder", torch.float16),
+         ("seedvr2", "encoder", torch.float32), ("seedvr2", "decoder", torch.float32)]
+
+
+@pytest.mark.parametrize("kind,component,dtype", CASES, ids=[f"{k}-{c}-{str(d)[6:]}" for k, c, d in CASES])
+def test_onnx_parity(tmp_path, kind, component, dtype):
+    m = _model(kind)
+    c = m.latent_format.channels
+    enc = component == "encoder"
+    step = 16 if enc else 2  # 16 px either way
+    ch = 3 if enc else c
+    name_in, name_out = ("pixels", "moments") if enc else ("latents", "pixels")
+    spec = BuildSpec((name_in,), (name_out,), dtype, torch.device("cpu"),
+                     ({name_in: ((1, ch, step, step), (1, ch, 3 * step, 4 * step), (1, ch, 8 * step, 8 * step))},),
+                     {name_in: {2: ("h", step), 3: ("w", step)}})
+    path = tmp_path / f"{component}.onnx"
+    module = m.image_encoder() if enc else m.image_decoder()
+    export_onnx(module, [torch.randn(1, ch, 3 * step, 4 * step)], spec, path, optimize=False)
+    assert path.is_file() and data_path(path).is_file()
+    with pytest.raises(FileExistsError):
+        export_onnx(module, [torch.randn(1, ch, 3 * step, 4 * step)], spec, path)
+    x = torch.randn(1, ch, 5 * step, 2 * step, generator=torch.Generator().manual_seed(3))
+    if enc:
+        x = x.clamp(-1, 1)
+    m.float()
+    (res,) = validate_onnx(path, m.image_encoder() if enc else m.image_decoder(), {name_in: x.to(dtype)})
+    print(f"{kind} {component} {dtype}: cos {res['cosine']:.8f} max abs {res['max_abs']:.2e}")
+    assert res["cosine"] >= 0.9999
+    if dtype == torch.float32:
+        assert res["max_abs"] <= 1e-4
