@@ -1,0 +1,144 @@
+"""Engine nodes: Build Engine (AOTInductor or TensorRT, writes into models/tensorrt) and Load TRT VAE
+(an engine file or its folder -> the standard TurboVAE `VAE`, with PyTorch fallback).
+
+`tensorrt` is never imported here: the backends import it when a build or load needs it, and a
+missing TensorRT shows up as a fallback warning (load) or an error naming the fix (build).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import comfy.model_management as mm
+import comfy.utils
+from comfy_api.latest import io
+
+from ..trt.formats import ENGINE_SUFFIXES
+from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
+from .paths import TENSORRT_KEY, VAE_KEY, engine_output_dir, list_model_files, register_tensorrt_folder, \
+    resolve_model_file
+
+log = logging.getLogger(__name__)
+CATEGORY = "TurboVAE/engines"
+MODES = ("static", "multi_ratio", "multi_profile")
+BACKENDS = ("tensorrt", "aoti")
+ENGINE_DTYPES = ("fp16", "bf16", "fp32")
+SCOPES = ("folder", "file")
+
+
+def _engine_names() -> list[str]:
+    register_tensorrt_folder()
+    return list_model_files(TENSORRT_KEY, ENGINE_SUFFIXES)
+
+
+class TurboVAEBuildEngine(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAEBuildEngine",
+            display_name="Build Engine (TurboVAE)",
+            category=CATEGORY,
+            description="Exports a VAE from models/vae and builds encoder/decoder engines into "
+                        "models/tensorrt/<name>. TensorRT needs an NVIDIA GPU and the tensorrt package; "
+                        "AOTInductor needs neither. Builds take minutes; Cancel stops between phases "
+                        "(TensorRT also inside its builder).",
+            inputs=[
+                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY)),
+                io.String.Input("name", default="turbovae_engines",
+                                tooltip="Sub-folder of models/tensorrt to create (never overwritten unless asked)"),
+                io.Combo.Input("mode", options=list(MODES), default="static"),
+                io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
+                io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
+                io.Combo.Input("backend", options=list(BACKENDS), default="tensorrt"),
+                io.Combo.Input("dtype", options=list(ENGINE_DTYPES), default="fp16"),
+                io.Boolean.Input("overwrite", default=False),
+            ],
+            outputs=[io.String.Output(display_name="engine_folder")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, vae_name: str, name: str, mode: str, width: int, height: int, backend: str, dtype: str,
+                overwrite: bool = False) -> io.NodeOutput:
+        import torch
+
+        from ..trt.backend import BuildProgress
+        from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+        from ..trt.build import build_engine_set
+        from ..vae.api import load_vae, parse_dtype
+
+        for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKENDS),
+                                     ("dtype", dtype, ENGINE_DTYPES)):
+            if value not in allowed:
+                raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+        if not name or os.sep in name or "/" in name or name.startswith("."):
+            raise ValueError(f"engine folder name {name!r} must be a plain folder name")
+        table = {"static": lambda: static_table(Bucket(height, width)), "multi_ratio": multi_ratio_table,
+                 "multi_profile": multi_profile_table}[mode]()
+        out = os.path.join(engine_output_dir(), name)
+        device = mm.get_torch_device()
+        mm.unload_all_models()  # builders size their workspace from free memory
+        mm.soft_empty_cache()
+        vae = load_vae(resolve_model_file(VAE_KEY, vae_name), dtype=torch.float32, device=device)
+        bar = comfy.utils.ProgressBar(100)
+
+        def report(message: str, fraction) -> None:
+            log.info("TurboVAE build: %s", message)
+            if fraction is not None:
+                bar.update_absolute(int(100 * fraction), 100)
+
+        def cancelled() -> bool:
+            return mm.processing_interrupted()
+
+        build_engine_set(vae, out, table, backend=backend, dtype=parse_dtype(dtype), device=device,
+                         overwrite=overwrite, progress=BuildProgress(report, cancelled), source=None)
+        del vae
+        mm.soft_empty_cache()
+        mm.throw_exception_if_processing_interrupted()
+        return io.NodeOutput(out)
+
+
+class TurboVAELoadEngine(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAELoadEngine",
+            display_name="Load TRT VAE (TurboVAE)",
+            category=CATEGORY,
+            description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
+                        "(inputs padded to the nearest bucket, output cropped back to your size); videos, sizes "
+                        "outside every bucket and any engine problem run the PyTorch VAE with one warning.",
+            inputs=[
+                io.Combo.Input("engine", options=_engine_names(),
+                               tooltip="An engine file in models/tensorrt (built by Build Engine)"),
+                io.Combo.Input("scope", options=list(SCOPES), default="folder",
+                               tooltip="folder: load every engine next to this one (encoder + decoder, all "
+                                       "buckets); file: only this engine"),
+                io.Combo.Input("fallback_vae", options=["(built from)"] + list_model_files(VAE_KEY),
+                               tooltip="Checkpoint for the PyTorch path; default: the one the engines were "
+                                       "built from"),
+                io.Boolean.Input("lazy", default=False, tooltip="Load each engine on first use"),
+            ],
+            outputs=[io.Vae.Output()],
+        )
+
+    @classmethod
+    def execute(cls, engine: str, scope: str = "folder", fallback_vae: str = "(built from)",
+                lazy: bool = False) -> io.NodeOutput:
+        from ..trt.engine_vae import load_engine_vae
+
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        register_tensorrt_folder()
+        path = resolve_model_file(TENSORRT_KEY, engine)
+        target = os.path.dirname(path) if scope == "folder" else path
+        fallback = None if fallback_vae == "(built from)" else resolve_model_file(VAE_KEY, fallback_vae)
+        load_device = mm.vae_device()
+        dtype = mm.vae_dtype(load_device, WORKING_DTYPES)
+        turbo = load_engine_vae(target, dtype=dtype, device=load_device, fallback=fallback, lazy=lazy)
+        log.info("TurboVAE: %r", turbo)
+        return io.NodeOutput(ComfyTurboVAE(turbo, load_device=load_device))
+
+
+ENGINE_NODES = [TurboVAEBuildEngine, TurboVAELoadEngine]
