@@ -1,0 +1,355 @@
+"""Wan-family VAE (Qwen-Image / Wan 2.1 / Wan 2.2): structure, key maps, loading, errors, and
+equality with diffusers at tiny (reduced-width) configs. Real-config numerics: test_wan_real.py."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+
+from turbovae.vae import api
+from turbovae.vae.checkpoint import CheckpointError, registered_architectures
+from turbovae.vae.wan import (TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanFlags, WanVAE, build, diffusers_to_original,
+                              expected_shapes, original_to_diffusers)
+from turbovae.vae.wan.config import diffusers_kwargs
+
+diffusers = pytest.importorskip("diffusers")
+
+TOL = 1e-4
+
+
+def reference(cfg, seed=0):
+    """A diffusers model of `cfg` with seeded weights (gammas randomised too, so they matter)."""
+    torch.manual_seed(seed)
+    cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
+    ref = cls(**diffusers_kwargs(cfg)).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("gamma"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    return ref
+
+
+def max_err(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+@pytest.fixture(scope="module", params=["wan2.1", "wan2.2"])
+def tiny_pair(request):
+    cfg = TINY_WAN22 if request.param == "wan2.2" else TINY_WAN21
+    ref = reference(cfg)
+    ours = build(ref.state_dict(), config=cfg)
+    return cfg, ref, ours
+
+
+# -- structure ------------------------------------------------------------------------------
+def test_real_config_counts_match_the_released_checkpoints():
+    shapes21 = expected_shapes(WAN21)
+    numel = {k: torch.Size(s).numel() for k, s in shapes21.items()}
+    assert len(shapes21) == 194 and sum(numel.values()) == 126_892_531
+    assert sum(v for k, v in numel.items() if k.startswith("encoder.")) == 53_595_872
+    assert sum(v for k, v in numel.items() if k.startswith("decoder.")) == 73_295_331
+    shapes22 = expected_shapes(WAN22)
+    assert len(shapes22) == 196 and sum(torch.Size(s).numel() for s in shapes22.values()) == 704_688_668
+
+
+@pytest.mark.parametrize("cfg", [WAN21, WAN22], ids=["wan2.1", "wan2.2"])
+def test_real_config_key_set_equals_diffusers(cfg):
+    cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
+    with torch.device("meta"):
+        ref = cls(**diffusers_kwargs(cfg))
+    theirs = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    assert expected_shapes(cfg) == theirs
+
+
+def test_receptive_radius_is_computed_from_layers():
+    m = WanVAE(TINY_WAN21)
+    assert (m.encoder.receptive_radius, m.decoder.receptive_radius) == (10, 13)
+
+
+@pytest.mark.parametrize("cfg", [TINY_WAN21, TINY_WAN22], ids=["wan2.1", "wan2.2"])
+def test_forward_up_is_local_within_its_radius(cfg):
+    torch.manual_seed(1)
+    m = WanVAE(cfg).eval()
+    r, f = m.decoder.receptive_radius, cfg.spatial_factor
+    h = torch.randn(1, cfg.decoder_dims()[0], 2 * r + 5, 2 * r + 6)
+    h2 = h.clone()
+    py, px = r + 2, r + 3
+    h2[:, :, py, px] += 1.0
+    with torch.inference_mode():
+        diff = (m.decoder.forward_up(h) - m.decoder.forward_up(h2)).abs().amax(dim=(0, 1))
+    ys, xs = torch.nonzero(diff > 0, as_tuple=True)
+    assert len(ys) > 0
+    assert ys.min() >= (py - r) * f and ys.max() < (py + r + 1) * f
+    assert xs.min() >= (px - r) * f and xs.max() < (px + r + 1) * f
+
+
+@pytest.mark.parametrize("cfg", [TINY_WAN21, TINY_WAN22], ids=["wan2.1", "wan2.2"])
+def test_forward_down_is_local_within_its_radius(cfg):
+    torch.manual_seed(2)
+    m = WanVAE(cfg).eval()
+    r, f = m.encoder.receptive_radius, cfg.spatial_factor
+    n = 2 * r + 4
+    x = torch.randn(1, 3, n * f, (n + 1) * f)
+    x2 = x.clone()
+    py, px = (r + 2) * f + 3, (r + 2) * f + 5
+    x2[:, :, py, px] += 1.0
+    with torch.inference_mode():
+        diff = (m.encoder.forward_down(x) - m.encoder.forward_down(x2)).abs().amax(dim=(0, 1))
+    ys, xs = torch.nonzero(diff > 0, as_tuple=True)
+    assert len(ys) > 0
+    assert ys.min() >= py // f - r and ys.max() <= py // f + r
+    assert xs.min() >= px // f - r and xs.max() <= px // f + r
+
+
+# -- key maps -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", [WAN21, WAN22], ids=["wan2.1", "wan2.2"])
+def test_key_map_round_trips_both_ways(cfg):
+    diff_keys = dict.fromkeys(expected_shapes(cfg))
+    orig = diffusers_to_original(diff_keys, cfg)
+    assert len(orig) == len(diff_keys)
+    assert original_to_diffusers(orig, cfg) == diff_keys
+    assert diffusers_to_original(original_to_diffusers(orig, cfg), cfg) == orig
+    assert not any(k.startswith(("encoder.down_blocks", "decoder.up_blocks", "quant_conv", "post_quant_conv"))
+                   for k in orig)
+
+
+def test_key_map_matches_the_documented_names():
+    pairs = {
+        "conv1.weight": "quant_conv.weight",
+        "conv2.bias": "post_quant_conv.bias",
+        "encoder.conv1.weight": "encoder.conv_in.weight",
+        "decoder.head.0.gamma": "decoder.norm_out.gamma",
+        "decoder.head.2.weight": "decoder.conv_out.weight",
+        "encoder.middle.1.to_qkv.weight": "encoder.mid_block.attentions.0.to_qkv.weight",
+        "decoder.middle.2.residual.6.bias": "decoder.mid_block.resnets.1.conv2.bias",
+        "encoder.downsamples.3.shortcut.weight": "encoder.down_blocks.3.conv_shortcut.weight",
+        "encoder.downsamples.8.time_conv.weight": "encoder.down_blocks.8.time_conv.weight",
+        "encoder.downsamples.10.residual.3.gamma": "encoder.down_blocks.10.norm2.gamma",
+        "decoder.upsamples.4.shortcut.bias": "decoder.up_blocks.1.resnets.0.conv_shortcut.bias",
+        "decoder.upsamples.7.time_conv.weight": "decoder.up_blocks.1.upsamplers.0.time_conv.weight",
+        "decoder.upsamples.11.resample.1.weight": "decoder.up_blocks.2.upsamplers.0.resample.1.weight",
+        "decoder.upsamples.14.residual.0.gamma": "decoder.up_blocks.3.resnets.2.norm1.gamma",
+    }
+    assert original_to_diffusers(dict.fromkeys(pairs), WAN21) == dict.fromkeys(pairs.values())
+    pairs22 = {
+        "encoder.downsamples.1.downsamples.2.time_conv.weight": "encoder.down_blocks.1.downsampler.time_conv.weight",
+        "encoder.downsamples.0.downsamples.1.residual.2.weight": "encoder.down_blocks.0.resnets.1.conv1.weight",
+        "decoder.upsamples.0.upsamples.3.time_conv.bias": "decoder.up_blocks.0.upsampler.time_conv.bias",
+        "decoder.upsamples.3.upsamples.2.residual.6.weight": "decoder.up_blocks.3.resnets.2.conv2.weight",
+    }
+    assert original_to_diffusers(dict.fromkeys(pairs22), WAN22) == dict.fromkeys(pairs22.values())
+    assert set(pairs22) <= set(diffusers_to_original(dict.fromkeys(expected_shapes(WAN22)), WAN22))
+
+
+# -- equality with diffusers (tiny configs: same topology, reduced width) -------------------
+@pytest.mark.parametrize("frames", [1, 5, 9])
+def test_tiny_equals_diffusers(tiny_pair, frames):
+    cfg, ref, ours = tiny_pair
+    g = torch.Generator().manual_seed(frames)
+    x = torch.rand(1, 3, frames, 64, 80, generator=g) * 2 - 1
+    z = torch.randn(1, cfg.z_dim, (frames - 1) // 4 + 1, 64 // cfg.spatial_factor, 80 // cfg.spatial_factor,
+                    generator=g)
+    with torch.inference_mode():
+        moments_ref = ref.encode(x).latent_dist.parameters
+        pixels_ref = ref.decode(z).sample
+        moments = ours.encode_moments(x)
+        pixels = ours.decode_latents(z)
+    assert moments.shape == moments_ref.shape and pixels.shape == pixels_ref.shape
+    assert max_err(moments, moments_ref) <= TOL
+    assert max_err(pixels, pixels_ref) <= TOL
+    assert (pixels_ref.abs() < 0.999).float().mean() > 0.5  # not a comparison of saturated clamps
+
+
+@pytest.mark.parametrize("slice_", [1, 2])
+def test_temporal_slices_equal_whole_clip(tiny_pair, slice_):
+    cfg, _, ours = tiny_pair
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(1, 3, 13, 32, 48, generator=g) * 2 - 1
+    z = torch.randn(2, cfg.z_dim, 4, 2, 3, generator=g)
+    with torch.inference_mode():
+        assert max_err(ours.encode_moments(x, temporal_slice=slice_), ours.encode_moments(x)) <= 1e-5
+        assert max_err(ours.decode_latents(z, temporal_slice=slice_), ours.decode_latents(z)) <= 1e-5
+
+
+def test_streams_accept_uneven_decode_steps_and_reject_bad_encode_steps(tiny_pair):
+    cfg, _, ours = tiny_pair
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(1, cfg.z_dim, 5, 2, 3, generator=g)
+    x = torch.rand(1, 3, 9, 32, 48, generator=g) * 2 - 1
+    with torch.inference_mode():
+        whole = ours.decode_latents(z)
+        with ours.decode_stream() as s:
+            parts = [s.step(z[:, :, a:b]) for a, b in ((0, 2), (2, 3), (3, 5))]
+        assert max_err(torch.cat(parts, 2), whole) <= 1e-5
+        with ours.encode_stream() as s:
+            enc = torch.cat([s.step(x[:, :, :1]), s.step(x[:, :, 1:5]), s.step(x[:, :, 5:9])], 2)
+        assert max_err(enc, ours.encode_moments(x)) <= 1e-5
+        with pytest.raises(ValueError, match="1\\+4k"):
+            ours.encode_stream().step(x[:, :, :2])
+        s = ours.encode_stream()
+        s.step(x[:, :, :1])
+        with pytest.raises(ValueError, match="4k"):
+            s.step(x[:, :, 1:4])
+
+
+def test_every_flag_combination_is_exact(tiny_pair):
+    cfg, _, ours = tiny_pair
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(1, 3, 5, 32, 48, generator=g) * 2 - 1
+    z = torch.randn(1, cfg.z_dim, 2, 2, 3, generator=g)
+    base = ours.flags
+    try:
+        outs = []
+        for combo in itertools.product([True, False], repeat=4):
+            ours.flags = WanFlags(*combo)
+            with torch.inference_mode():
+                outs.append((ours.encode_moments(x[:, :, :1]), ours.encode_moments(x),
+                             ours.decode_latents(z[:, :, :1]), ours.decode_latents(z)))
+    finally:
+        ours.flags = base
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            assert max_err(a, b) <= 1e-5
+
+
+def test_image_modules_and_split_passes_match_the_model(tiny_pair):
+    cfg, _, ours = tiny_pair
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(2, 3, 32, 48, generator=g) * 2 - 1
+    z = torch.randn(2, cfg.z_dim, 2, 3, generator=g)
+    with torch.inference_mode():
+        enc, dec = ours.image_encoder(), ours.image_decoder()
+        assert max_err(enc(x), ours.encode_moments(x.unsqueeze(2))[:, :, 0]) <= 1e-5
+        assert max_err(dec(z), ours.decode_latents(z.unsqueeze(2))[:, :, 0]) <= 1e-5
+        split = ours.decoder.forward_up(ours.decoder.forward_mid(z)).clamp(-1, 1)
+        assert max_err(split, dec(z)) <= 1e-6
+        assert max_err(ours.encoder.forward_mid(ours.encoder.forward_down(x)), enc(x)) <= 1e-6
+        # The fold equals the unfolded (zero-padded causal) computation.
+        ours.flags = replace(ours.flags, fold_image=False)
+        try:
+            assert max_err(ours.decode_latents(z.unsqueeze(2))[:, :, 0], dec(z)) <= 1e-5
+        finally:
+            ours.flags = replace(ours.flags, fold_image=True)
+
+
+def test_bf16_keeps_rms_reduction_in_fp32(tiny_pair):
+    cfg, _, ours = tiny_pair
+    g = torch.Generator().manual_seed(7)
+    z = torch.randn(1, cfg.z_dim, 1, 4, 5, generator=g)
+    half = WanVAE(cfg).eval()
+    half.load_state_dict(ours.state_dict())
+    half.to(torch.bfloat16)
+    with torch.inference_mode():
+        a = ours.decode_latents(z)
+        b = half.decode_latents(z.bfloat16())
+    assert b.dtype == torch.bfloat16
+    mse = (a - b.float()).pow(2).mean().item()
+    assert 10 * torch.log10(torch.tensor(4.0 / mse)).item() > 30
+
+
+# -- loading: formats, kinds, errors --------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_bf16_original():
+    """A real-size Wan 2.1 state dict in original/ComfyUI key format (random bf16 values)."""
+    g = torch.Generator().manual_seed(8)
+    sd = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in expected_shapes(WAN21).items()}
+    return diffusers_to_original(sd, WAN21)
+
+
+def test_original_safetensors_and_pth_load_strictly(tmp_path, real_bf16_original):
+    from safetensors.torch import save_file
+
+    st = tmp_path / "wan_2.1_vae.safetensors"
+    save_file(real_bf16_original, str(st))
+    vae = api.load_vae(st, device="cpu")
+    assert vae.kind == "wan2.1" and vae.dtype == torch.float32 and vae.latent_channels == 16
+    assert vae.latent_format.mean[0] == -0.7571 and len(vae.latent_format.std) == 16
+    loaded = vae.state_dict()
+    conv = original_to_diffusers(real_bf16_original, WAN21)
+    assert torch.equal(loaded["decoder.up_blocks.1.upsamplers.0.time_conv.weight"],
+                       conv["decoder.up_blocks.1.upsamplers.0.time_conv.weight"].float())
+    pth = tmp_path / "Qwen_VAE.pth"
+    torch.save(dict(real_bf16_original), pth)
+    vae2 = api.load_vae(pth, device="cpu", dtype="bf16")
+    assert vae2.kind == "qwen_image" and vae2.dtype == torch.bfloat16
+    assert torch.equal(vae2.state_dict()["encoder.conv_in.weight"], conv["encoder.conv_in.weight"])
+
+
+@pytest.mark.parametrize("cfg", [TINY_WAN21, TINY_WAN22], ids=["wan2.1", "wan2.2"])
+def test_diffusers_folder_loads_and_matches(tmp_path, cfg):
+    ref = reference(cfg, seed=9)
+    ref.save_pretrained(tmp_path / "model" / "vae")
+    vae = api.load_vae(tmp_path / "model", device="cpu")
+    assert vae.kind == ("wan2.2" if cfg.is_residual else "qwen_image")
+    x = torch.rand(1, 3, 32, 48) * 2 - 1  # 4-D image in, 4-D latent out
+    lat = vae.encode(x)
+    assert lat.shape == (1, cfg.z_dim, 32 // cfg.spatial_factor, 48 // cfg.spatial_factor)
+    with torch.inference_mode():
+        want = ref.encode(x.unsqueeze(2)).latent_dist.mode()[:, :, 0]
+    assert max_err(lat, want) <= TOL
+
+
+def test_kind_rule():
+    from turbovae.vae.wan import _kind
+
+    assert _kind("wan2.1", "/m/vae/wan_2.1_vae.safetensors", None) == "wan2.1"
+    assert _kind("wan2.1", "/m/vae/Wan2_1_VAE_bf16.safetensors", None) == "wan2.1"
+    assert _kind("wan2.1", "/m/vae/qwen_image_vae.safetensors", None) == "qwen_image"
+    assert _kind("wan2.1", "/hf/Wan2.1-T2V-1.3B-Diffusers/vae/diffusion_pytorch_model.safetensors", None) == "wan2.1"
+    assert _kind("wan2.1", "/hf/Qwen-Image/vae/diffusion_pytorch_model.safetensors", None) == "qwen_image"
+    assert _kind("wan2.1", "x", {"_class_name": "AutoencoderKLWan"}) == "wan2.1"
+    assert _kind("wan2.1", "wan.safetensors", {"_class_name": "AutoencoderKLQwenImage"}) == "qwen_image"
+    assert _kind("wan2.2", "whatever", None) == "wan2.2"
+
+
+def test_truncated_file_gives_clear_error(tmp_path):
+    from safetensors.torch import save_file
+
+    sd = diffusers_to_original(reference(TINY_WAN21).state_dict(), TINY_WAN21)
+    path = tmp_path / "qwen_image_vae.safetensors"
+    save_file(sd, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        api.load_vae(path, device="cpu")
+
+
+def test_missing_and_wrong_shape_keys_are_named(real_bf16_original):
+    sd = dict(real_bf16_original)
+    del sd["decoder.upsamples.7.time_conv.weight"]
+    with pytest.raises(CheckpointError, match="missing.*decoder.up_blocks.1.upsamplers.0.time_conv.weight"):
+        build(sd)
+    sd = dict(real_bf16_original)
+    sd["encoder.conv1.weight"] = sd["encoder.conv1.weight"][:, :, 0]
+    with pytest.raises(CheckpointError, match="wrong-shape.*encoder.conv_in.weight"):
+        build(sd)
+    # A tiny-width file is not silently accepted as the real architecture.
+    with pytest.raises(CheckpointError, match="Qwen-Image / Wan 2.1"):
+        build(reference(TINY_WAN21).state_dict())
+
+
+def test_other_architectures_are_rejected_with_what_they_look_like():
+    sd_kl = {"decoder.up_blocks.0.resnets.0.norm1.weight": torch.ones(4),
+             "decoder.up_blocks.0.resnets.0.conv1.weight": torch.ones(4, 4, 3, 3)}
+    with pytest.raises(CheckpointError, match="SD-style"):
+        api.load_vae(sd_kl, device="cpu")
+    with pytest.raises(CheckpointError, match="SD-style"):
+        build(sd_kl)
+    seedvr2 = [a for a in registered_architectures() if "seedvr" in a.name.lower() and a.build is not None]
+    if seedvr2:  # once the SeedVR2 package registers itself, its files must not load as Wan
+        sd = {"decoder.up_blocks.0.resnets.0.norm1.weight": torch.ones(4),
+              "decoder.up_blocks.0.resnets.0.conv1.conv.weight": torch.ones(4, 4, 3, 3, 3)}
+        with pytest.raises(CheckpointError):
+            build(sd)
+
+
+def test_turbovae_round_trip_shapes():
+    vae = api.TurboVAE(build(reference(TINY_WAN22).state_dict(), config=TINY_WAN22))
+    x = torch.rand(1, 3, 7, 32, 48) * 2 - 1  # 7 frames: padded to 9 by the API policy
+    lat = vae.encode(x)
+    assert lat.shape == (1, 6, 3, 2, 3)
+    out = vae.decode(lat, num_frames=7)
+    assert out.shape == (1, 3, 7, 32, 48) and out.abs().max() <= 1.0

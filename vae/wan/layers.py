@@ -1,0 +1,370 @@
+"""Building blocks of the Wan-family causal VAE, each with an image path and a streaming video path.
+
+Every block takes either a 4-D tensor [N, C, H, W] (a single frame: the exact T = 1 fold, no cache)
+or a 5-D tensor [B, C, T, H, W] plus a `StreamContext` carrying the causal memory between steps.
+Why two paths: with T = 1 the causal zero padding makes every 3x3x3 conv a 3x3 conv with the last
+temporal tap, and the time-only convs never run, so images need a third of the MACs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import rms_norm_silu
+
+CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
+
+
+@dataclass(frozen=True)
+class WanFlags:
+    """Switchable optimisations (all exact in fp32); the benchmark ablates them one by one."""
+
+    fold_image: bool = True  # T = 1 runs 2-D convs with the last temporal tap
+    sdpa: bool = True  # scaled_dot_product_attention (else explicit softmax(QK^T)V)
+    channels_last: bool = True  # NHWC / NDHWC activations (faster convs on CPU oneDNN and GPU)
+    inplace: bool = True  # in-place residual adds when no autograd graph is being recorded
+
+
+@dataclass
+class StreamContext:
+    """State shared by all blocks during one pass: flags, causal caches keyed by module, stream start."""
+
+    flags: WanFlags
+    cache: dict = field(default_factory=dict)
+    first: bool = True  # True during the first step of a stream
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.first = True
+
+
+def _can_inplace(flags: WanFlags) -> bool:
+    return flags.inplace and not torch.is_grad_enabled()
+
+
+def add_residual(x: torch.Tensor, h: torch.Tensor, flags: WanFlags) -> torch.Tensor:
+    return x.add_(h) if _can_inplace(flags) else x + h
+
+
+class RMSNorm(nn.Module):
+    """Wan's per-pixel L2 norm over channels (x / ||x|| * sqrt(C) * gamma); gamma keeps the checkpoint shape."""
+
+    def __init__(self, dim: int, gamma_dims: int = 3):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(dim, *([1] * gamma_dims)))
+
+    def forward(self, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+        gamma = self.gamma.reshape(-1, *([1] * (x.ndim - 2)))
+        return rms_norm_silu(x, gamma, silu=silu)
+
+
+def cached_weight(module: nn.Module, derive, channels_last: bool = False, tag: str = "") -> torch.Tensor:
+    """`derive(module.weight)` as a contiguous (or channels-last) tensor, cached until the weight changes.
+
+    Why: the folded / unsqueezed / re-laid-out weights would otherwise be rebuilt on every call.
+    """
+    w = module.weight
+    if torch.compiler.is_compiling():  # export/compile tracing: fake tensors have no data pointer; no caching
+        return derive(w)
+    try:
+        version = w._version
+    except RuntimeError:  # inference tensors carry no version counter
+        version = None
+    key = (tag, w.data_ptr(), version, w.dtype, w.device, channels_last)
+    cache = module.__dict__.setdefault("_weight_cache", {})
+    hit = cache.get(key)
+    if hit is None:
+        for old in [k for k in cache if k[0] == tag]:
+            del cache[old]
+        d = derive(w)
+        fmt = (torch.channels_last if d.ndim == 4 else torch.channels_last_3d) if channels_last else torch.contiguous_format
+        hit = cache[key] = d.contiguous(memory_format=fmt)
+    return hit
+
+
+class CausalConv3d(nn.Conv3d):
+    """Conv3d with zero causal padding in time (k_t - 1 frames of history) and symmetric spatial padding.
+
+    The weight keeps the checkpoint layout [O, I, kt, kh, kw]; `image()` runs the 2-D fold with a
+    cached copy of the last temporal tap.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: int | tuple[int, int, int], stride=1,
+                 padding: int | tuple[int, int, int] = 0):
+        super().__init__(cin, cout, kernel, stride=stride, padding=0)
+        pad = (padding,) * 3 if isinstance(padding, int) else tuple(padding)
+        self.time_history = 2 * pad[0]
+        self.pad_hw = (pad[1], pad[2])
+
+    # -- image ---------------------------------------------------------------------------------
+    def folded_weight(self, channels_last: bool = False) -> torch.Tensor:
+        return cached_weight(self, lambda w: w[:, :, -1], channels_last, tag="fold")
+
+    def image(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.folded_weight(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+        return F.conv2d(x, w, self.bias, self.stride[1:], self.pad_hw)
+
+    # -- video ---------------------------------------------------------------------------------
+    def video(self, x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
+        """Causal conv over a chunk; with a context, the last input frames are kept as next step's history."""
+        cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
+        weight = cached_weight(self, lambda w: w, cl) if cl else self.weight
+        if self.time_history == 0:
+            return F.conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
+        hist = ctx.cache.get(self) if ctx is not None else None
+        n_hist = 0 if hist is None else hist.shape[2]
+        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
+        if fold:
+            out = self.image(x[:, :, 0]).unsqueeze(2)
+            xin = x
+        else:
+            parts = [x]
+            if n_hist:
+                parts.insert(0, hist)
+            if n_hist < self.time_history:
+                parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:]))
+            xin = torch.cat(parts, dim=2) if len(parts) > 1 else x
+            out = F.conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
+        if ctx is not None:
+            # A folded first frame keeps just itself: missing history frames count as zeros next step.
+            ctx.cache[self] = (x if fold else xin[:, :, -self.time_history:]).clone()
+        return out
+
+    def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        return self.image(x) if x.ndim == 4 else self.video(x, ctx)
+
+
+def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, padding=None) -> torch.Tensor:
+    """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
+    pad = conv.padding if padding is None else padding
+    cl = not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
+    if x.ndim == 4:
+        return F.conv2d(x, cached_weight(conv, lambda w: w, cl), conv.bias, conv.stride, pad)
+    return F.conv3d(x, cached_weight(conv, lambda w: w.unsqueeze(2), cl, tag="3d"), conv.bias, (1, *conv.stride), (0, *pad))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.norm1 = RMSNorm(cin)
+        self.conv1 = CausalConv3d(cin, cout, 3, padding=1)
+        self.norm2 = RMSNorm(cout)
+        self.conv2 = CausalConv3d(cout, cout, 3, padding=1)
+        self.conv_shortcut = CausalConv3d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
+        y = self.conv1(self.norm1(x), ctx)
+        y = self.conv2(self.norm2(y), ctx)
+        return add_residual(y, h, ctx.flags)
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame (head dim = C)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMSNorm(dim, gamma_dims=2)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        if x.ndim == 5:
+            b, c, t, h, w = x.shape
+            frames = x.transpose(1, 2).reshape(b * t, c, h, w)
+            return self._attend(frames, ctx).reshape(b, t, c, h, w).transpose(1, 2)
+        return self._attend(x, ctx)
+
+    def _attend(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        n, c, h, w = x.shape
+        tokens = self.norm(x, silu=False).flatten(2).transpose(1, 2)  # [N, HW, C]
+        qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
+        q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
+        if ctx.flags.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c))
+            a = torch.matmul(scores.softmax(dim=-1), v)
+        out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, HW, C]
+        if ctx.flags.channels_last:
+            out = out.view(n, h, w, c).permute(0, 3, 1, 2)  # NHWC storage, no copy
+        else:
+            out = out.transpose(1, 2).reshape(n, c, h, w)
+        return add_residual(out, x, ctx.flags)
+
+
+class MidBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResidualBlock(dim, dim), ResidualBlock(dim, dim)])
+        self.attentions = nn.ModuleList([AttentionBlock(dim)])
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        x = self.resnets[0](x, ctx)
+        x = self.attentions[0](x, ctx)
+        return self.resnets[1](x, ctx)
+
+
+def interleave_time(x: torch.Tensor) -> torch.Tensor:
+    """[B, 2C, T, H, W] -> [B, C, 2T, H, W]: channels [0, C) become frame 2t, [C, 2C) frame 2t+1."""
+    b, c2, t, h, w = x.shape
+    return x.reshape(b, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
+
+
+class Resample(nn.Module):
+    """Spatial 2x down/up sampling, plus the causal time conv for the *3d modes.
+
+    downsample3d keeps frame 0 and halves the rest with a stride-2 time conv (so 1+2k -> 1+k frames);
+    upsample3d keeps frame 0 and doubles the rest (1+k -> 1+2k), its time conv starting with zero history.
+    """
+
+    def __init__(self, dim: int, mode: str, up_out: Optional[int] = None):
+        super().__init__()
+        self.mode = mode
+        if mode.startswith("up"):
+            conv = nn.Conv2d(dim, up_out if up_out is not None else dim // 2, 3, padding=1)
+        else:
+            conv = nn.Conv2d(dim, dim, 3, stride=2)
+        self.resample = nn.Sequential(nn.Identity(), conv)
+        if mode == "upsample3d":
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        elif mode == "downsample3d":
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+        else:
+            self.time_conv = None
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        if self.mode.startswith("up"):
+            if self.time_conv is not None and x.ndim == 5:
+                x = self._time_up(x, ctx)
+            scale = (2.0, 2.0) if x.ndim == 4 else (1.0, 2.0, 2.0)
+            x = F.interpolate(x, scale_factor=scale, mode="nearest")
+            return _conv2d_any(self.resample[1], x)
+        x = F.pad(x, (0, 1, 0, 1))
+        x = _conv2d_any(self.resample[1], x, padding=(0, 0))
+        if self.time_conv is not None and x.ndim == 5:
+            x = self._time_down(x, ctx)
+        return x
+
+    def _time_up(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        started = ctx.cache.get(self, False)
+        ctx.cache[self] = True
+        if started:
+            return interleave_time(self.time_conv.video(x, ctx))
+        if x.shape[2] == 1:
+            return x
+        rest = interleave_time(self.time_conv.video(x[:, :, 1:], ctx))
+        return torch.cat([x[:, :, :1], rest], dim=2)
+
+    def _time_down(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        prev = ctx.cache.get(self)
+        t = x.shape[2]
+        if prev is None:
+            if t % 2 != 1:
+                raise ValueError(f"a causal encode stream must start with 1+4k frames (got {t} at a time downsample)")
+            out = x[:, :, :1] if t == 1 else torch.cat([x[:, :, :1], self.time_conv.video(x, None)], dim=2)
+        else:
+            if t % 2:
+                raise ValueError(f"after the first step an encode stream takes 4k frames (got {t} at a time downsample)")
+            out = self.time_conv.video(torch.cat([prev, x], dim=2), None)
+        ctx.cache[self] = x[:, :, -1:].clone()
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Wan 2.2: residual-of-residual blocks with parameter-free shortcuts
+# --------------------------------------------------------------------------------------------
+def avg_down(x: torch.Tensor, cout: int, factor_t: int, factor_s: int) -> torch.Tensor:
+    """Space/time-to-channel then group mean; a chunk of odd length is front-padded with zero frames
+    (the stream always starts with 1+2k frames, so frame 0 is paired with a zero frame)."""
+    b, c, t, h, w = x.shape
+    pad_t = (factor_t - t % factor_t) % factor_t
+    if pad_t:
+        x = F.pad(x, (0, 0, 0, 0, pad_t, 0))
+        t += pad_t
+    x = x.reshape(b, c, t // factor_t, factor_t, h // factor_s, factor_s, w // factor_s, factor_s)
+    x = x.permute(0, 1, 3, 5, 7, 2, 4, 6).reshape(b, c * factor_t * factor_s * factor_s, t // factor_t,
+                                                 h // factor_s, w // factor_s)
+    group = x.shape[1] // cout
+    return x.reshape(b, cout, group, *x.shape[2:]).mean(dim=2)
+
+
+def dup_up(x: torch.Tensor, cout: int, factor_t: int, factor_s: int, first: bool) -> torch.Tensor:
+    """Channel-to-space/time duplication (inverse layout of avg_down); the stream's first step drops the
+    first factor_t - 1 frames so that latent frame 0 maps to one frame."""
+    b, c, t, h, w = x.shape
+    factor = factor_t * factor_s * factor_s
+    x = x.repeat_interleave(cout * factor // c, dim=1)
+    x = x.reshape(b, cout, factor_t, factor_s, factor_s, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(b, cout, t * factor_t, h * factor_s, w * factor_s)
+    return x[:, :, factor_t - 1:] if first and factor_t > 1 else x
+
+
+class DownResidualBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, num_res: int, temporal: bool, down: bool):
+        super().__init__()
+        self.cout = cout
+        self.factor_t = 2 if temporal else 1
+        self.factor_s = 2 if down else 1
+        self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res)])
+        self.downsampler = Resample(cout, "downsample3d" if temporal else "downsample2d") if down else None
+
+    def shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 4:
+            return avg_down(x.unsqueeze(2), self.cout, self.factor_t, self.factor_s).squeeze(2)
+        return avg_down(x, self.cout, self.factor_t, self.factor_s)
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        h = x
+        for r in self.resnets:
+            h = r(h, ctx)
+        if self.downsampler is not None:
+            h = self.downsampler(h, ctx)
+        return add_residual(h, self.shortcut(x), ctx.flags)
+
+
+class UpResidualBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, num_res: int, temporal: bool, up: bool):
+        super().__init__()
+        self.cout = cout
+        self.factor_t = 2 if temporal else 1
+        self.up = up
+        self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
+        self.upsampler = Resample(cout, "upsample3d" if temporal else "upsample2d", up_out=cout) if up else None
+
+    def shortcut(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        if x.ndim == 4:
+            return dup_up(x.unsqueeze(2), self.cout, self.factor_t, 2, True).squeeze(2)
+        return dup_up(x, self.cout, self.factor_t, 2, ctx.first)
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        h = x
+        for r in self.resnets:
+            h = r(h, ctx)
+        if not self.up:
+            return h
+        h = self.upsampler(h, ctx)
+        return add_residual(h, self.shortcut(x, ctx), ctx.flags)
+
+
+class UpBlock(nn.Module):
+    """Wan 2.1 decoder stage: ResBlocks then an optional Resample (kept in a list for the key layout)."""
+
+    def __init__(self, cin: int, cout: int, num_res: int, mode: Optional[str]):
+        super().__init__()
+        self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
+        self.upsamplers = nn.ModuleList([Resample(cout, mode)]) if mode else None
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        for r in self.resnets:
+            x = r(x, ctx)
+        if self.upsamplers is not None:
+            x = self.upsamplers[0](x, ctx)
+        return x

@@ -1,0 +1,303 @@
+"""The Wan-family VAE (Qwen-Image ≡ Wan 2.1, and Wan 2.2) behind the `VAEModel` contract.
+
+Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
+state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
+
+Exactness: the video path streams clips through causal caches (encode: 1+4k frames, then 4k per
+step; decode: any number of latent frames per step) and equals diffusers' frame-by-frame pass for
+every slicing; images (T = 1) run the exact 2-D fold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
+from .config import WanConfig
+from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
+                     UpBlock, UpResidualBlock, WanFlags)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[.., C, H, W] -> [.., C*p*p, H/p, W/p], channel order (c, dx, dy) as in the Wan 2.2 checkpoints."""
+    if p == 1:
+        return x
+    if x.ndim == 4:
+        n, c, h, w = x.shape
+        x = x.reshape(n, c, h // p, p, w // p, p).permute(0, 1, 5, 3, 2, 4)
+        return x.reshape(n, c * p * p, h // p, w // p)
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5)
+    return x.reshape(b, c * p * p, t, h // p, w // p)
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    if p == 1:
+        return x
+    if x.ndim == 4:
+        n, cp, h, w = x.shape
+        x = x.reshape(n, cp // (p * p), p, p, h, w).permute(0, 1, 4, 3, 5, 2)
+        return x.reshape(n, cp // (p * p), h * p, w * p)
+    b, cp, t, h, w = x.shape
+    x = x.reshape(b, cp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cp // (p * p), t, h * p, w * p)
+
+
+def _spatial_ops(modules: Iterator[nn.Module]) -> list[str]:
+    """The spatial footprint of a module sequence in execution order: 'conv' (3x3, pad 1), 'down', 'up'."""
+    ops = []
+    for m in modules:
+        if isinstance(m, CausalConv3d) and m.pad_hw == (1, 1):
+            ops.append("conv")
+        elif isinstance(m, Resample):
+            ops.append("up" if m.mode.startswith("up") else "down")
+            if m.mode.startswith("up"):
+                ops.append("conv")
+    return ops
+
+
+class Encoder(nn.Module):
+    """conv_in -> down blocks (local) | mid block (global attention) -> head -> quant_conv."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        dims = cfg.encoder_dims()
+        self.conv_in = CausalConv3d(cfg.io_channels, dims[0], 3, padding=1)
+        blocks: list[nn.Module] = []
+        last = len(cfg.dim_mult) - 1
+        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+            temporal = cfg.temporal_downsample[i] if i < last else False
+            if cfg.is_residual:
+                blocks.append(DownResidualBlock(cin, cout, cfg.num_res_blocks, temporal, down=i != last))
+                continue
+            for j in range(cfg.num_res_blocks):
+                blocks.append(ResidualBlock(cin if j == 0 else cout, cout))
+            if i != last:
+                blocks.append(Resample(cout, "downsample3d" if temporal else "downsample2d"))
+        self.down_blocks = nn.ModuleList(blocks)
+        self.mid_block = MidBlock(dims[-1])
+        self.norm_out = RMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], cfg.z_dim * 2, 3, padding=1)
+        self._quant = None  # (quant_conv,), attached by WanVAE; a tuple so it is not registered twice
+        self.receptive_radius = self._down_radius(cfg)
+
+    def _down_radius(self, cfg: WanConfig) -> int:
+        """Latent pixels of context `forward_down` needs around a tile (from the layer list, walked backwards)."""
+        r = 0.0  # radius at the current (output) scale
+        for op in reversed(_spatial_ops([self.conv_in, *[m for b in self.down_blocks for m in b.modules()]])):
+            r = r + 1 if op == "conv" else 2 * r + 2  # stride-2 3x3 conv after a (0,1,0,1) pad
+        if self.patch_size > 1:
+            r = self.patch_size * r + self.patch_size - 1
+        return math.ceil(r / cfg.spatial_factor)
+
+    def forward_down(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
+        ctx = ctx or StreamContext(WanFlags())
+        x = self.conv_in(patchify(x, self.patch_size), ctx)
+        for block in self.down_blocks:
+            x = block(x, ctx)
+        return x
+
+    def forward_mid(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
+        ctx = ctx or StreamContext(WanFlags())
+        h = self.mid_block(h, ctx)
+        h = self.conv_out(self.norm_out(h), ctx)
+        return self._quant[0](h, ctx)
+
+    def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        ctx = ctx or StreamContext(WanFlags())
+        return self.forward_mid(self.forward_down(x, ctx), ctx)
+
+
+class Decoder(nn.Module):
+    """post_quant_conv -> conv_in -> mid block (global attention) | up blocks -> head (local)."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        dims = cfg.decoder_dims()
+        self.conv_in = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.mid_block = MidBlock(dims[0])
+        blocks: list[nn.Module] = []
+        last = len(cfg.dim_mult) - 1
+        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+            temporal = cfg.temporal_upsample[i] if i < last else False
+            if cfg.is_residual:
+                blocks.append(UpResidualBlock(cin, cout, cfg.num_res_blocks, temporal, up=i != last))
+            else:
+                mode = None if i == last else ("upsample3d" if temporal else "upsample2d")
+                blocks.append(UpBlock(cin if i == 0 else cin // 2, cout, cfg.num_res_blocks, mode))
+        self.up_blocks = nn.ModuleList(blocks)
+        self.norm_out = RMSNorm(dims[-1])
+        self.conv_out = CausalConv3d(dims[-1], cfg.io_channels, 3, padding=1)
+        self._post_quant = None  # (post_quant_conv,), attached by WanVAE
+        self.receptive_radius = self._up_radius()
+
+    def _up_radius(self) -> int:
+        """Latent pixels of context `forward_up` needs around a tile (from the layer list, walked backwards)."""
+        r = 0  # at output scale; unpatchify maps each pixel to one patch pixel, so it adds nothing
+        ops = _spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out])
+        for op in reversed(ops):
+            r = r + 1 if op == "conv" else math.ceil(r / 2)  # nearest 2x: pixel p reads p // 2
+        return int(r)
+
+    def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
+        ctx = ctx or StreamContext(WanFlags())
+        x = self.conv_in(self._post_quant[0](z, ctx), ctx)
+        return self.mid_block(x, ctx)
+
+    def forward_up(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
+        ctx = ctx or StreamContext(WanFlags())
+        for block in self.up_blocks:
+            h = block(h, ctx)
+        h = self.conv_out(self.norm_out(h), ctx)
+        return unpatchify(h, self.patch_size)
+
+    def forward(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        ctx = ctx or StreamContext(WanFlags())
+        return self.forward_up(self.forward_mid(z, ctx), ctx)
+
+
+class _ImageEncoder(nn.Module):
+    """[B, 3, H, W] -> moments [B, 2C, h, w] with no cache logic (export graph)."""
+
+    def __init__(self, vae: "WanVAE"):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vae.encoder(x, self.vae.context())
+
+
+class _ImageDecoder(nn.Module):
+    """[B, C, h, w] -> pixels [B, 3, H, W] clamped to [-1, 1] (export graph)."""
+
+    def __init__(self, vae: "WanVAE"):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.vae.decoder(z, self.vae.context()).clamp(-1.0, 1.0)
+
+
+class _EncodeStream(CausalStream):
+    def __init__(self, vae: "WanVAE"):
+        self.vae, self.ctx = vae, vae.context()
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[2]
+        if (self.ctx.first and (t - 1) % 4) or (not self.ctx.first and t % 4):
+            raise ValueError(f"encode stream steps take 1+4k frames first, then 4k frames; got {t} "
+                             f"({'first' if self.ctx.first else 'later'} step)")
+        x = self.vae.to_memory_format(x)
+        out = self.vae.encoder(x, self.ctx)
+        self.ctx.first = False
+        return out
+
+    def close(self) -> None:
+        self.ctx.clear()
+
+
+class _DecodeStream(CausalStream):
+    def __init__(self, vae: "WanVAE"):
+        self.vae, self.ctx = vae, vae.context()
+
+    def step(self, z: torch.Tensor) -> torch.Tensor:
+        out = self.vae.decoder(self.vae.to_memory_format(z), self.ctx).clamp_(-1.0, 1.0)
+        self.ctx.first = False
+        return out
+
+    def close(self) -> None:
+        self.ctx.clear()
+
+
+class WanVAE(VAEModel):
+    """Qwen-Image / Wan 2.1 (16 ch, 8x) or Wan 2.2 (48 ch, 16x) causal video VAE; raw latents in and out."""
+
+    def __init__(self, cfg: WanConfig, kind: Optional[str] = None, flags: WanFlags = WanFlags()):
+        super().__init__()
+        self.config = cfg
+        self.kind = kind or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
+        self.flags = flags
+        self.encoder = Encoder(cfg)
+        self.quant_conv = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
+        self.post_quant_conv = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
+        self.decoder = Decoder(cfg)
+        self.encoder._quant = (self.quant_conv,)
+        self.decoder._post_quant = (self.post_quant_conv,)
+        self.latent_format = LatentFormat(cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor,
+                                          mean=cfg.latents_mean, std=cfg.latents_std)
+        self.memory_model = memory_model(cfg)
+
+    def context(self) -> StreamContext:
+        return StreamContext(self.flags)
+
+    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.flags.channels_last:
+            return x
+        fmt = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
+        return x.contiguous(memory_format=fmt)
+
+    # -- whole-clip passes -------------------------------------------------------------------
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        t = pixels.shape[2]
+        if t == 1 and self.flags.fold_image:
+            return self.encoder(self.to_memory_format(pixels[:, :, 0]), self.context()).unsqueeze(2).contiguous()
+        if temporal_slice is not None and temporal_slice < 1:
+            raise ValueError(f"temporal_slice must be >= 1 latent frame, got {temporal_slice}")
+        tf = self.latent_format.temporal_factor
+        n = t if temporal_slice is None else tf * temporal_slice
+        with self.encode_stream() as stream:
+            outs = [stream.step(pixels[:, :, a:b]) for a, b in split_slices(t, 1 + n if n < t else t, n)]
+        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+
+    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        t = latents.shape[2]
+        if t == 1 and self.flags.fold_image:
+            z = self.to_memory_format(latents[:, :, 0])
+            return self.decoder(z, self.context()).clamp_(-1.0, 1.0).unsqueeze(2).contiguous()
+        if temporal_slice is not None and temporal_slice < 1:
+            raise ValueError(f"temporal_slice must be >= 1 latent frame, got {temporal_slice}")
+        n = t if temporal_slice is None else temporal_slice
+        with self.decode_stream() as stream:
+            outs = [stream.step(latents[:, :, a:b]) for a, b in split_slices(t, n + 1, n)]
+        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+
+    # -- streaming ---------------------------------------------------------------------------
+    def encode_stream(self) -> CausalStream:
+        return _EncodeStream(self)
+
+    def decode_stream(self) -> CausalStream:
+        return _DecodeStream(self)
+
+    # -- export ------------------------------------------------------------------------------
+    def image_encoder(self) -> nn.Module:
+        return _ImageEncoder(self)
+
+    def image_decoder(self) -> nn.Module:
+        return _ImageDecoder(self)
+
+
+def memory_model(cfg: WanConfig) -> MemoryModel:
+    """Working-set estimate (2-byte dtype) per pixel-space pixel and frame in flight.
+
+    Derived from the widest full-resolution stage: the decoder's last upsample materialises the
+    upsampled input (C_up channels) next to its conv output, and each ResBlock holds input, normed
+    copy, conv output and (for video) the causal-padded copy. Counted as ~8 full-resolution tensors of
+    the widest full-res width plus the upsample input; the encoder as ~6 of its first-stage width.
+    """
+    dec_dims = cfg.decoder_dims()
+    full_res_dec = dec_dims[-1] / cfg.patch_size ** 2
+    up_in = (dec_dims[-2] if cfg.is_residual else dec_dims[-2] // 2) / cfg.patch_size ** 2
+    decode = 2 * (8 * full_res_dec + 2 * up_in)
+    encode = 2 * 6 * cfg.base_dim / cfg.patch_size ** 2
+    return MemoryModel(encode_bytes_per_pixel=encode, decode_bytes_per_pixel=decode)
