@@ -14,6 +14,7 @@ unless `--qwen-checkpoint` / `--seedvr2-checkpoint` are given.
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -27,6 +28,7 @@ from ..vae.kernels import fused_norms, triton_available
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 
 SECTION = "gpu"
+log = logging.getLogger("turbovae")
 
 # Dense bf16 tensor-core peak (TFLOP/s) for the floor column; the achievable figure is ~790.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
@@ -221,6 +223,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
                 peak, out = cuda_peak_mb(once, device)
                 ms, out = time_ms(once, device, repeat=opts.repeat, warmup=opts.warmup)
         except Exception as exc:  # one failing lever must not hide the rest of the table
+            log.warning("bench gpu: %s / %s failed", case.name, step.name, exc_info=True)
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
                                  note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"))
             continue

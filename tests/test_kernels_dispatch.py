@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from turbovae.vae import kernels, ops
@@ -54,3 +55,19 @@ def test_fused_norms_context_restores_previous_choice():
     finally:
         ops.reset_fused_dispatch()
     assert ops._FUSED_DISPATCH is ops._AUTO
+
+
+@pytest.mark.gpu
+def test_cuda_calls_resolve_to_triton_and_match_reference(seeded):
+    pytest.importorskip("triton")
+    ops.reset_fused_dispatch()
+    x = torch.randn(1, 64, 3, 24, 40, generator=seeded).cuda().bfloat16()
+    w = torch.randn(64, generator=seeded).cuda().bfloat16()
+    with torch.inference_mode():
+        y = ops.group_norm_silu(x, 32, w, w, 1e-6)
+        z = ops.rms_norm_silu(x, w.view(64, 1, 1, 1))
+    assert isinstance(ops._FUSED_DISPATCH, kernels.TritonNormDispatch)
+    ref_y = ops.group_norm_silu_reference(x, 32, w, w, 1e-6)
+    ref_z = ops.rms_norm_silu_reference(x, w.view(64, 1, 1, 1))
+    for out, ref in ((y, ref_y), (z, ref_z)):
+        assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() <= 1e-2

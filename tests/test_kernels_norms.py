@@ -182,3 +182,24 @@ def test_unsupported_layouts_return_none_for_the_reference_path(seeded):
     with pytest.raises(ValueError, match="residual must match"):
         K.group_norm_silu(x.contiguous(), 4, None, None, 1e-6, residual=x.contiguous().transpose(3, 4).contiguous()
                           .transpose(3, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,groups", [((1, 512, 1, 135, 240), 32), ((1, 128, 5, 180, 320), 32)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_group_norm_real_sizes_on_gpu(shape, groups, channels_last, seeded):
+    x = _layout(torch.randn(shape, generator=seeded).to("cuda", torch.bfloat16), channels_last)
+    w = torch.randn(shape[1], generator=seeded).to("cuda", torch.bfloat16)
+    out = K.group_norm_silu(x, groups, w, w, 1e-6, True)
+    ref = ops.group_norm_silu_reference(x, groups, w, w, 1e-6)
+    assert_matches(out, ref, ops.group_norm_silu_reference(x.float(), groups, w.float(), w.float(), 1e-6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 384, 1, 128, 128), (1, 96, 1, 1024, 1024), (1, 384, 3, 90, 160)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_rms_norm_real_sizes_on_gpu(shape, channels_last, seeded):
+    x = _layout(torch.randn(shape, generator=seeded).to("cuda", torch.bfloat16), channels_last)
+    gamma = torch.rand(shape[1], 1, 1, 1, generator=seeded).to("cuda", torch.bfloat16)
+    out = K.rms_norm_silu(x, gamma, None, True)
+    assert_matches(out, ops.rms_norm_silu_reference(x, gamma), ops.rms_norm_silu_reference(x.float(), gamma.float()))
