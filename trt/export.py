@@ -36,10 +36,11 @@ def union_profile(spec: BuildSpec) -> dict[str, ShapeRange]:
     return out
 
 
-def onnx_dynamic_shapes(spec: BuildSpec) -> tuple:
+def onnx_dynamic_shapes(spec: BuildSpec) -> Optional[tuple]:
     from .aoti import dynamic_shapes
 
-    return dynamic_shapes(spec, union_profile(spec))
+    shapes = dynamic_shapes(spec, union_profile(spec))
+    return None if all(s is None for s in shapes) else shapes  # static graphs (e.g. *args inputs) need None
 
 
 def data_path(onnx_path: Path) -> Path:
@@ -109,3 +110,55 @@ def validate_onnx(path: Path, module: nn.Module, inputs: Mapping[str, torch.Tens
     got = run_onnxruntime(path, inputs)
     return [{"cosine": cosine(g.float(), r.float()), "max_abs": float((g.float() - r.float()).abs().max())}
             for g, r in zip(got, reference)]
+
+
+# -- SeedVR2 video slice graph ---------------------------------------------------------------------
+class DecodeSliceGraph(nn.Module):
+    """One causal decode slice with the causal memory as explicit tensors.
+
+    first=True: latents [B, C, n, h, w] -> (pixels, *memory); first=False: (latents, *memory) ->
+    (pixels, *memory'). The memory layout is `model.memory_layout(decode=True, ...)` (one tensor per
+    causal conv, a fixed number of frames each), so chaining first -> next -> next ... equals the
+    eager sliced decode for any clip length.
+    """
+
+    def __init__(self, model: nn.Module, first: bool, clamp: bool = True):
+        super().__init__()
+        self.model = model
+        self.first = first
+        self.clamp = clamp
+
+    def forward(self, latents: torch.Tensor, *memory: torch.Tensor):
+        out, state = self.model.decode_step(latents, None if self.first else list(memory), collect=True,
+                                            clamp=self.clamp)
+        return (out, *state)
+
+
+def slice_graph_names(n_memory: int) -> tuple[list[str], list[str]]:
+    mem = [f"memory_{i}" for i in range(n_memory)]
+    return ["latents", *mem], ["pixels", *[f"{m}_out" for m in mem]]
+
+
+def export_decode_slice_graphs(model: nn.Module, latent_hw: tuple[int, int], folder: Path, *,
+                               dtype: torch.dtype = torch.float32, first_frames: int = 2, frames: int = 1,
+                               overwrite: bool = False, optimize: bool = False) -> tuple[Path, Path]:
+    """Export the first-slice and next-slice graphs of a SeedVR2 decoder at a static latent size.
+
+    The first graph takes `first_frames` latents (1 + k), the next graph `frames` latents per call.
+    """
+    h, w = latent_hw
+    c = model.latent_format.channels
+    layout = model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=first_frames)
+    ins, outs = slice_graph_names(len(layout))
+    cpu = torch.device("cpu")
+    z0 = torch.randn(1, c, first_frames, h, w)
+    first_spec = BuildSpec(("latents",), tuple(outs), dtype, cpu, ({"latents": (z0.shape,) * 3},), {})
+    p_first = export_onnx(DecodeSliceGraph(model, True), [z0], first_spec, Path(folder) / "decode_slice_first.onnx",
+                          overwrite=overwrite, optimize=optimize)
+    z1 = torch.randn(1, c, frames, h, w)
+    mem = [torch.randn(shape) for _name, shape in layout]
+    next_spec = BuildSpec(tuple(ins), tuple(outs), dtype, cpu,
+                          ({n: (tuple(t.shape),) * 3 for n, t in zip(ins, [z1, *mem])},), {})
+    p_next = export_onnx(DecodeSliceGraph(model, False), [z1, *mem], next_spec,
+                         Path(folder) / "decode_slice_next.onnx", overwrite=overwrite, optimize=optimize)
+    return p_first, p_next
