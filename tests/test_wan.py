@@ -20,6 +20,15 @@ diffusers = pytest.importorskip("diffusers")
 TOL = 1e-4
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny configs are op-overhead bound: one thread avoids OpenMP barrier stalls on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def reference(cfg, seed=0):
     """A diffusers model of `cfg` with seeded weights (gammas randomised too, so they matter)."""
     torch.manual_seed(seed)
