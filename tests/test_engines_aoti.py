@@ -33,8 +33,12 @@ def built(tmp_path_factory):
     ckpt = root / "toy.safetensors"
     save_toy_checkpoint(ckpt)
     vae = turbovae.load_vae(ckpt, device="cpu")
-    paths = build_engine_set(vae, root / "set", static_table(BUCKET), backend="aoti", dtype=torch.float32,
-                             device=torch.device("cpu"))
+    from turbovae.cli import main
+
+    # Built through the command line, so the CLI is covered end to end too.
+    assert main(["build-engines", "--vae", str(ckpt), "--out", str(root / "set"), "--static", BUCKET.name,
+                 "--backend", "aoti", "--dtype", "fp32", "--device", "cpu"]) == 0
+    paths = [root / "set" / "encoder_64x64.pt2", root / "set" / "decoder_64x64.pt2"]
     return root, ckpt, vae, paths
 
 
@@ -47,7 +51,7 @@ def _copy_set(built, name):
 
 def test_static_bucket_is_exact(built):
     root, _ckpt, vae, paths = built
-    assert [p.name for p in paths] == ["encoder_64x64.pt2", "decoder_64x64.pt2"]
+    assert all(p.is_file() and sidecar_path(p).is_file() for p in paths)
     ev = turbovae.load_vae(root / "set", device="cpu")
     assert isinstance(ev, EngineVAE) and ev.engines is not None
     g = torch.Generator().manual_seed(1)
@@ -152,3 +156,22 @@ def test_single_engine_file_and_lazy_loading(built):
     assert lazy.engine_memory_bytes() == 0
     lazy.decode(torch.randn(1, 4, 8, 8))
     assert lazy.engine_memory_bytes() > 0 and lazy.engine_calls == 1
+
+
+def test_dynamic_profile_engine_matches_eager(built, tmp_path):
+    """One AOTInductor package per profile: exact inside the range at 16-px multiples, padded (size kept)
+    for multiples of 8 that are not multiples of 16."""
+    from turbovae.trt.buckets import Profile, multi_profile_table
+    from turbovae.trt.engine_vae import load_engine_vae
+
+    _root, ckpt, vae, _ = built
+    table = multi_profile_table([Profile("small", (32, 32), (48, 64), (96, 96))])
+    build_engine_set(vae, tmp_path / "dyn", table, backend="aoti", device=torch.device("cpu"),
+                     components=("decoder",), source=str(ckpt))
+    ev = load_engine_vae(tmp_path / "dyn", device="cpu")
+    for h, w in ((4, 4), (6, 8), (12, 10), (8, 12)):  # latent sizes: 32..96 px in 16-px steps
+        z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(h * w))
+        assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4
+    z = torch.randn(1, 4, 5, 7)  # 40x56 px: padded to 48x64 inside the profile
+    assert ev.decode(z).shape == (1, 3, 40, 56)
+    assert ev.engine_calls == 5
