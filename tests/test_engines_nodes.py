@@ -1,0 +1,94 @@
+"""Engine nodes against the ComfyUI test doubles: without TensorRT, Load TRT VAE explains the fix and
+falls back to the PyTorch VAE; Build Engine validates its inputs before any work."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import node_helpers  # noqa: E402
+
+node_helpers.use_comfy_stubs()
+
+from turbovae import load_vae  # noqa: E402
+from turbovae.nodes import engine_nodes  # noqa: E402
+from turbovae.nodes import paths as _paths  # noqa: E402
+from turbovae.trt import engine_vae  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.engine_vae import EngineFallbackWarning  # noqa: E402
+from turbovae.trt.fileio import file_sha256  # noqa: E402
+from turbovae.trt.identity import EngineIdentity, model_hash  # noqa: E402
+
+folder_paths = _paths.folder_paths
+node_helpers.hide_comfy_stubs()
+
+NAME = "qwen_image_tiny.safetensors"
+
+
+@pytest.fixture
+def comfy_root(tmp_path, monkeypatch):
+    folder_paths.reset(str(tmp_path))
+    vae_dir = tmp_path / "models" / "vae"
+    vae_dir.mkdir(parents=True)
+    ckpt, cfg = node_helpers.write_tiny_vae(vae_dir, NAME)
+    # Same seam as the node tests: real-size default configs cannot hold tiny weights.
+    monkeypatch.setattr(engine_vae, "load_vae", lambda p, **kw: load_vae(p, config=cfg, **kw))
+    return tmp_path, ckpt, cfg
+
+
+def _fake_trt_set(folder: Path, ckpt: Path, cfg) -> Path:
+    """A TensorRT engine + identity as Build Engine writes them (the plan bytes are never read here)."""
+    folder.mkdir(parents=True)
+    plan = folder / "decoder_64x64.engine"
+    plan.write_bytes(b"plan")
+    vae = load_vae(ckpt, config=cfg, device="cpu")
+    ident = EngineIdentity(model_hash=model_hash(vae.model.state_dict()), model_kind=vae.kind, component="decoder",
+                           dtype="fp16", table=static_table(Bucket(64, 64)).to_json(), entries=(0,),
+                           input_names=("latents",), output_names=("pixels",), backend="tensorrt",
+                           backend_version="11.4.0.106", device_type="cuda", gpu_name="NVIDIA H100",
+                           compute_capability="9.0", torch_version=torch.__version__,
+                           engine_sha256=file_sha256(plan), engine_bytes=4, source=str(ckpt),
+                           latent_format={"channels": 4, "spatial_factor": 8})
+    ident.write(plan)
+    return plan
+
+
+def test_load_trt_vae_without_tensorrt_falls_back_and_names_the_fix(comfy_root, monkeypatch):
+    base, ckpt, cfg = comfy_root
+    _fake_trt_set(base / "models" / "tensorrt" / "qwen_set", ckpt, cfg)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    assert engine_nodes._engine_names() == ["qwen_set/decoder_64x64.engine"]
+    with pytest.warns(EngineFallbackWarning, match="pip install tensorrt"):
+        out = engine_nodes.TurboVAELoadEngine.execute(engine="qwen_set/decoder_64x64.engine")
+    vae = out.args[0]
+    assert vae.turbo.engines is None
+    z = torch.randn(1, 4, 4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineFallbackWarning)  # one warning only, at load
+        got = vae.turbo.decode(z)
+    ref = load_vae(ckpt, config=cfg, device="cpu", dtype=vae.turbo.dtype).decode(z)
+    assert torch.equal(got, ref)
+
+
+def test_load_rejects_paths_outside_the_models_folder(comfy_root):
+    with pytest.raises((ValueError, FileNotFoundError)):
+        engine_nodes.TurboVAELoadEngine.execute(engine="../../etc/passwd.engine")
+
+
+@pytest.mark.parametrize("bad", [{"name": "../x"}, {"name": ""}, {"mode": "cropped"}, {"backend": "onnx"}])
+def test_build_engine_validates_before_work(comfy_root, bad):
+    kw = dict(vae_name=NAME, name="set", mode="static", width=64, height=64, backend="aoti", dtype="fp32")
+    kw.update(bad)
+    with pytest.raises(ValueError):
+        engine_nodes.TurboVAEBuildEngine.execute(**kw)
+
+
+def test_node_list_and_schemas():
+    ids = [n.define_schema().node_id for n in engine_nodes.ENGINE_NODES]
+    assert ids == ["TurboVAEBuildEngine", "TurboVAELoadEngine"]
