@@ -56,9 +56,9 @@ def test_partition_is_exact_cover():
 def test_halos_account_for_resolution_and_stride():
     from fractions import Fraction as F
 
-    up = [LocalStage(None, F(1), 2), LocalStage(None, F(2), 1), LocalStage(None, F(1), 3)]
+    up = [LocalStage(F(1), 2), LocalStage(F(2), 1), LocalStage(F(1), 3)]
     # at 1 px/latent: last stage needs 3 px at res 2 = 1.5 latent; middle adds 1 px at res 1
     assert _halos(up, F(1)) == [5, 3, 3]
-    down = [LocalStage(None, F(1), 1), LocalStage(None, F(1, 2), 1)]
+    down = [LocalStage(F(1), 1), LocalStage(F(1, 2), 1)]
     h = _halos(down, F(8))
     assert h[1] % 2 == 0 and h[0] >= h[1] + 1

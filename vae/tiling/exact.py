@@ -1,6 +1,7 @@
 """Exact tiles: equal to the untiled pass, with working memory bounded by the tile.
 
-A model opts in by returning an `ExactPlan` from `exact_plan(decode=...)`: its pass split into
+A model opts in by returning an `ExactPlan` (or a `LayerwisePlan`, below) from `exact_plan(decode=...)`:
+its pass split into
 - local *stages* (convolutions, per-pixel norms, resampling) that can run on a spatial crop whose
   halo covers their receptive field, and
 - one *global* part that needs the whole frame (mid-block attention, statistics over the frame),
@@ -32,13 +33,12 @@ from .grid import TileGrid
 
 @dataclass(frozen=True)
 class LocalStage:
-    """A spatially local step: `open()` gives a causal stream over [B, C, t, h, w] slices.
+    """Geometry of a spatially local step.
 
     `scale`: output pixels per input pixel (2 for an upsampler, 1/2 for a stride-2 conv, 1 otherwise).
     `radius`: input pixels of context each output pixel needs on every side (its receptive radius).
     """
 
-    open: Callable[[], CausalStream]
     scale: Fraction
     radius: int
     name: str = ""
@@ -46,10 +46,22 @@ class LocalStage:
 
 @dataclass(frozen=True)
 class ExactPlan:
-    prefix: Sequence[LocalStage]  # encode: pixels -> latent-resolution features, tiled
-    global_open: Callable[[], CausalStream]  # whole frame, latent resolution
-    suffix: Sequence[LocalStage]  # decode: latent-resolution features -> pixels, tiled
-    global_channels: int  # channels of the tensor between the local and global parts
+    """`open_local()` gives one causal stream per local stage for one tile (opened together, so the
+    stages of a tile may share state); `open_global()` one stream for the whole-frame part."""
+
+    local: Sequence[LocalStage]  # encode: pixels -> latent-resolution features; decode: the reverse
+    open_local: Callable[[], Sequence[CausalStream]]
+    open_global: Callable[[], CausalStream]
+    global_channels: int  # channels of the latent-resolution tensor between the two parts
+
+
+@dataclass(frozen=True)
+class LayerwisePlan:
+    """For models whose every block needs whole-frame statistics (SeedVR2's GroupNorm): the model runs
+    its own forward layer by layer with tile-bounded working memory. `run(x, tile_latent,
+    temporal_slice, progress)` returns the untiled pass's output (pixels or moments)."""
+
+    run: Callable[..., torch.Tensor]
 
 
 def supports_exact(model, *, decode: bool) -> bool:
@@ -88,8 +100,8 @@ def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
 class _TileChain:
     """The local stages of one tile: crops each stage's input to the halo the rest still needs."""
 
-    def __init__(self, stages: Sequence[LocalStage], res_in: Fraction, core: tuple[tuple[int, int], tuple[int, int]],
-                 full_latent: tuple[int, int], stack: ExitStack):
+    def __init__(self, stages: Sequence[LocalStage], open_local, res_in: Fraction,
+                 core: tuple[tuple[int, int], tuple[int, int]], full_latent: tuple[int, int], stack: ExitStack):
         self.stages = stages
         self.res = [res_in]
         for s in stages:
@@ -97,7 +109,7 @@ class _TileChain:
         self.halos = _halos(stages, res_in) + [0]
         self.core = core
         self.full = full_latent
-        self.streams = [stack.enter_context(s.open()) for s in stages]
+        self.streams = [stack.enter_context(s) for s in open_local()]
 
     def window(self, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
         """Crop [y0, y1) × [x0, x1) at the input of stage k (k == len(stages): the final core)."""
@@ -126,7 +138,11 @@ class _TileChain:
 def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_slice: Optional[int],
               progress: Progress, output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32."""
-    plan: ExactPlan = model.exact_plan(decode=decode)
+    plan = model.exact_plan(decode=decode)
+    if isinstance(plan, LayerwisePlan):
+        tile = max(grid.rows.tile, grid.cols.tile)
+        out = plan.run(x, tile, temporal_slice, progress)
+        return out.to(device=output_device or x.device, dtype=torch.float32)
     lf = model.latent_format
     f = lf.spatial_factor
     h_lat, w_lat = grid.rows.length, grid.cols.length
@@ -147,34 +163,33 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
 
     b, t_in = x.shape[0], x.shape[2]
     if decode:
-        glob = _run_global(plan, x, slices, in_geom, tick)
+        glob = _run_global(plan, x, slices, tick)
         out = torch.empty(b, 3, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32, device=device)
-        _run_tiles(plan.suffix, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick)
+        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick)
         return out
     # encode: local prefix per tile into a latent-resolution buffer, then the global part
     t_lat = in_geom.out_frames(t_in)
     mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
-    _run_tiles(plan.prefix, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick)
-    lat_geom = PassGeometry(1, 1, 2 * lf.channels, True, 1)
+    _run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick)
     lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
-    moments = _run_global(plan, mid, lat_slices, lat_geom, tick)
+    moments = _run_global(plan, mid, lat_slices, tick)
     return moments.to(device=device, dtype=torch.float32)
 
 
-def _run_global(plan: ExactPlan, x: torch.Tensor, slices, geom: PassGeometry, tick) -> torch.Tensor:
+def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick) -> torch.Tensor:
     parts = []
-    with plan.global_open() as stream:
+    with plan.open_global() as stream:
         for t0, t1 in slices:
             parts.append(stream.step(x[:, :, t0:t1]))
             tick()
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
 
-def _run_tiles(stages, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry, out_scale: int,
-               tick) -> None:
+def _run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
+               out_scale: int, tick) -> None:
     for (ry, rx) in cores:
         with ExitStack() as stack:
-            chain = _TileChain(stages, res_in, (ry, rx), full_latent, stack)
+            chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
             for t0, t1 in slices:
                 y = chain.run(src[:, :, t0:t1])
                 o0, o1 = geom.out_frame_range(t0, t1)

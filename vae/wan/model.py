@@ -286,6 +286,13 @@ class WanVAE(VAEModel):
     def image_decoder(self) -> nn.Module:
         return _ImageDecoder(self)
 
+    # -- exact tiling ------------------------------------------------------------------------
+    def exact_plan(self, *, decode: bool):
+        """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
+        from .exact_plan import wan_exact_plan
+
+        return wan_exact_plan(self, decode=decode)
+
 
 def memory_model(cfg: WanConfig) -> MemoryModel:
     """Working-set estimate (2-byte dtype) per pixel-space pixel and frame in flight.

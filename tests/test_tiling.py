@@ -1,0 +1,200 @@
+"""Tiling engine on the real architectures (tiny widths): fast ≡ untiled with one tile, exact ≡ untiled
+for many grids, auto sizing, OOM retry, progress and cancel."""
+
+import logging
+
+import pytest
+import torch
+
+import turbovae
+from turbovae import TurboVAE, decode_tiled, encode_tiled
+from turbovae.vae.seedvr2.config import SeedVR2Config
+from turbovae.vae.seedvr2.model import SeedVR2VAE
+from turbovae.vae.tiling import api as tiling_api
+from turbovae.vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21
+from turbovae.vae.wan.model import WanVAE
+
+
+def _build(kind: str) -> TurboVAE:
+    torch.manual_seed(0)
+    if kind == "seedvr2":
+        return TurboVAE(SeedVR2VAE(SeedVR2Config.tiny()))
+    if kind == "wan2.2":
+        return TurboVAE(WanVAE(TINY_WAN22))
+    return TurboVAE(WanVAE(TINY_WAN21))
+
+
+@pytest.fixture(scope="module", params=["seedvr2", "wan2.1"])
+def vae(request):
+    return _build(request.param)
+
+
+def _latents(vae, t, h, w, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, vae.latent_channels, t, h, w, generator=g)
+
+
+def _pixels(t, h, w, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(1, 3, t, h, w, generator=g) * 2 - 1
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_fast_single_tile_equals_untiled(vae, t):
+    z = _latents(vae, t, 6, 9)
+    ref = vae.decode(z)
+    out = decode_tiled(vae, z, tile=1024, overlap=64, mode="fast", temporal_slice=1)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-5
+    x = _pixels(4 * t - 3, 48, 72)
+    ref_e = vae.encode(x)
+    out_e = encode_tiled(vae, x, tile=1024, overlap=64, mode="fast", temporal_slice=1)
+    assert (out_e - ref_e).abs().max().item() <= 1e-5
+
+
+def test_fast_multi_tile_shape_and_range(vae):
+    z = _latents(vae, 1, 10, 13)
+    out = decode_tiled(vae, z, tile=64, overlap=32, mode="fast")
+    assert out.shape == (1, 3, 1, 80, 104)
+    assert torch.isfinite(out).all() and out.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("t,h,w,tile,ts", [
+    (1, 13, 9, 64, None),      # odd latent sizes, 2x2 cores
+    (1, 24, 8, 64, None),      # one-tile-wide strip
+    (2, 11, 9, 64, 1),         # video T = 5 frames, sliced
+    (3, 9, 7, 64, None),       # video T = 9 frames
+])
+def test_exact_decode_equals_untiled(vae, t, h, w, tile, ts):
+    z = _latents(vae, t, h, w, seed=t + h)
+    ref = vae.decode(z)
+    out = decode_tiled(vae, z, tile=tile, overlap=16, mode="exact", temporal_slice=ts)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("t,h,w,tile,ts", [
+    (1, 104, 72, 64, None),
+    (1, 64, 136, 64, None),    # one-tile-high strip
+    (5, 80, 72, 64, 1),
+    (9, 72, 48, 64, None),
+])
+def test_exact_encode_equals_untiled(vae, t, h, w, tile, ts):
+    x = _pixels(t, h, w, seed=h)
+    ref = vae.encode(x)
+    out = encode_tiled(vae, x, tile=tile, overlap=16, mode="exact", temporal_slice=ts)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-4
+
+
+def test_exact_wan22_decode_and_encode():
+    vae = _build("wan2.2")  # 16x spatial, patchify, residual-of-residual shortcuts
+    z = _latents(vae, 2, 11, 5)
+    assert (decode_tiled(vae, z, tile=128, mode="exact") - vae.decode(z)).abs().max() <= 1e-4
+    x = _pixels(5, 176, 80)
+    assert (encode_tiled(vae, x, tile=128, mode="exact") - vae.encode(x)).abs().max() <= 1e-4
+
+
+def test_exact_real_qwen_config_image():
+    torch.manual_seed(0)
+    vae = TurboVAE(WanVAE(WAN21))
+    z = _latents(vae, 1, 14, 18)
+    ref = vae.decode(z)
+    assert (decode_tiled(vae, z, tile=64, mode="exact") - ref).abs().max() <= 1e-4
+
+
+def test_auto_uses_untiled_when_it_fits_and_tiles_when_not(vae, monkeypatch):
+    z = _latents(vae, 1, 16, 16)
+    ref = vae.decode(z)
+    calls = []
+    monkeypatch.setattr(tiling_api, "run_exact", _spy(tiling_api.run_exact, calls))
+    out = decode_tiled(vae, z, mode="auto")
+    assert (out - ref).abs().max() <= 1e-4
+    roomy_tiles = calls[-1]
+    monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 4 * 2**20)
+    out = decode_tiled(vae, z, mode="auto")
+    assert (out - ref).abs().max() <= 1e-4
+    assert calls[-1] > roomy_tiles  # smaller tiles under a small budget
+
+
+def _spy(fn, calls):
+    def wrapped(model, x, grid, **kw):
+        calls.append(len(grid))
+        return fn(model, x, grid, **kw)
+    return wrapped
+
+
+class _OOMAbove:
+    """Wraps a model's decode-stream factory: out-of-memory for crops wider than `limit` latent px."""
+
+    def __init__(self, model, limit):
+        self.orig, self.limit, self.seen = model.decode_stream, limit, []
+
+    def __call__(self):
+        stream = self.orig()
+        step = stream.step
+
+        def guarded(x):
+            self.seen.append(x.shape[-1])
+            if x.shape[-1] > self.limit:
+                raise torch.OutOfMemoryError("simulated")
+            return step(x)
+
+        stream.step = guarded
+        return stream
+
+
+def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
+    z = _latents(vae, 1, 20, 20)
+    guard = _OOMAbove(vae.model, limit=16)
+    monkeypatch.setattr(vae.model, "decode_stream", guard)
+    with caplog.at_level(logging.WARNING):
+        out = decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
+    assert out.shape[-1] == 160
+    assert max(guard.seen) > 16 and guard.seen[-1] <= 16
+    assert "retrying with 128 px" in caplog.text
+
+
+def test_oom_at_floor_gives_clear_error(vae, monkeypatch):
+    z = _latents(vae, 1, 20, 20)
+    monkeypatch.setattr(vae.model, "decode_stream", _OOMAbove(vae.model, limit=0))
+    with pytest.raises(MemoryError, match=r"even with 64 px tiles .*started at 256 px.*GiB free"):
+        decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
+
+
+class Cancelled(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_progress_counts_and_cancel_leaves_model_usable(vae, mode):
+    z = _latents(vae, 2, 12, 10)
+    seen = []
+    out = decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1, progress=lambda d, t: seen.append((d, t)))
+    total = seen[-1][1]
+    assert [d for d, _ in seen] == list(range(1, total + 1)) and total >= 4
+
+    def cancel(done, total):
+        if done == 2:
+            raise Cancelled()
+
+    with pytest.raises(Cancelled):
+        decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1, progress=cancel)
+    again = decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1)
+    assert torch.equal(again, out)
+
+
+def test_bad_arguments_are_value_errors(vae):
+    z = _latents(vae, 1, 8, 8)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        decode_tiled(vae, z, mode="exactly")
+    with pytest.raises(ValueError, match="too small"):
+        decode_tiled(vae, z, tile=16)
+    with pytest.raises(ValueError, match="overlap"):
+        decode_tiled(vae, z, tile=64, overlap=-8)
+    with pytest.raises(ValueError, match="channels"):
+        decode_tiled(vae, torch.randn(1, vae.latent_channels + 1, 1, 8, 8))
+
+
+def test_public_api_exports():
+    assert turbovae.decode_tiled is decode_tiled and turbovae.encode_tiled is encode_tiled

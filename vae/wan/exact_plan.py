@@ -1,0 +1,108 @@
+"""The Wan/Qwen-Image pass split for exact tiling (vae/tiling/exact.py).
+
+Everything except the mid block is spatially local (convolutions, per-pixel RMS norm, nearest
+resampling, the Wan 2.2 space-to-channel shortcuts), so each up/down block is one local stage whose
+receptive radius is read off its layer list; the mid block (whole-frame attention) plus the 1×1 quant
+convs and the encoder head form the global part at latent resolution.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..base import CausalStream
+from ..tiling.exact import ExactPlan, LocalStage
+from .layers import StreamContext
+from .model import WanVAE, _spatial_ops, unpatchify, patchify
+
+
+def _stage_geometry(ops: Sequence[str]) -> tuple[Fraction, int]:
+    """(scale, radius in input pixels) of a block from its spatial ops in execution order."""
+    r = 0
+    scale = Fraction(1)
+    for op in reversed(ops):
+        if op == "conv":
+            r += 1
+        elif op == "up":
+            r = math.ceil(r / 2)
+            scale *= 2
+        elif op == "down":  # (0,1,0,1) zero pad + 3x3 stride-2 conv: output i reads inputs 2i..2i+2
+            r = 2 * r + 2
+            scale /= 2
+    return scale, r
+
+
+class _Session:
+    """Per-tile state shared by the stages of one tile: one causal context, one "first step" flag."""
+
+    def __init__(self, vae: WanVAE):
+        self.vae = vae
+        self.ctx = vae.context()
+
+
+class _StageStream(CausalStream):
+    def __init__(self, session: _Session, fn: Callable[[torch.Tensor, StreamContext], torch.Tensor], last: bool):
+        self.session, self.fn, self.last = session, fn, last
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = self.session.ctx
+        vae = self.session.vae
+        if ctx.first and x.shape[2] == 1 and vae.flags.fold_image:
+            y = self.fn(vae.to_memory_format(x[:, :, 0]), ctx).unsqueeze(2)
+        else:
+            y = self.fn(vae.to_memory_format(x), ctx)
+        if self.last:
+            ctx.first = False
+        return y
+
+    def close(self) -> None:
+        if self.last:
+            self.session.ctx.clear()
+
+
+def _block_fn(block: nn.Module) -> Callable:
+    return lambda x, ctx: block(x, ctx)
+
+
+def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
+    p = vae.config.patch_size
+    if decode:
+        dec = vae.decoder
+        fns = [_block_fn(b) for b in dec.up_blocks]
+        geoms = [_stage_geometry(_spatial_ops(b.modules())) for b in dec.up_blocks]
+
+        def head(x, ctx):
+            return unpatchify(dec.conv_out(dec.norm_out(x), ctx), p).clamp_(-1.0, 1.0)
+
+        fns.append(head)
+        geoms.append((Fraction(p), 1))
+        global_fn = dec.forward_mid
+        channels = dec.up_blocks[0].resnets[0].norm1.gamma.shape[0] if hasattr(dec.up_blocks[0], "resnets") else None
+    else:
+        enc = vae.encoder
+
+        def stem(x, ctx):
+            return enc.conv_in(patchify(x, p), ctx)
+
+        fns = [stem] + [_block_fn(b) for b in enc.down_blocks]
+        geoms = [(Fraction(1, p), p * 1 + p - 1)] + [_stage_geometry(_spatial_ops(b.modules())) for b in enc.down_blocks]
+        global_fn = enc.forward_mid
+        channels = enc.mid_block.resnets[0].norm1.gamma.shape[0]
+
+    stages = [LocalStage(scale, radius, name=f"stage{i}") for i, (scale, radius) in enumerate(geoms)]
+
+    def open_local() -> list[CausalStream]:
+        session = _Session(vae)
+        return [_StageStream(session, fn, last=i == len(fns) - 1) for i, fn in enumerate(fns)]
+
+    def open_global() -> CausalStream:
+        return _StageStream(_Session(vae), global_fn, last=True)
+
+    if channels is None:
+        channels = vae.decoder.mid_block.resnets[0].norm1.gamma.shape[0]
+    return ExactPlan(stages, open_local, open_global, channels)
