@@ -36,6 +36,8 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     cpu = device.type == "cpu"
     dtype = parse_dtype(opts.dtype) or (torch.float32 if cpu else torch.bfloat16)
     size = 256 if cpu else 1024
+    model32 = _model(cpu).to(device=device)  # engines are built from fp32 weights in the engine dtype
+    weights_hash = model_hash(model32.state_dict())
     model = _model(cpu).to(device=device, dtype=dtype)
     vae = TurboVAE(model, source="random weights")
     rows: list[BenchRow] = []
@@ -55,10 +57,10 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             try:
                 get_backend(be).check_available(device)
                 out_dir = Path(tmp) / be
-                build_engine_set(vae, out_dir, static_table(Bucket(size, size)), backend=be, dtype=dtype,
-                                 device=device, components=("decoder",))
+                build_engine_set(TurboVAE(model32, source="random weights"), out_dir, static_table(Bucket(size, size)),
+                                 backend=be, dtype=dtype, device=device, components=("decoder",))
                 # Built straight from the in-memory model (the tiny config has no checkpoint loader).
-                ev = EngineVAE(model, EngineSet(out_dir, device, model_hash=model_hash(model.state_dict())))
+                ev = EngineVAE(model, EngineSet(out_dir, device, model_hash=weights_hash))
                 e_ms, e_out = time_ms(lambda: ev.decode(z), device, opts.repeat, opts.warmup)
                 note = "" if ev.engine_calls else "FELL BACK to PyTorch"
                 rows.append(BenchRow("engines", case, be, e_ms, baseline_ms=eager_ms,

@@ -175,3 +175,13 @@ def test_dynamic_profile_engine_matches_eager(built, tmp_path):
     z = torch.randn(1, 4, 5, 7)  # 40x56 px: padded to 48x64 inside the profile
     assert ev.decode(z).shape == (1, 3, 40, 56)
     assert ev.engine_calls == 5
+
+
+def test_model_dtype_differs_from_engine_dtype(built):
+    """An fp32 engine under a bf16 model: inputs are cast to the engine dtype, outputs to the model's."""
+    ev = turbovae.load_vae(built[0] / "set", device="cpu", dtype="bf16")
+    z = torch.randn(1, 4, 8, 8)
+    out = ev.decode(z)
+    assert out.dtype is torch.bfloat16 and ev.engine_calls == 1
+    ref = built[2].decode(z.to(torch.bfloat16).float())
+    assert (out.float() - ref).abs().max() <= 1e-2  # bf16 output rounding only

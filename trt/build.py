@@ -44,14 +44,18 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
                      optimization_level: int = 3) -> list[Path]:
     """Build every (component, entry group) engine of `table` into `out_dir`; return the engine paths.
 
-    `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`). Existing files are
-    refused before any work unless `overwrite=True`.
+    `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
+    identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
+    Existing files are refused before any work unless `overwrite=True`.
     """
     progress = progress or BuildProgress(lambda m, _f: log.info(m))
     be = get_backend(backend)
     device = torch.device(device) if device is not None else vae.device
     be.check_available(device)
     table.validate()
+    if vae.dtype != torch.float32:
+        raise ValueError(f"build engines from the fp32 model (got {vae.dtype}); the engine dtype is the dtype= "
+                         "argument")
     lf = vae.latent_format
     if table.multiple % lf.spatial_factor:
         raise ValueError(f"table multiple {table.multiple} is not a multiple of the VAE factor {lf.spatial_factor}")

@@ -22,6 +22,7 @@ from .identity import EngineIdentity, IdentityError, mismatches, read_identity, 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("encoder", "decoder")
+ENGINE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IO_NAMES = {"encoder": (("pixels",), ("moments",)), "decoder": (("latents",), ("pixels",))}
 
 
@@ -153,7 +154,7 @@ class EngineSet:
         slot, k = self.routes[component][sel.index]
         engine = self._load(slot)
         ph, pw = sel.padded[0] // scale, sel.padded[1] // scale
-        xin = pad_to(x, ph, pw)
+        xin = pad_to(x.to(ENGINE_DTYPES[slot.ident.dtype]), ph, pw)  # the engine's dtype, whatever the model's
         name_in, name_out = IO_NAMES[component][0][0], IO_NAMES[component][1][0]
         out = engine.run({name_in: xin}, k)[name_out]
         oh, ow = (h // factor, w // factor) if component == "encoder" else (h, w)

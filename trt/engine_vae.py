@@ -56,6 +56,7 @@ class EngineVAE(TurboVAE):
         if component not in self.engines.components:
             return None
         f = self.spatial_factor
+        x = x.to(self.engines.device)  # engines stay on their device even when the model is offloaded
         try:
             outs = [self.engines.run(component, x[i:i + 1, :, 0], f) for i in range(x.shape[0])]
         except EngineRunError as e:
@@ -78,7 +79,7 @@ class EngineVAE(TurboVAE):
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
         x = self.pad_frames(self.check_pixels(pixels))
         if x.shape[2] == 1:
-            out = self._engine("encoder", x.to(self.device))
+            out = self._engine("encoder", x)
             if out is not None:
                 return out
         return super().encode_moments(pixels, temporal_slice=temporal_slice)
@@ -87,7 +88,7 @@ class EngineVAE(TurboVAE):
                num_frames: Optional[int] = None) -> torch.Tensor:
         z = self.check_latents(latents)
         if z.shape[2] == 1 and num_frames in (None, 1):
-            out = self._engine("decoder", z.to(self.device))
+            out = self._engine("decoder", z)
             if out is not None:
                 return out.squeeze(2) if latents.ndim == 4 else out
         return super().decode(latents, temporal_slice=temporal_slice, num_frames=num_frames)
@@ -121,14 +122,18 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
         raise FileNotFoundError(
             f"{path}: the engines need their checkpoint for the PyTorch path and it was not found "
             f"({checkpoint or 'not recorded'}); pass fallback=<checkpoint> (node: the fallback VAE input)")
-    base = load_vae(checkpoint, dtype=dtype, device=device)
+    # The identity hash is of the fp32 weights (as `build_engine_set` hashes them): load fp32 on the CPU,
+    # hash, then move to the requested dtype/device.
+    base = load_vae(checkpoint, dtype=torch.float32, device="cpu")
+    weights_hash = model_hash(base.model.state_dict())
+    base.to(device=device, dtype=dtype if dtype is not None else torch.float32)
     source = base.source
     if ident is not None and ident.model_kind != base.kind:
         problem = IdentityError(f"{files[0]}: built for a {ident.model_kind} VAE, the fallback is {base.kind}")
     engines = None
     if problem is None:
         try:
-            engines = EngineSet(path, device, model_hash=model_hash(base.model.state_dict()), lazy=lazy)
+            engines = EngineSet(path, device, model_hash=weights_hash, lazy=lazy)
         except (EngineError, OSError) as e:
             problem = e
     vae = EngineVAE(base.model, engines, source=source)
