@@ -60,6 +60,8 @@ class FastPaths:
     - inplace_residual: residual adds and SiLU in place when autograd is off (inference mode).
     - image_path: T=1 first slice as conv2d with summed temporal taps, computing only the kept
       half of the temporal upsampler.
+    - head_taps: on the first slice of a clip, the two head outputs of each 3x3x3 causal conv use
+      summed taps (3 frame-taps instead of 6) and the body is a valid conv3d without a padded copy.
     - channels_last: run convs in channels_last_3d (useful on GPUs; off by default).
     """
 
@@ -68,6 +70,7 @@ class FastPaths:
     sdpa: bool = True
     inplace_residual: bool = True
     image_path: bool = True
+    head_taps: bool = True
     channels_last: bool = False
 
     @classmethod

@@ -9,8 +9,8 @@ from __future__ import annotations
 from .config import SeedVR2Config
 
 SIGNATURE_KEY = "decoder.up_blocks.2.upsamplers.0.upscale_conv.weight"
-# Keys no other supported family has (SD-KL has no up_blocks.*.upsamplers.0.upscale_conv, Wan uses
-# `decoder.upsamples`/`decoder.up_blocks.*.upsampler` names).
+# `upscale_conv` (the sub-pixel temporal/spatial upsampler) exists only in SeedVR2's decoder; third-party
+# loaders use the up_blocks.2 key to recognise SeedVR2 files.
 SIGNATURE_KEYS = (SIGNATURE_KEY, "decoder.up_blocks.0.upsamplers.0.upscale_conv.weight")
 
 

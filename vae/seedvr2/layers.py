@@ -86,34 +86,68 @@ class CausalConv3d(nn.Conv3d):
         self.head_frames = 2 * padding[0]
         self.memory_frames = max(kernel[0] - stride[0], 0)
         self.pad_right_bottom = pad_right_bottom
-        self._folded: Optional[tuple[tuple, torch.Tensor]] = None
+        self._derived: Optional[tuple[tuple, dict]] = None
 
     def _apply(self, fn, *args, **kwargs):
-        self._folded = None  # weights move/cast: derived weights are stale
+        self._derived = None  # weights move/cast: derived weights are stale
         return super()._apply(fn, *args, **kwargs)
 
-    def folded_weight(self) -> torch.Tensor:
-        """Sum of the temporal taps: at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps)."""
-        w = self.weight
+    def _cached(self, name: str, derive) -> torch.Tensor:
+        """Weights derived from `self.weight`/`self.bias`, rebuilt when either changes (in place, dtype, device)."""
+        w, b = self.weight, self.bias
         if w.requires_grad or _tracing():
-            return w.sum(2)
-        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
-        if self._folded is None or self._folded[0] != key:
-            self._folded = (key, w.detach().sum(2))
-        return self._folded[1]
+            return derive(w, b)
+        key = (w.data_ptr(), w._version, b.data_ptr(), b._version, w.dtype, w.device)
+        if self._derived is None or self._derived[0] != key:
+            self._derived = (key, {})
+        store = self._derived[1]
+        if name not in store:
+            with torch.no_grad():
+                store[name] = derive(w.detach(), b.detach()).contiguous()
+        return store[name]
+
+    def folded_weight(self) -> torch.Tensor:
+        """Sum of the temporal taps (in fp32): at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps)."""
+        return self._cached("sum", lambda w, b: w.float().sum(2).to(w.dtype))
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
             return self._image_forward(x, ctx)
+        if ctx.first and ctx.fast.head_taps and self._head_taps_apply(x):
+            return self._head_taps_forward(x, ctx)
         prev = ctx.take() if self.memory_frames else None
         if ctx.fast.single_buffer:
             padded = self._write_padded(x, prev, ctx.fast.channels_last)
         else:
             padded = self._cat_padded(x, prev)
-        if self.memory_frames:
+        if self.memory_frames and ctx.collect:
             tail = padded[:, :, -self.memory_frames:]
             ctx.put(tail.clone() if ctx.fast.single_buffer else tail)
         return F.conv3d(padded, self.weight, self.bias, self.stride, self.padding)
+
+    def _head_taps_apply(self, x: torch.Tensor) -> bool:
+        return (self.kernel_size[0] == 3 and self.stride[0] == 1 and self.head_frames == 2
+                and not self.pad_right_bottom and x.shape[2] >= 2)
+
+    def _head_taps_forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        """First slice, T >= 2: the head windows are [f0,f0,f0] and [f0,f0,f1], so output 0 is
+        conv2d(f0, w0+w1+w2) and output 1 is conv2d(f0, w0+w1) + conv2d(f1, w2); the rest is a plain
+        valid conv3d over the input. 3 instead of 6 frame-taps for the head, and no padded copy."""
+        cout, t = self.out_channels, x.shape[2]
+        sp_stride, sp_pad = self.stride[1:], self.padding[1:]
+        pair_w = self._cached("head_pair", lambda w, b: torch.cat([w.float().sum(2), w[:, :, :2].float().sum(2)]).to(w.dtype))
+        pair_b = self._cached("head_bias", lambda w, b: torch.cat([b, torch.zeros_like(b)]))
+        last_w = self._cached("last_tap", lambda w, b: w[:, :, 2])
+        heads = F.conv2d(x[:, :, 0], pair_w, pair_b, sp_stride, sp_pad)
+        second = F.conv2d(x[:, :, 1], last_w, self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
+        out = torch.empty((x.shape[0], cout, t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device)
+        out[:, :, 0] = heads[:, :cout]
+        out[:, :, 1] = second
+        if t > 2:
+            out[:, :, 2:] = F.conv3d(x, self.weight, self.bias, self.stride, self.padding)
+        if self.memory_frames and ctx.collect:
+            ctx.put(x[:, :, -self.memory_frames:].contiguous().clone())
+        return out
 
     def _head(self, prev: Optional[torch.Tensor]) -> int:
         return prev.shape[2] if prev is not None else self.head_frames
@@ -152,7 +186,7 @@ class CausalConv3d(nn.Conv3d):
             x2 = F.pad(x2, (0, 1, 0, 1))
         if ctx.fast.channels_last:
             x2 = x2.contiguous(memory_format=torch.channels_last)
-        if self.memory_frames:  # the padded input was [f0] * k_t; its tail is the memory
+        if self.memory_frames and ctx.collect:  # the padded input was [f0] * k_t; its tail is the memory
             ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous())
         y = F.conv2d(x2, self.folded_weight(), self.bias, self.stride[1:], self.padding[1:])
         return y.unsqueeze(2)

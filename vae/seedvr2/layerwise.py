@@ -1,0 +1,174 @@
+"""Layer-wise exact tiling for SeedVR2 (the `exact` tiling mode).
+
+Every GroupNorm in SeedVR2 takes statistics over a whole frame, so no spatial tile of the network is
+independent. Instead the forward pass runs layer by layer on whole-frame tensors, and each layer's
+*working memory* is bounded by a tile:
+- GroupNorm statistics are reduced over the frame in row chunks (sums in fp64: the "all-reduce"),
+  and the normalisation + SiLU is applied to each conv's halo'd input crop, so the normalised
+  activation is never materialised;
+- each causal conv computes its output tile by tile from a crop with a one-pixel halo (zero padding
+  only at true frame borders), so the padded-input buffer is tile-sized;
+- each upsampler's 1×1 conv and sub-pixel shuffle run per tile;
+- mid-block attention runs on the whole frame at latent resolution.
+The causal memory handed between temporal slices has exactly the layout of the normal path.
+
+The same decomposition splits a frame across devices: statistics become an all-reduce of (sum,
+sum of squares, count) and the conv crops become halo exchanges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Pre = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """Bound on one tile's working tensors, in elements (channels × frames × pixels)."""
+
+    budget_elems: int
+
+    def tile_side(self, channels: int, frames: int) -> int:
+        return max(8, math.isqrt(max(1, self.budget_elems // max(1, channels * frames))))
+
+
+def _spans(length: int, side: int) -> list[tuple[int, int]]:
+    n = max(1, math.ceil(length / side))
+    b = [round(i * length / n) for i in range(n + 1)]
+    return [(b[i], b[i + 1]) for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------
+# GroupNorm with whole-frame statistics
+# ------------------------------------------------------------------------------------------------
+def frame_group_stats(x: torch.Tensor, groups: int, eps: float, policy: SplitPolicy) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, group, frame) mean and 1/std of x [B, C, T, H, W], reduced in row chunks (fp64 sums)."""
+    b, c, t, h, w = x.shape
+    rows = max(1, policy.budget_elems // max(1, c * t * w))
+    s1 = torch.zeros(b, groups, t, dtype=torch.float64, device=x.device)
+    s2 = torch.zeros_like(s1)
+    for r0 in range(0, h, rows):
+        chunk = x[:, :, :, r0:r0 + rows].to(torch.float64).view(b, groups, c // groups, t, -1, w)
+        s1 += chunk.sum(dim=(2, 4, 5))
+        s2 += chunk.square().sum(dim=(2, 4, 5))
+        del chunk
+    n = (c // groups) * h * w
+    mean = s1 / n
+    var = (s2 / n - mean.square()).clamp_min_(0)
+    return mean.float(), torch.rsqrt(var.float() + eps)
+
+
+def norm_silu_pre(norm: nn.GroupNorm, x: torch.Tensor, policy: SplitPolicy) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function normalising (+ SiLU) any crop of `x` with `x`'s whole-frame statistics."""
+    mean, rstd = frame_group_stats(x, norm.num_groups, norm.eps, policy)
+    g = norm.num_groups
+    weight = norm.weight.float() if norm.weight is not None else None
+    bias = norm.bias.float() if norm.bias is not None else None
+
+    def apply(crop: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = crop.shape
+        y = crop.float().view(b, g, c // g, t, h, w)
+        y = (y - mean[:, :, None, :, None, None]).mul_(rstd[:, :, None, :, None, None]).view(b, c, t, h, w)
+        if weight is not None:
+            y.mul_(weight.view(1, c, 1, 1, 1))
+        if bias is not None:
+            y.add_(bias.view(1, c, 1, 1, 1))
+        return F.silu(y, inplace=True).to(crop.dtype)
+
+    return apply
+
+
+# ------------------------------------------------------------------------------------------------
+# Causal conv, tile by tile
+# ------------------------------------------------------------------------------------------------
+def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], pre: Pre) -> torch.Tensor:
+    """x[..., rows, cols] with out-of-frame rows/cols as zeros (after `pre`, like conv zero padding)."""
+    h, w = x.shape[-2:]
+    (a, b), (c, d) = rows, cols
+    crop = x[..., max(0, a):min(h, b), max(0, c):min(w, d)]
+    if pre is not None:
+        crop = pre(crop)
+    pads = (max(0, -c), max(0, d - w), max(0, -a), max(0, b - h))
+    return F.pad(crop, pads) if any(pads) else crop
+
+
+def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None) -> torch.Tensor:
+    """`conv(pre(x), ctx)` for a SeedVR2 `CausalConv3d`, computed in output tiles; same memory in/out."""
+    kt, kh, kw = conv.kernel_size
+    st, sh, sw = conv.stride
+    ph, pw = conv.padding[1:]
+    e = 1 if conv.pad_right_bottom else 0
+    b, _, t, h, w = x.shape
+    image = ctx.image(x) and conv.head_frames == kt - 1
+    prev = None if image or not conv.memory_frames else ctx.take()
+    head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
+    t_out = 1 if image else (head + t - kt) // st + 1
+    h_out = (h + e + 2 * ph - kh) // sh + 1
+    w_out = (w + e + 2 * pw - kw) // sw + 1
+    out = torch.empty(b, conv.out_channels, t_out, h_out, w_out, dtype=x.dtype, device=x.device)
+    side = policy.tile_side(max(conv.in_channels, conv.out_channels), head + t)
+    weight2d = conv.folded_weight() if image else None
+    for oy0, oy1 in _spans(h_out, side):
+        for ox0, ox1 in _spans(w_out, side):
+            rows = (oy0 * sh - ph, (oy1 - 1) * sh - ph + kh)
+            cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
+            xin = _crop_padded(x, rows, cols, pre)
+            if image:
+                out[:, :, 0, oy0:oy1, ox0:ox1] = F.conv2d(xin[:, :, 0], weight2d, conv.bias, (sh, sw))
+                continue
+            if prev is not None:
+                hist = _crop_padded(prev, rows, cols, None)
+            elif head:
+                hist = xin[:, :, :1].expand(-1, -1, head, -1, -1)
+            else:
+                hist = None
+            buf = torch.cat([hist, xin], dim=2) if hist is not None else xin
+            out[:, :, :, oy0:oy1, ox0:ox1] = F.conv3d(buf, conv.weight, conv.bias, conv.stride)
+            del xin, buf
+    if conv.memory_frames and ctx.collect:
+        ctx.put(_memory(conv, x, prev, pre, image, e))
+    return out
+
+
+def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image: bool, e: int) -> torch.Tensor:
+    """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input."""
+    mf = conv.memory_frames
+    last = x[:, :, -mf:]
+    last = pre(last) if pre is not None else last
+    if e:
+        last = F.pad(last, (0, e, 0, e))
+    if image:
+        return last[:, :, -1:].expand(-1, -1, mf, -1, -1).contiguous()
+    if last.shape[2] < mf:  # short slice: the memory reaches back into the head
+        if prev is not None:
+            older = prev[:, :, -(mf - last.shape[2]):]
+        else:
+            older = last[:, :, :1].expand(-1, -1, mf - last.shape[2], -1, -1)
+        last = torch.cat([older, last], dim=2)
+    return last.contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
+# Blocks
+# ------------------------------------------------------------------------------------------------
+def norm_silu_conv(norm: nn.GroupNorm, conv, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
+    return causal_conv(conv, x, ctx, policy, pre=norm_silu_pre(norm, x, policy))
+
+
+def upscale(up, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
+    """Upsample3D's 1×1 conv + sub-pixel shuffle, tile by tile (both are pixel-local)."""
+    b, c, f, h, w = x.shape
+    first = up.upscale(x[..., :1, :1], ctx)  # shape probe on one pixel: frames and channels of the result
+    out = torch.empty(b, first.shape[1], first.shape[2], 2 * h, 2 * w, dtype=x.dtype, device=x.device)
+    side = policy.tile_side(c * 4 * up.zr, f)
+    for r0, r1 in _spans(h, side):
+        for c0, c1 in _spans(w, side):
+            out[..., 2 * r0:2 * r1, 2 * c0:2 * c1] = up.upscale(x[..., r0:r1, c0:c1], ctx)
+    return out
