@@ -362,3 +362,11 @@ def test_turbovae_round_trip_shapes():
     assert lat.shape == (1, 6, 3, 2, 3)
     out = vae.decode(lat, num_frames=7)
     assert out.shape == (1, 3, 7, 32, 48) and out.abs().max() <= 1.0
+
+
+def test_mixed_dtype_file_is_widened_not_truncated(real_bf16_original):
+    sd = dict(real_bf16_original)
+    sd["conv2.weight"] = sd["conv2.weight"].float() + 1e-3  # not representable in bf16
+    model = build(sd)
+    assert model.dtype == torch.float32
+    assert torch.equal(model.post_quant_conv.weight, sd["conv2.weight"])

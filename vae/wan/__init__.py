@@ -84,8 +84,9 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
     check_strict(sd, expected_shapes(cfg), name, source)
     with torch.device("meta"):
         model = WanVAE(cfg, kind=_kind(family, source, diffusers_cfg), flags=flags)
-    dtype = next(iter(sd.values())).dtype
-    sd = {k: v.to(dtype) for k, v in sd.items()}  # one dtype for all; load_vae casts afterwards
+    dtypes = {v.dtype for v in sd.values()}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32  # mixed files: widen; load_vae casts afterwards
+    sd = {k: v.to(dtype) for k, v in sd.items()}
     model.load_state_dict(sd, strict=True, assign=True)
     return model
 
