@@ -20,7 +20,7 @@ from .paths import TENSORRT_KEY, VAE_KEY, engine_output_dir, list_model_files, r
     resolve_model_file
 
 log = logging.getLogger(__name__)
-CATEGORY = "TurboVAE/engines"
+CATEGORY = "TurboVAE"
 MODES = ("static", "multi_ratio", "multi_profile")
 BACKENDS = ("tensorrt", "aoti")
 ENGINE_DTYPES = ("fp16", "bf16", "fp32")
@@ -44,15 +44,23 @@ class TurboVAEBuildEngine(io.ComfyNode):
                         "AOTInductor needs neither. Builds take minutes; Cancel stops between phases "
                         "(TensorRT also inside its builder).",
             inputs=[
-                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY)),
+                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
+                               tooltip="VAE checkpoint in models/vae to build engines for"),
                 io.String.Input("name", default="turbovae_engines",
                                 tooltip="Sub-folder of models/tensorrt to create (never overwritten unless asked)"),
-                io.Combo.Input("mode", options=list(MODES), default="static"),
+                io.Combo.Input("mode", options=list(MODES), default="static",
+                               tooltip="static: one size (width x height); multi_ratio: a set of ratio buckets "
+                                       "(inputs padded to the smallest that fits, output cropped back); "
+                                       "multi_profile: dynamic engines for <=1 MP, <=2.8 MP, <=4 MP"),
                 io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
                 io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
-                io.Combo.Input("backend", options=list(BACKENDS), default="tensorrt"),
-                io.Combo.Input("dtype", options=list(ENGINE_DTYPES), default="fp16"),
-                io.Boolean.Input("overwrite", default=False),
+                io.Combo.Input("backend", options=list(BACKENDS), default="tensorrt",
+                               tooltip="tensorrt: fastest, needs an NVIDIA GPU and the tensorrt package; "
+                                       "aoti: AOTInductor, needs only PyTorch"),
+                io.Combo.Input("dtype", options=list(ENGINE_DTYPES), default="fp16",
+                               tooltip="Engine precision (baked into the engine)"),
+                io.Boolean.Input("overwrite", default=False,
+                                 tooltip="Replace engines already in that folder (otherwise the build refuses)"),
             ],
             outputs=[io.String.Output(display_name="engine_folder")],
             is_output_node=True,
