@@ -9,13 +9,15 @@ released checkpoint's keys exactly.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..ops import group_norm_silu
+from . import layerwise
+from .layerwise import SplitPolicy
 from .config import FastPaths
 
 
@@ -38,8 +40,11 @@ class PassContext:
     state. Otherwise it must be exactly the list a previous step returned (see `memory_layout`).
     """
 
-    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False):
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False,
+                 split: Optional["SplitPolicy"] = None):
         self.fast = fast
+        self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
+        self.tick: Optional[Callable[[], None]] = None  # called after each layer-wise conv (progress, cancel)
         self.first = memory_in is None
         self._memory_in = list(memory_in) if memory_in is not None else []
         self._pos = 0
@@ -111,6 +116,8 @@ class CausalConv3d(nn.Conv3d):
         return self._cached("sum", lambda w, b: w.float().sum(2).to(w.dtype))
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        if ctx.split is not None:
+            return layerwise.causal_conv(self, x, ctx, ctx.split)
         if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
             return self._image_forward(x, ctx)
         if ctx.first and ctx.fast.head_taps and self._head_taps_apply(x):
@@ -192,8 +199,15 @@ class CausalConv3d(nn.Conv3d):
         return y.unsqueeze(2)
 
 
-def _norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
     return group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu)
+
+
+def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    """conv(SiLU(GroupNorm(x))); under exact tiling the normalisation is fused into the conv's input tiles."""
+    if ctx.split is not None:
+        return layerwise.norm_silu_conv(norm, conv, x, ctx, ctx.split)
+    return conv(norm_silu(norm, x), ctx)
 
 
 class ResnetBlock3D(nn.Module):
@@ -208,8 +222,8 @@ class ResnetBlock3D(nn.Module):
         self.conv_shortcut = CausalConv3d(cin, cout, (1, 1, 1), padding=(0, 0, 0)) if cin != cout else None
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
-        h = self.conv1(_norm_silu(self.norm1, x), ctx)
-        h = self.conv2(_norm_silu(self.norm2, h), ctx)
+        h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
+        h = norm_silu_conv(self.norm2, self.conv2, h, ctx)
         skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         return h.add_(skip) if ctx.inplace else skip + h
 
@@ -228,7 +242,7 @@ class MidAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         b, c, t, h, w = x.shape
         frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
-        tokens = _norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
+        tokens = norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
         q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
         if ctx.fast.sdpa:
             o = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
@@ -310,6 +324,11 @@ class Upsample3D(nn.Module):
         return self._kept[1], self._kept[2]
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)
+        return self.conv(y, ctx)
+
+    def upscale(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        """upscale_conv + sub-pixel shuffle (pixel-local, so exact tiling runs it per tile)."""
         drop_head = self.zr == 2 and ctx.first
         if ctx.image(x):
             wk, bk = self._kept_half()
@@ -323,7 +342,7 @@ class Upsample3D(nn.Module):
             y = pixel_shuffle_3d(F.conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), 2, self.zr)
             if drop_head:
                 y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
-        return self.conv(y, ctx)
+        return y
 
     def _shuffle_into_output(self, u: torch.Tensor, drop_head: bool) -> torch.Tensor:
         b, ch, f, h, w = u.shape

@@ -159,7 +159,15 @@ def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image
 # Blocks
 # ------------------------------------------------------------------------------------------------
 def norm_silu_conv(norm: nn.GroupNorm, conv, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
-    return causal_conv(conv, x, ctx, policy, pre=norm_silu_pre(norm, x, policy))
+    out = causal_conv(conv, x, ctx, policy, pre=norm_silu_pre(norm, x, policy))
+    if ctx.tick is not None:
+        ctx.tick()
+    return out
+
+
+def normalised_convs(part: nn.Module) -> int:
+    """How many GroupNorm→conv pairs one step of `part` (encoder or decoder) runs: the progress total."""
+    return sum(2 for m in part.modules() if type(m).__name__ == "ResnetBlock3D") + 1
 
 
 def upscale(up, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:

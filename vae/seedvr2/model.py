@@ -20,7 +20,9 @@ from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
 from .config import FastPaths, SeedVR2Config
-from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, _norm_silu
+from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu,
+                     norm_silu_conv)
+from .layerwise import SplitPolicy, normalised_convs
 
 State = tuple[torch.Tensor, ...]
 
@@ -73,7 +75,7 @@ class Encoder3D(nn.Module):
         for block in self.down_blocks:
             x = block(x, ctx)
         x = self.mid_block(x, ctx)
-        return self.conv_out(_norm_silu(self.conv_norm_out, x), ctx)
+        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx)
 
 
 class Decoder3D(nn.Module):
@@ -93,7 +95,7 @@ class Decoder3D(nn.Module):
         x = self.mid_block(self.conv_in(z, ctx), ctx)
         for block in self.up_blocks:
             x = block(x, ctx)
-        return self.conv_out(_norm_silu(self.conv_norm_out, x), ctx)
+        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx)
 
 
 def _memory_model(cfg: SeedVR2Config) -> MemoryModel:
@@ -126,21 +128,27 @@ class SeedVR2VAE(VAEModel):
 
     # -- functional steps ----------------------------------------------------------------------
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
-                    collect: bool = True) -> tuple[torch.Tensor, State]:
+                    collect: bool = True, split: Optional[SplitPolicy] = None,
+                    tick: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, State]:
         """One causal encode slice: [B,3,T,H,W] -> (moments [B,2C,T',h,w], memory for the next slice).
 
         First slice (`state=None`): T = 1+4k frames; later slices: 4k frames. `collect=False` skips
-        building the memory (last slice / whole clip).
+        building the memory (last slice / whole clip). `split` runs layer by layer with tile-bounded
+        working memory (exact tiling; same result); `tick` is called after each of its layers.
         """
-        ctx = PassContext(self.fast, state, collect)
+        ctx = PassContext(self.fast, state, collect, split)
+        ctx.tick = tick
         out = self.encoder(pixels, ctx)
         return out, ctx.finish()
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
-                    collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
+                    collect: bool = True, clamp: bool = True,
+                    split: Optional[SplitPolicy] = None,
+                    tick: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, State]:
         """One causal decode slice: [B,C,n,h,w] -> (pixels, memory). First slice gives 1+4(n-1)
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
-        ctx = PassContext(self.fast, state, collect)
+        ctx = PassContext(self.fast, state, collect, split)
+        ctx.tick = tick
         out = self.decoder(latents, ctx)
         if clamp:
             out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
@@ -173,6 +181,34 @@ class SeedVR2VAE(VAEModel):
             out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    # -- exact tiling ------------------------------------------------------------------------------
+    def exact_plan(self, *, decode: bool):
+        """Exact tiles run the whole forward layer by layer with tile-bounded working memory
+        (GroupNorm statistics span the frame, so no tile of the network is independent)."""
+        from ..tiling.exact import LayerwisePlan
+
+        def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress) -> torch.Tensor:
+            f, tf = self.latent_format.spatial_factor, self.latent_format.temporal_factor
+            policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0])
+            n = temporal_slice
+            if decode:
+                bounds = [(0, x.shape[2])] if n is None else split_slices(x.shape[2], 1 + n, n)
+            else:
+                bounds = [(0, x.shape[2])] if n is None else split_slices(x.shape[2], 1 + tf * n, tf * n)
+            total = len(bounds) * normalised_convs(self.decoder if decode else self.encoder)
+            done = 0
+
+            def tick() -> None:
+                nonlocal done
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+
+            kwargs = {"split": policy, "tick": tick}
+            return self._run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs)
+
+        return LayerwisePlan(run)
 
     # -- streams -----------------------------------------------------------------------------------
     def encode_stream(self) -> CausalStream:
