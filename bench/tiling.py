@@ -1,0 +1,151 @@
+"""Tiling benchmark: untiled vs fast vs exact tiles — time, peak memory, error vs untiled.
+
+CPU peak memory is the peak-RSS increase over the loaded model and inputs, measured in a fresh
+subprocess per variant (bench/peak_rss.py); CUDA peak is `max_memory_allocated`. Inputs are latents of
+procedural real-content images (bench/content.py) encoded by the same model. With random weights the
+fast-mode PSNR is pessimistic (random decoders amplify GroupNorm/attention differences); use
+`--seedvr2-checkpoint` / `--qwen-checkpoint` for real numbers.
+
+Child mode: `python -m turbovae.bench.tiling '<json>'` runs one variant and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .common import BenchOptions, BenchRow, max_abs, psnr
+from .content import synthetic_clip, synthetic_image
+
+CASES_CPU = [  # (kind, height, width, frames, tile_px)
+    ("qwen", 512, 512, 1, 256),
+    ("qwen", 1024, 1024, 1, 512),
+    ("seedvr2", 256, 256, 1, 128),
+    ("seedvr2", 128, 192, 5, 64),
+]
+CASES_QUICK = [("qwen", 128, 128, 1, 64), ("seedvr2", 64, 96, 1, 64)]
+CASES_CUDA = [
+    ("qwen", 1328, 1328, 1, 512),
+    ("qwen", 2048, 2048, 1, 768),
+    ("seedvr2", 1080, 1920, 1, 512),
+    ("seedvr2", 720, 1280, 21, 512),
+]
+
+
+def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
+    """A TurboVAE of the real architecture: the user's checkpoint, or seeded random weights."""
+    from ..vae.api import TurboVAE, load_vae
+
+    if checkpoint:
+        return load_vae(checkpoint, dtype=dtype, device=device)
+    torch.manual_seed(0)
+    if kind == "seedvr2":
+        from ..vae.seedvr2.model import SeedVR2VAE
+
+        model = SeedVR2VAE()
+    else:
+        from ..vae.wan.config import WAN21
+        from ..vae.wan.model import WanVAE
+
+        model = WanVAE(WAN21, kind="qwen_image")
+    return TurboVAE(model.to(device=device, dtype=dtype))
+
+
+def _content(kind: str, h: int, w: int, frames: int) -> torch.Tensor:
+    if frames == 1:
+        return synthetic_image(h, w, seed=1)[None, :, None]
+    return synthetic_clip(frames, h, w, seed=1)[None]
+
+
+def _child(args: dict) -> dict:
+    from .peak_rss import peak_increase_mb, reset_peak
+    from ..vae.tiling import decode_tiled
+
+    torch.set_num_threads(args["threads"])
+    dtype = getattr(torch, args["dtype"])
+    vae = build_model(args["kind"], args.get("checkpoint"), dtype, args["device"])
+    z = torch.load(args["latents"], weights_only=True).to(device=args["device"], dtype=dtype)
+    base = reset_peak()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if args["variant"] == "untiled":
+            y = vae.decode(z, temporal_slice=args.get("temporal_slice"))
+        else:
+            y = decode_tiled(vae, z, tile=args["tile"], overlap=args["overlap"], mode=args["variant"],
+                             temporal_slice=args.get("temporal_slice"))
+    ms = (time.perf_counter() - t0) * 1e3
+    peak = peak_increase_mb(base)
+    torch.save(y.float().cpu(), args["out"])
+    return {"ms": ms, "peak_mb": peak}
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    from .peak_rss import run_child, supported
+
+    device = opts.device
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
+        opts.dtype or ("bf16" if device == "cuda" else "fp32"))
+    cases = CASES_QUICK if opts.quick else (CASES_CUDA if device == "cuda" else CASES_CPU)
+    rows: list[BenchRow] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, h, w, frames, tile in cases:
+            ckpt = opts.checkpoint.get(kind)
+            vae = build_model(kind, ckpt, dtype, device)
+            with torch.inference_mode():
+                z = vae.encode(_content(kind, h, w, frames).to(device=device, dtype=dtype))
+            del vae
+            zpath = Path(tmp) / "z.pt"
+            torch.save(z.cpu(), zpath)
+            case = f"{kind} decode {w}x{h}x{frames}, tile {tile}"
+            ref, base_ms = None, None
+            for variant in ("untiled", "fast", "exact"):
+                args = {"kind": kind, "checkpoint": ckpt, "dtype": str(dtype).split(".")[-1], "device": device,
+                        "latents": str(zpath), "variant": variant, "tile": tile, "overlap": 64,
+                        "out": str(Path(tmp) / f"{variant}.pt"), "threads": torch.get_num_threads()}
+                if device == "cpu" and supported():
+                    res = run_child("turbovae.bench.tiling", args)
+                else:
+                    res = _in_process(args)
+                y = torch.load(args["out"], weights_only=True)
+                if ref is None:
+                    ref, base_ms = y, res["ms"]
+                rows.append(BenchRow("tiling", case, variant, res["ms"], base_ms if variant != "untiled" else None,
+                                     res["peak_mb"], None if variant == "untiled" else max_abs(y, ref),
+                                     None if variant == "untiled" else psnr(y, ref),
+                                     note=f"peak {res['peak_mb'] / max(rows_peak(rows, case), 1e-9):.0%} of untiled"
+                                     if variant != "untiled" else "peak = RSS increase" if device == "cpu" else ""))
+    return rows
+
+
+def rows_peak(rows: list[BenchRow], case: str) -> float:
+    return next(r.peak_mb for r in rows if r.case == case and r.variant == "untiled")
+
+
+def _in_process(args: dict) -> dict:
+    """CUDA (or non-Linux) variant: run here and read torch's peak counter."""
+    from .common import cuda_peak_mb, time_ms
+    from ..vae.tiling import decode_tiled
+
+    dtype = getattr(torch, args["dtype"])
+    vae = build_model(args["kind"], args.get("checkpoint"), dtype, args["device"])
+    z = torch.load(args["latents"], weights_only=True).to(device=args["device"], dtype=dtype)
+
+    def go():
+        if args["variant"] == "untiled":
+            return vae.decode(z)
+        return decode_tiled(vae, z, tile=args["tile"], overlap=args["overlap"], mode=args["variant"])
+
+    ms, y = time_ms(go, args["device"], repeat=1, warmup=1)
+    peak, _ = cuda_peak_mb(go, args["device"])
+    torch.save(y.float().cpu(), args["out"])
+    return {"ms": ms, "peak_mb": peak if peak is not None else float("nan")}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(json.loads(sys.argv[1]))))
