@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import group_norm_silu
+from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
 from .layerwise import SplitPolicy
 from .config import FastPaths
@@ -130,7 +131,7 @@ class CausalConv3d(nn.Conv3d):
         if self.memory_frames and ctx.collect:
             tail = padded[:, :, -self.memory_frames:]
             ctx.put(tail.clone() if ctx.fast.single_buffer else tail)
-        return F.conv3d(padded, self.weight, self.bias, self.stride, self.padding)
+        return guarded_conv3d(padded, self.weight, self.bias, self.stride, self.padding)
 
     def _head_taps_apply(self, x: torch.Tensor) -> bool:
         return (self.kernel_size[0] == 3 and self.stride[0] == 1 and self.head_frames == 2
@@ -151,7 +152,7 @@ class CausalConv3d(nn.Conv3d):
         out[:, :, 0] = heads[:, :cout]
         out[:, :, 1] = second
         if t > 2:
-            out[:, :, 2:] = F.conv3d(x, self.weight, self.bias, self.stride, self.padding)
+            out[:, :, 2:] = guarded_conv3d(x, self.weight, self.bias, self.stride, self.padding)
         if self.memory_frames and ctx.collect:
             ctx.put(x[:, :, -self.memory_frames:].contiguous().clone())
         return out
@@ -337,9 +338,9 @@ class Upsample3D(nn.Module):
             c = u.shape[1] // 4
             y = u.view(b, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(b, c, 1, h * 2, w * 2)
         elif ctx.fast.native_shuffle:
-            y = self._shuffle_into_output(F.conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), drop_head)
+            y = self._shuffle_into_output(guarded_conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), drop_head)
         else:
-            y = pixel_shuffle_3d(F.conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), 2, self.zr)
+            y = pixel_shuffle_3d(guarded_conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), 2, self.zr)
             if drop_head:
                 y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
         return y

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..kernels.conv_guard import conv3d as guarded_conv3d
 
 Pre = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -130,7 +131,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             else:
                 hist = None
             buf = torch.cat([hist, xin], dim=2) if hist is not None else xin
-            out[:, :, :, oy0:oy1, ox0:ox1] = F.conv3d(buf, conv.weight, conv.bias, conv.stride)
+            out[:, :, :, oy0:oy1, ox0:ox1] = guarded_conv3d(buf, conv.weight, conv.bias, conv.stride)
             del xin, buf
     if conv.memory_frames and ctx.collect:
         ctx.put(_memory(conv, x, prev, pre, image, e))
