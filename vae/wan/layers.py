@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import rms_norm_silu
+from ..kernels.conv_guard import conv3d as guarded_conv3d
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 
@@ -116,7 +117,7 @@ class CausalConv3d(nn.Conv3d):
         cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
         weight = cached_weight(self, lambda w: w, cl) if cl else self.weight
         if self.time_history == 0:
-            return F.conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
+            return guarded_conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.cache.get(self) if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
         fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
@@ -130,7 +131,7 @@ class CausalConv3d(nn.Conv3d):
             if n_hist < self.time_history:
                 parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:]))
             xin = torch.cat(parts, dim=2) if len(parts) > 1 else x
-            out = F.conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
+            out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
         if ctx is not None:
             # A folded first frame keeps just itself: missing history frames count as zeros next step.
             ctx.cache[self] = (x if fold else xin[:, :, -self.time_history:]).clone()
@@ -147,7 +148,8 @@ def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, padding=None) -> torch.Tensor:
         memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
     if x.ndim == 4:
         return F.conv2d(x, cached_weight(conv, lambda w: w, cl), conv.bias, conv.stride, pad)
-    return F.conv3d(x, cached_weight(conv, lambda w: w.unsqueeze(2), cl, tag="3d"), conv.bias, (1, *conv.stride), (0, *pad))
+    weight = cached_weight(conv, lambda w: w.unsqueeze(2), cl, tag="3d")
+    return guarded_conv3d(x, weight, conv.bias, (1, *conv.stride), (0, *pad))
 
 
 class ResidualBlock(nn.Module):
