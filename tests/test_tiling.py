@@ -125,29 +125,23 @@ def _spy(fn, calls):
 
 
 class _OOMAbove:
-    """Wraps a model's decode-stream factory: out-of-memory for crops wider than `limit` latent px."""
+    """Wraps a model's whole-clip decode (what single-frame tiles run): out-of-memory for crops wider
+    than `limit` latent px."""
 
     def __init__(self, model, limit):
-        self.orig, self.limit, self.seen = model.decode_stream, limit, []
+        self.orig, self.limit, self.seen = model.decode_latents, limit, []
 
-    def __call__(self):
-        stream = self.orig()
-        step = stream.step
-
-        def guarded(x):
-            self.seen.append(x.shape[-1])
-            if x.shape[-1] > self.limit:
-                raise torch.OutOfMemoryError("simulated")
-            return step(x)
-
-        stream.step = guarded
-        return stream
+    def __call__(self, z, **kw):
+        self.seen.append(z.shape[-1])
+        if z.shape[-1] > self.limit:
+            raise torch.OutOfMemoryError("simulated")
+        return self.orig(z, **kw)
 
 
 def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
     z = _latents(vae, 1, 20, 20)
     guard = _OOMAbove(vae.model, limit=16)
-    monkeypatch.setattr(vae.model, "decode_stream", guard)
+    monkeypatch.setattr(vae.model, "decode_latents", guard)
     with caplog.at_level(logging.WARNING):
         out = decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
     assert out.shape[-1] == 160
@@ -157,7 +151,7 @@ def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
 
 def test_oom_at_floor_gives_clear_error(vae, monkeypatch):
     z = _latents(vae, 1, 20, 20)
-    monkeypatch.setattr(vae.model, "decode_stream", _OOMAbove(vae.model, limit=0))
+    monkeypatch.setattr(vae.model, "decode_latents", _OOMAbove(vae.model, limit=0))
     with pytest.raises(MemoryError, match=r"even with 64 px tiles .*started at 256 px.*GiB free"):
         decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
 

@@ -121,8 +121,8 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
             if exact:
                 return run_exact(vae.model, z, grid, decode=True, temporal_slice=ts, progress=progress,
                                  output_device=output_device)
-            return run_tiled(z, grid, geom, vae.model.decode_stream, blend=overlap, temporal_slice=ts,
-                             progress=progress, accum_device=output_device)
+            return run_tiled(z, grid, geom, vae.model.decode_stream, vae.model.decode_latents, blend=overlap,
+                             temporal_slice=ts, progress=progress, accum_device=output_device)
 
     out = _run_with_oom_retry(run, tile_latent(), f, "decode", vae.device).to(vae.dtype)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
@@ -164,8 +164,8 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
             if exact:
                 return run_exact(vae.model, x, grid, decode=False, temporal_slice=ts, progress=progress,
                                  output_device=output_device)
-            return run_tiled(x, grid, geom, vae.model.encode_stream, blend=overlap // f, temporal_slice=ts,
-                             progress=progress, accum_device=output_device)
+            return run_tiled(x, grid, geom, vae.model.encode_stream, vae.model.encode_moments, blend=overlap // f,
+                             temporal_slice=ts, progress=progress, accum_device=output_device)
 
     moments = _run_with_oom_retry(run, tile_latent(), f, "encode", vae.device).to(vae.dtype)
     out = moments_to_latents(moments, sample=sample, generator=generator)

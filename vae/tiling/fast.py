@@ -51,12 +51,15 @@ class PassGeometry:
 
 
 def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
-              *, blend: int, temporal_slice: Optional[int], progress: Progress,
-              accum_device: Optional[torch.device] = None) -> torch.Tensor:
-    """Blend per-tile stream outputs into one pre-allocated fp32 accumulator; returns fp32.
+              whole: Callable[[torch.Tensor], torch.Tensor], *, blend: int, temporal_slice: Optional[int],
+              progress: Progress, accum_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Blend per-tile outputs into one pre-allocated fp32 accumulator; returns fp32.
 
-    `blend` is the ramp width in output units. Weights are a partition of unity; the weight plane is
-    still accumulated and divided out so rounding at the ramps cannot tint the result.
+    A tile done in one temporal slice runs `whole` (the model's whole-clip pass, which keeps no
+    causal memory: a stream would hold a copy of every conv's input for a next step that never
+    comes); longer clips run a stream per tile. `blend` is the ramp width in output units. Weights are
+    a partition of unity; the weight plane is still accumulated and divided out so rounding at the
+    ramps cannot tint the result.
     """
     b, _, t_in = x.shape[:3]
     h_lat, w_lat = grid.rows.length, grid.cols.length
@@ -76,7 +79,7 @@ def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: 
         crop = x[..., r.start * s_in:r.stop * s_in, c.start * s_in:c.stop * s_in]
         with open_stream() as stream:
             for t0, t1 in slices:
-                y = stream.step(crop[:, :, t0:t1])
+                y = whole(crop) if len(slices) == 1 else stream.step(crop[:, :, t0:t1])
                 o0, o1 = geom.out_frame_range(t0, t1)
                 out[:, :, o0:o1, ys, xs].addcmul_(y.to(device=device, dtype=torch.float32), w2)
                 del y
