@@ -18,6 +18,7 @@ node_helpers.use_comfy_stubs()
 
 from turbovae.nodes import all_nodes  # noqa: E402
 
+OUR_NODES = all_nodes()  # while the doubles are importable: the engine nodes import comfy at module level
 node_helpers.hide_comfy_stubs()
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +26,14 @@ WORKFLOWS = sorted((ROOT / "workflows").glob("*.json"))
 CORE = {k: v for k, v in json.loads((Path(__file__).parent / "data" / "core_node_signatures.json").read_text()).items()
         if not k.startswith("_")}
 UI_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
-FILE_COMBOS = {("TurboVAELoader", "vae_name")}  # options are the user's files
+FILE_COMBOS = {("TurboVAELoader", "vae_name"), ("TurboVAEBuildEngine", "vae_name"),  # options are the user's files
+               ("TurboVAELoadEngine", "engine"), ("TurboVAELoadEngine", "fallback_vae")}
 
 
 def our_signatures() -> dict:
     """Our nodes in the core table's shape, built from the live schemas."""
     out = {}
-    for node in all_nodes():
+    for node in OUR_NODES:
         schema = node.GET_SCHEMA()
         inputs = {}
         for inp in schema.inputs:
