@@ -40,7 +40,7 @@ def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str) -> tupl
         raise ValueError("overlap and temporal_slice must be 0 or more")
     if tile_size and overlap * 2 >= tile_size:
         raise ValueError(f"overlap={overlap} must be less than half of tile_size={tile_size}")
-    return (tile_size or None), (temporal_slice or None)
+    return tile_size, (temporal_slice or None)  # tile 0 = sized from free memory
 
 
 def _node_id(cls) -> Optional[str]:

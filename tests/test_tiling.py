@@ -192,3 +192,21 @@ def test_bad_arguments_are_value_errors(vae):
 
 def test_public_api_exports():
     assert turbovae.decode_tiled is decode_tiled and turbovae.encode_tiled is encode_tiled
+
+
+def test_default_tile_is_512_px_in_fast_and_exact(vae, monkeypatch):
+    z = _latents(vae, 1, 72, 8)  # 576 px high: more than one default tile
+    tiles = []
+    monkeypatch.setattr(tiling_api, "run_exact", _spy_grid(tiling_api.run_exact, tiles))
+    decode_tiled(vae, z, mode="exact")
+    assert tiles[-1] == 512 // vae.spatial_factor
+    monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 64 * 2**30)
+    decode_tiled(vae, z, mode="exact", tile=0)  # 0 = from free memory: plenty here, one tile
+    assert tiles[-1] == 72
+
+
+def _spy_grid(fn, tiles):
+    def wrapped(model, x, grid, **kw):
+        tiles.append(grid.rows.tile)
+        return fn(model, x, grid, **kw)
+    return wrapped

@@ -223,6 +223,8 @@ class ResnetBlock3D(nn.Module):
         self.conv_shortcut = CausalConv3d(cin, cout, (1, 1, 1), padding=(0, 0, 0)) if cin != cout else None
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        if ctx.split is not None:
+            return layerwise.resnet(self, x, ctx, ctx.split)
         h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
         h = norm_silu_conv(self.norm2, self.conv2, h, ctx)
         skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x

@@ -100,8 +100,16 @@ def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], 
     return F.pad(crop, pads) if any(pads) else crop
 
 
-def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None) -> torch.Tensor:
-    """`conv(pre(x), ctx)` for a SeedVR2 `CausalConv3d`, computed in output tiles; same memory in/out."""
+Residual = Optional[Callable[[slice, slice], torch.Tensor]]
+
+
+def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None, residual: Residual = None,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`conv(pre(x), ctx) (+ residual)` for a SeedVR2 `CausalConv3d`, computed in output tiles; same memory in/out.
+
+    `residual(rows, cols)` gives the tile of a tensor to add; `out` receives the result (it may be the
+    storage the residual reads from: each tile reads its own region once, before writing it).
+    """
     kt, kh, kw = conv.kernel_size
     st, sh, sw = conv.stride
     ph, pw = conv.padding[1:]
@@ -113,7 +121,11 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     t_out = 1 if image else (head + t - kt) // st + 1
     h_out = (h + e + 2 * ph - kh) // sh + 1
     w_out = (w + e + 2 * pw - kw) // sw + 1
-    out = torch.empty(b, conv.out_channels, t_out, h_out, w_out, dtype=x.dtype, device=x.device)
+    shape = (b, conv.out_channels, t_out, h_out, w_out)
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != shape:
+        raise ValueError(f"output buffer {tuple(out.shape)} does not match the conv output {shape}")
     side = policy.tile_side(max(conv.in_channels, conv.out_channels), head + t)
     weight2d = conv.folded_weight() if image else None
     for oy0, oy1 in _spans(h_out, side):
@@ -122,7 +134,10 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
             xin = _crop_padded(x, rows, cols, pre)
             if image:
-                out[:, :, 0, oy0:oy1, ox0:ox1] = F.conv2d(xin[:, :, 0], weight2d, conv.bias, (sh, sw))
+                y = F.conv2d(xin[:, :, 0], weight2d, conv.bias, (sh, sw)).unsqueeze(2)
+                if residual is not None:
+                    y += residual(slice(oy0, oy1), slice(ox0, ox1))
+                out[:, :, :, oy0:oy1, ox0:ox1] = y
                 continue
             if prev is not None:
                 hist = _crop_padded(prev, rows, cols, None)
@@ -131,8 +146,11 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             else:
                 hist = None
             buf = torch.cat([hist, xin], dim=2) if hist is not None else xin
-            out[:, :, :, oy0:oy1, ox0:ox1] = guarded_conv3d(buf, conv.weight, conv.bias, conv.stride)
-            del xin, buf
+            y = guarded_conv3d(buf, conv.weight, conv.bias, conv.stride)
+            if residual is not None:
+                y += residual(slice(oy0, oy1), slice(ox0, ox1))
+            out[:, :, :, oy0:oy1, ox0:ox1] = y
+            del xin, buf, y
     if conv.memory_frames and ctx.collect:
         ctx.put(_memory(conv, x, prev, pre, image, e))
     return out
@@ -159,11 +177,32 @@ def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image
 # ------------------------------------------------------------------------------------------------
 # Blocks
 # ------------------------------------------------------------------------------------------------
-def norm_silu_conv(norm: nn.GroupNorm, conv, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
-    out = causal_conv(conv, x, ctx, policy, pre=norm_silu_pre(norm, x, policy))
+def norm_silu_conv(norm: nn.GroupNorm, conv, x: torch.Tensor, ctx, policy: SplitPolicy,
+                   residual: Residual = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    out = causal_conv(conv, x, ctx, policy, pre=norm_silu_pre(norm, x, policy), residual=residual, out=out)
     if ctx.tick is not None:
         ctx.tick()
     return out
+
+
+def resnet(block, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
+    """ResnetBlock3D with the second conv's output and the skip added tile by tile.
+
+    The skip (identity, or the 1×1×1 shortcut of the same tile) never exists as a whole tensor, and with
+    matching channels under inference mode the result is written into `x`'s own storage (each tile reads
+    its skip before writing it; nothing else reads `x` after the first conv): two whole-frame
+    activations alive instead of three.
+    """
+    h = norm_silu_conv(block.norm1, block.conv1, x, ctx, policy)
+    sc = block.conv_shortcut
+    if sc is None:
+        def skip(rows, cols):
+            return x[:, :, :, rows, cols]
+    else:
+        def skip(rows, cols):
+            return guarded_conv3d(x[:, :, :, rows, cols], sc.weight, sc.bias)
+    out = x if sc is None and ctx.inplace else None
+    return norm_silu_conv(block.norm2, block.conv2, h, ctx, policy, residual=skip, out=out)
 
 
 def normalised_convs(part: nn.Module) -> int:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("fast", "exact", "auto")
 MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
+DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
 OOM_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 Progress = Optional[Callable[[int, int], None]]
@@ -38,8 +39,9 @@ def _check_mode(mode: str) -> str:
 
 
 def _check_sizes(tile: Optional[int], overlap: int, f: int) -> None:
-    if tile is not None and tile < MIN_TILE_LATENT * f:
-        raise ValueError(f"tile={tile} px is too small; use at least {MIN_TILE_LATENT * f} px (or None for auto)")
+    if tile and tile < MIN_TILE_LATENT * f:
+        raise ValueError(f"tile={tile} px is too small; use at least {MIN_TILE_LATENT * f} px "
+                         "(or 0 to size tiles from free memory)")
     if overlap < 0:
         raise ValueError(f"overlap must be ≥ 0 px, got {overlap}")
 
@@ -90,6 +92,9 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
+    `tile=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
+    `tile=0`: sized from free memory in any mode.
+
     `progress(done, total)` is called after every tile×slice step; an exception it raises (e.g. a
     UI interrupt) propagates and leaves the model usable. `output_device` holds the fp32 accumulator
     (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
@@ -106,8 +111,10 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
         raise ValueError(f"exact tiled decode is not available for a {vae.kind} VAE; use mode='fast'")
 
     def tile_latent() -> int:
-        if tile is not None:
+        if tile:
             return max(MIN_TILE_LATENT, tile // f)
+        if tile is None and mode != "auto":
+            return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
         return auto_tile_latent(vae, h_lat, w_lat, geom.out_frames(t_lat), decode=True)
 
     def run(tile_lat: int) -> torch.Tensor:
@@ -149,8 +156,10 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
         raise ValueError(f"exact tiled encode is not available for a {vae.kind} VAE; use mode='fast'")
 
     def tile_latent() -> int:
-        if tile is not None:
+        if tile:
             return max(MIN_TILE_LATENT, tile // f)
+        if tile is None and mode != "auto":
+            return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
         return auto_tile_latent(vae, h_lat, w_lat, t_px, decode=False)
 
     def run(tile_lat: int) -> torch.Tensor:
