@@ -67,6 +67,17 @@ def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, deco
     return MIN_TILE_LATENT
 
 
+def _tile_latent(vae: TurboVAE, tile: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
+                 decode: bool) -> int:
+    """Tile side in latent pixels: as asked; 512 px for fast/exact by default; from free memory for auto or 0."""
+    f = vae.spatial_factor
+    if tile:
+        return max(MIN_TILE_LATENT, tile // f)
+    if tile is None and mode != "auto":
+        return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
+    return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
+
+
 def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: int, what: str,
                         device: torch.device) -> torch.Tensor:
     first = tile_lat
@@ -110,13 +121,6 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
     if mode == "exact" and not supports_exact(vae.model, decode=True):
         raise ValueError(f"exact tiled decode is not available for a {vae.kind} VAE; use mode='fast'")
 
-    def tile_latent() -> int:
-        if tile:
-            return max(MIN_TILE_LATENT, tile // f)
-        if tile is None and mode != "auto":
-            return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
-        return auto_tile_latent(vae, h_lat, w_lat, geom.out_frames(t_lat), decode=True)
-
     def run(tile_lat: int) -> torch.Tensor:
         ts = temporal_slice
         if ts is None:
@@ -131,7 +135,8 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
             return run_tiled(z, grid, geom, vae.model.decode_stream, vae.model.decode_latents, blend=overlap,
                              temporal_slice=ts, progress=progress, accum_device=output_device)
 
-    out = _run_with_oom_retry(run, tile_latent(), f, "decode", vae.device).to(vae.dtype)
+    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, geom.out_frames(t_lat), decode=True)
+    out = _run_with_oom_retry(run, first_tile, f, "decode", vae.device).to(vae.dtype)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
@@ -155,13 +160,6 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
     if mode == "exact" and not supports_exact(vae.model, decode=False):
         raise ValueError(f"exact tiled encode is not available for a {vae.kind} VAE; use mode='fast'")
 
-    def tile_latent() -> int:
-        if tile:
-            return max(MIN_TILE_LATENT, tile // f)
-        if tile is None and mode != "auto":
-            return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
-        return auto_tile_latent(vae, h_lat, w_lat, t_px, decode=False)
-
     def run(tile_lat: int) -> torch.Tensor:
         ts = temporal_slice
         if ts is None:
@@ -176,6 +174,7 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
             return run_tiled(x, grid, geom, vae.model.encode_stream, vae.model.encode_moments, blend=overlap // f,
                              temporal_slice=ts, progress=progress, accum_device=output_device)
 
-    moments = _run_with_oom_retry(run, tile_latent(), f, "encode", vae.device).to(vae.dtype)
+    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, t_px, decode=False)
+    moments = _run_with_oom_retry(run, first_tile, f, "encode", vae.device).to(vae.dtype)
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
