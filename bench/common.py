@@ -77,6 +77,13 @@ def cuda_peak_mb(fn: Callable[[], object], device) -> tuple[Optional[float], obj
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20, out
 
 
+def measure(opts: BenchOptions, device, fn: Callable[[], torch.Tensor]) -> tuple[float, Optional[float], torch.Tensor]:
+    """(median ms, CUDA peak MB or None, output) of `fn` with the options' repeat/warm-up counts."""
+    peak, _ = cuda_peak_mb(fn, device)
+    ms, out = time_ms(fn, device, repeat=opts.repeat, warmup=opts.warmup)
+    return ms, peak, out
+
+
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 

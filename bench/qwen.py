@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import gc
 from dataclasses import fields, replace
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
 from ..vae.api import load_vae, parse_dtype
 from ..vae.wan import WAN21, WanFlags, WanVAE, build
 from ..vae.wan.config import diffusers_kwargs
-from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, max_abs, measure, psnr
 
 SECTION = "qwen"
 
@@ -82,12 +82,6 @@ def _theirs(ref, kind: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
     return run
 
 
-def _measure(opts: BenchOptions, device: torch.device, fn: Callable) -> tuple[float, Optional[float], torch.Tensor]:
-    peak, _ = cuda_peak_mb(fn, device)
-    ms, out = time_ms(fn, device, repeat=opts.repeat, warmup=opts.warmup)
-    return ms, peak, out
-
-
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
@@ -110,13 +104,13 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         x = (torch.rand(shape, generator=g) * 2 - 1) if kind == "encode" else torch.randn(shape, generator=g)
         x = x.to(device=device, dtype=dtype)
         if ref is not None:
-            base_ms, base_peak, base = _measure(opts, device, _theirs(ref, kind, x))
+            base_ms, base_peak, base = measure(opts, device, _theirs(ref, kind, x))
             base_name = "diffusers AutoencoderKLQwenImage"
         else:  # no diffusers: our own code with every fast path off is the baseline
-            base_ms, base_peak, base = _measure(opts, device, _ours(model, kind, x, WanFlags(False, False, False, False)))
+            base_ms, base_peak, base = measure(opts, device, _ours(model, kind, x, WanFlags(False, False, False, False)))
             base_name = "ours, all flags off (diffusers not installed)"
         rows.append(BenchRow(SECTION, case, base_name, base_ms, base_ms, base_peak, note=tag))
-        ms, peak, out = _measure(opts, device, _ours(model, kind, x, fast))
+        ms, peak, out = measure(opts, device, _ours(model, kind, x, fast))
         row = BenchRow(SECTION, case, "turbovae", ms, base_ms, peak, max_abs(out, base), note=tag)
         if model32 is not None:
             ref32 = _ours(model32, kind, x.float(), fast)()
@@ -128,7 +122,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         if ablate:
             for f in fields(WanFlags):
                 if getattr(fast, f.name):
-                    ms, peak, o = _measure(opts, device, _ours(model, kind, x, replace(fast, **{f.name: False})))
+                    ms, peak, o = measure(opts, device, _ours(model, kind, x, replace(fast, **{f.name: False})))
                     rows.append(BenchRow(SECTION, case, f"turbovae without {f.name}", ms, base_ms, peak,
                                          max_abs(o, base), note=tag))
         del base, out, x

@@ -15,7 +15,7 @@ import torch
 
 from ..vae.api import load_vae, parse_dtype
 from ..vae.seedvr2 import FastPaths, SeedVR2VAE, expected_shapes
-from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, max_abs, measure, psnr
 
 SECTION = "seedvr2"
 
@@ -64,12 +64,6 @@ def _runner(model: SeedVR2VAE, kind: str, x: torch.Tensor, fast: FastPaths, slic
     return run
 
 
-def _measure(opts: BenchOptions, device: torch.device, fn: Callable) -> tuple[float, Optional[float], torch.Tensor]:
-    peak, _ = cuda_peak_mb(fn, device)
-    ms, out = time_ms(fn, device, repeat=opts.repeat, warmup=opts.warmup)
-    return ms, peak, out
-
-
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
@@ -82,9 +76,9 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         x = (torch.rand(shape, generator=g) * 2 - 1) if kind == "encode" else torch.randn(shape, generator=g)
         x = x.to(device=device, dtype=dtype)
         slice_ = 1 if "slice=1" in case else None
-        base_ms, base_peak, base = _measure(opts, device, _runner(model, kind, x, FastPaths.plain(), None))
+        base_ms, base_peak, base = measure(opts, device, _runner(model, kind, x, FastPaths.plain(), None))
         rows.append(BenchRow(SECTION, case, "plain (whole clip)", base_ms, base_ms, base_peak, note=str(dtype)[6:]))
-        fast_ms, fast_peak, out = _measure(opts, device, _runner(model, kind, x, FastPaths(), slice_))
+        fast_ms, fast_peak, out = measure(opts, device, _runner(model, kind, x, FastPaths(), slice_))
         row = BenchRow(SECTION, case, "optimised" + (" sliced" if slice_ else ""), fast_ms, base_ms, fast_peak,
                        max_abs(out, base), note=str(dtype)[6:])
         if reference32 is not None:
@@ -96,7 +90,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         if not opts.quick and case.startswith("image decode"):
             for f in fields(FastPaths):
                 if getattr(FastPaths(), f.name):
-                    ms, peak, o = _measure(opts, device, _runner(model, kind, x, FastPaths().without(f.name), None))
+                    ms, peak, o = measure(opts, device, _runner(model, kind, x, FastPaths().without(f.name), None))
                     rows.append(BenchRow(SECTION, case, f"optimised without {f.name}", ms, base_ms, peak,
                                          max_abs(o, base), note=str(dtype)[6:]))
         del base, out, x
