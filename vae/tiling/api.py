@@ -98,6 +98,46 @@ def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: in
             tile_lat = smaller
 
 
+def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[int], overlap: int, mode: str,
+                temporal_slice: Optional[int], progress: Progress,
+                output_device: Optional[torch.device]) -> torch.Tensor:
+    """The pass both directions share: x is validated, on the model's device and dtype; returns the
+    blended or exact output (pixels, or moments for encode) in the model dtype."""
+    what = "decode" if decode else "encode"
+    f = vae.spatial_factor
+    model = vae.model
+    if mode == "exact" and not supports_exact(model, decode=decode):
+        raise ValueError(f"exact tiled {what} is not available for a {vae.kind} VAE; use mode='fast'")
+    exact = mode == "exact" or (mode == "auto" and supports_exact(model, decode=decode))
+    in_scale, out_scale = (1, f) if decode else (f, 1)
+    geom = PassGeometry(in_scale, out_scale, 3 if decode else 2 * vae.latent_channels, decode, vae.temporal_factor)
+    h_lat, w_lat, t_in = x.shape[-2] // in_scale, x.shape[-1] // in_scale, x.shape[2]
+    latent_frames = t_in if decode else geom.out_frames(t_in)
+    pixel_frames = geom.out_frames(t_in) if decode else t_in
+    if decode:
+        stream, whole = model.decode_stream, model.decode_latents
+    else:
+        stream, whole = model.encode_stream, model.encode_moments
+
+    def run(tile_lat: int) -> torch.Tensor:
+        ts = temporal_slice
+        if ts is None:
+            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
+            ts = auto_temporal_slice(model.memory_model, px, latent_frames, vae.dtype, vae.device, decode=decode,
+                                     temporal_factor=vae.temporal_factor)
+        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
+        with torch.inference_mode():
+            if exact:
+                return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
+                                 output_device=output_device)
+            # ramps are in output units: pixels for decode, latent pixels for encode
+            return run_tiled(x, grid, geom, stream, whole, blend=overlap // in_scale, temporal_slice=ts,
+                             progress=progress, accum_device=output_device)
+
+    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    return _run_with_oom_retry(run, first_tile, f, what, vae.device).to(vae.dtype)
+
+
 def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
                  mode: str = "fast", temporal_slice: Optional[int] = None, progress: Progress = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
@@ -111,32 +151,11 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
     (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
     """
     _check_mode(mode)
-    f = vae.spatial_factor
-    _check_sizes(tile, overlap, f)
+    _check_sizes(tile, overlap, vae.spatial_factor)
     squeeze = latents.ndim == 4
     z = vae.check_latents(latents).to(device=vae.device, dtype=vae.dtype)
-    h_lat, w_lat, t_lat = z.shape[-2], z.shape[-1], z.shape[2]
-    geom = PassGeometry(1, f, 3, True, vae.temporal_factor)
-    exact = mode == "exact" or (mode == "auto" and supports_exact(vae.model, decode=True))
-    if mode == "exact" and not supports_exact(vae.model, decode=True):
-        raise ValueError(f"exact tiled decode is not available for a {vae.kind} VAE; use mode='fast'")
-
-    def run(tile_lat: int) -> torch.Tensor:
-        ts = temporal_slice
-        if ts is None:
-            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-            ts = auto_temporal_slice(vae.model.memory_model, px, t_lat, vae.dtype, vae.device, decode=True,
-                                     temporal_factor=vae.temporal_factor)
-        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
-        with torch.inference_mode():
-            if exact:
-                return run_exact(vae.model, z, grid, decode=True, temporal_slice=ts, progress=progress,
-                                 output_device=output_device)
-            return run_tiled(z, grid, geom, vae.model.decode_stream, vae.model.decode_latents, blend=overlap,
-                             temporal_slice=ts, progress=progress, accum_device=output_device)
-
-    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, geom.out_frames(t_lat), decode=True)
-    out = _run_with_oom_retry(run, first_tile, f, "decode", vae.device).to(vae.dtype)
+    out = _tiled_pass(vae, z, decode=True, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
+                      progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
@@ -147,34 +166,13 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
     """Encode pixels in spatial tiles (input pixels) and temporal slices; returns raw latents.
 
     Moments (mean ‖ log-variance) are blended, then the mean (or a posterior sample) is taken.
-    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does.
+    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`.
     """
     _check_mode(mode)
-    f = vae.spatial_factor
-    _check_sizes(tile, overlap, f)
+    _check_sizes(tile, overlap, vae.spatial_factor)
     squeeze = pixels.ndim == 4
     x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
-    h_lat, w_lat, t_px = x.shape[-2] // f, x.shape[-1] // f, x.shape[2]
-    geom = PassGeometry(f, 1, 2 * vae.latent_channels, False, vae.temporal_factor)
-    exact = mode == "exact" or (mode == "auto" and supports_exact(vae.model, decode=False))
-    if mode == "exact" and not supports_exact(vae.model, decode=False):
-        raise ValueError(f"exact tiled encode is not available for a {vae.kind} VAE; use mode='fast'")
-
-    def run(tile_lat: int) -> torch.Tensor:
-        ts = temporal_slice
-        if ts is None:
-            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-            ts = auto_temporal_slice(vae.model.memory_model, px, geom.out_frames(t_px), vae.dtype, vae.device,
-                                     decode=False, temporal_factor=vae.temporal_factor)
-        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
-        with torch.inference_mode():
-            if exact:
-                return run_exact(vae.model, x, grid, decode=False, temporal_slice=ts, progress=progress,
-                                 output_device=output_device)
-            return run_tiled(x, grid, geom, vae.model.encode_stream, vae.model.encode_moments, blend=overlap // f,
-                             temporal_slice=ts, progress=progress, accum_device=output_device)
-
-    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, t_px, decode=False)
-    moments = _run_with_oom_retry(run, first_tile, f, "encode", vae.device).to(vae.dtype)
+    moments = _tiled_pass(vae, x, decode=False, tile=tile, overlap=overlap, mode=mode,
+                          temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
