@@ -106,9 +106,10 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
     what = "decode" if decode else "encode"
     f = vae.spatial_factor
     model = vae.model
-    if mode == "exact" and not supports_exact(model, decode=decode):
+    has_exact = supports_exact(model, decode=decode)
+    if mode == "exact" and not has_exact:
         raise ValueError(f"exact tiled {what} is not available for a {vae.kind} VAE; use mode='fast'")
-    exact = mode == "exact" or (mode == "auto" and supports_exact(model, decode=decode))
+    exact = has_exact and mode in ("exact", "auto")
     in_scale, out_scale = (1, f) if decode else (f, 1)
     geom = PassGeometry(in_scale, out_scale, 3 if decode else 2 * vae.latent_channels, decode, vae.temporal_factor)
     h_lat, w_lat, t_in = x.shape[-2] // in_scale, x.shape[-1] // in_scale, x.shape[2]

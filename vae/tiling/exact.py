@@ -76,6 +76,14 @@ def partition(length: int, tile: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
+def _resolutions(stages: Sequence[LocalStage], res_in: Fraction) -> list[Fraction]:
+    """Pixels per latent pixel at the input of each stage, and after the last one."""
+    res = [res_in]
+    for s in stages:
+        res.append(res[-1] * s.scale)
+    return res
+
+
 def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
     """Halo (input pixels of each stage) such that the last stage's core output is exact.
 
@@ -83,9 +91,7 @@ def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
     k's own radius. Down-sampling stages need crops aligned to their stride, so halos are rounded up
     to a multiple of 1/scale.
     """
-    res = [res_in]
-    for s in stages:
-        res.append(res[-1] * s.scale)
+    res = _resolutions(stages, res_in)
     halos = [0] * len(stages)
     need_latent = Fraction(0)  # context needed at the output of the current stage, in latent units
     for k in range(len(stages) - 1, -1, -1):
@@ -103,9 +109,7 @@ class _TileChain:
     def __init__(self, stages: Sequence[LocalStage], open_local, res_in: Fraction,
                  core: tuple[tuple[int, int], tuple[int, int]], full_latent: tuple[int, int], stack: ExitStack):
         self.stages = stages
-        self.res = [res_in]
-        for s in stages:
-            self.res.append(self.res[-1] * s.scale)
+        self.res = _resolutions(stages, res_in)
         self.halos = _halos(stages, res_in) + [0]
         self.core = core
         self.full = full_latent

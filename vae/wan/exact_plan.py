@@ -13,7 +13,6 @@ from fractions import Fraction
 from typing import Callable, Sequence
 
 import torch
-from torch import nn
 
 from ..base import CausalStream
 from ..tiling.exact import ExactPlan, LocalStage
@@ -65,15 +64,11 @@ class _StageStream(CausalStream):
             self.session.ctx.clear()
 
 
-def _block_fn(block: nn.Module) -> Callable:
-    return lambda x, ctx: block(x, ctx)
-
-
 def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
     p = vae.config.patch_size
     if decode:
         dec = vae.decoder
-        fns = [_block_fn(b) for b in dec.up_blocks]
+        fns: list[Callable] = list(dec.up_blocks)  # blocks are called as block(x, ctx)
         geoms = [_stage_geometry(_spatial_ops(b.modules())) for b in dec.up_blocks]
 
         def head(x, ctx):
@@ -82,17 +77,16 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
         fns.append(head)
         geoms.append((Fraction(p), 1))
         global_fn = dec.forward_mid
-        channels = dec.up_blocks[0].resnets[0].norm1.gamma.shape[0] if hasattr(dec.up_blocks[0], "resnets") else None
     else:
         enc = vae.encoder
 
         def stem(x, ctx):
             return enc.conv_in(patchify(x, p), ctx)
 
-        fns = [stem] + [_block_fn(b) for b in enc.down_blocks]
-        geoms = [(Fraction(1, p), p * 1 + p - 1)] + [_stage_geometry(_spatial_ops(b.modules())) for b in enc.down_blocks]
+        fns = [stem, *enc.down_blocks]
+        # patchify by p, then a 3x3 conv: one patch pixel of context is p input pixels, plus the patch itself
+        geoms = [(Fraction(1, p), 2 * p - 1)] + [_stage_geometry(_spatial_ops(b.modules())) for b in enc.down_blocks]
         global_fn = enc.forward_mid
-        channels = enc.mid_block.resnets[0].norm1.gamma.shape[0]
 
     stages = [LocalStage(scale, radius, name=f"stage{i}") for i, (scale, radius) in enumerate(geoms)]
 
@@ -103,6 +97,6 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
     def open_global() -> CausalStream:
         return _StageStream(_Session(vae), global_fn, last=True)
 
-    if channels is None:
-        channels = vae.decoder.mid_block.resnets[0].norm1.gamma.shape[0]
+    # the tensor between the local and global parts has the mid block's width
+    channels = (vae.decoder if decode else vae.encoder).mid_block.resnets[0].norm1.gamma.shape[0]
     return ExactPlan(stages, open_local, open_global, channels)
