@@ -162,7 +162,7 @@ class SeedVR2VAE(VAEModel):
         if (pixels.shape[2] - 1) % tf:
             raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
         n = temporal_slice
-        bounds = [(0, pixels.shape[2])] if n is None else split_slices(pixels.shape[2], 1 + tf * n, tf * n)
+        bounds = self._slice_bounds(pixels.shape[2], n, decode=False)
         return self._run_slices(self.encode_step, pixels, bounds, {})
 
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
@@ -170,8 +170,15 @@ class SeedVR2VAE(VAEModel):
         if temporal_slice is not None and temporal_slice < 1:
             raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
         n = temporal_slice
-        bounds = [(0, latents.shape[2])] if n is None else split_slices(latents.shape[2], 1 + n, n)
+        bounds = self._slice_bounds(latents.shape[2], n, decode=True)
         return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp})
+
+    def _slice_bounds(self, frames: int, temporal_slice: Optional[int], *, decode: bool) -> list[tuple[int, int]]:
+        """Whole clip, or slices of 1+k then k latent frames (1+4k then 4k pixel frames for encode)."""
+        if temporal_slice is None:
+            return [(0, frames)]
+        step = temporal_slice if decode else self.latent_format.temporal_factor * temporal_slice
+        return list(split_slices(frames, 1 + step, step))
 
     @staticmethod
     def _run_slices(step: Callable, x: torch.Tensor, bounds: Sequence[tuple[int, int]], kwargs: dict) -> torch.Tensor:
@@ -189,13 +196,9 @@ class SeedVR2VAE(VAEModel):
         from ..tiling.exact import LayerwisePlan
 
         def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress) -> torch.Tensor:
-            f, tf = self.latent_format.spatial_factor, self.latent_format.temporal_factor
+            f = self.latent_format.spatial_factor
             policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0])
-            n = temporal_slice
-            if decode:
-                bounds = [(0, x.shape[2])] if n is None else split_slices(x.shape[2], 1 + n, n)
-            else:
-                bounds = [(0, x.shape[2])] if n is None else split_slices(x.shape[2], 1 + tf * n, tf * n)
+            bounds = self._slice_bounds(x.shape[2], temporal_slice, decode=decode)
             total = len(bounds) * normalised_convs(self.decoder if decode else self.encoder)
             done = 0
 
