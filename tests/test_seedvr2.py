@@ -255,6 +255,27 @@ def test_truncated_file_is_reported(tmp_path, tiny_sd):
         turbovae.load_vae(path, config=TINY)
 
 
+@pytest.mark.parametrize("prefix", ["vae.", "module.ema_vae.", "first_stage_model."])
+def test_wrapped_and_bundled_checkpoints_load_strictly(tiny_sd, prefix, caplog):
+    """Training wrappers and bundles keep the VAE under a prefix: the VAE part loads, unchanged."""
+    z = latents(2, seed=3) * 0.3
+    want = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32").decode(z)
+    wrapped = {prefix + k: v for k, v in tiny_sd.items()}
+    if prefix == "first_stage_model.":  # an LDM-style bundle: other models' keys sit beside the VAE
+        wrapped["model.diffusion_model.out.weight"] = torch.zeros(4, 4)
+    with caplog.at_level("INFO", logger="turbovae"):
+        got = turbovae.load_vae(wrapped, config=TINY, device="cpu", dtype="fp32").decode(z)
+    assert torch.equal(got, want)
+    assert f"under '{prefix}'" in caplog.text
+    assert ("1 other keys ignored" in caplog.text) == (prefix == "first_stage_model.")
+
+
+def test_wrapped_checkpoint_is_still_strict(tiny_sd):
+    wrapped = {"vae." + k: v for k, v in tiny_sd.items() if k != "decoder.conv_out.bias"}
+    with pytest.raises(CheckpointError, match="1 missing key\\(s\\): decoder.conv_out.bias"):
+        turbovae.load_vae(wrapped, config=TINY, device="cpu")
+
+
 def test_renamed_keys_are_listed(tiny_sd):
     sd = dict(tiny_sd)
     sd["decoder.conv_out.weight_renamed"] = sd.pop("decoder.conv_out.weight")

@@ -6,6 +6,7 @@ caught here with a `ValueError` that names the fix.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -15,8 +16,10 @@ import torch
 
 from .base import LatentFormat, VAEModel
 from .checkpoint import (CheckpointError, StateDict, detect_architecture, read_state_dict,
-                         resolve_checkpoint_path)
+                         resolve_checkpoint_path, unwrap_vae_keys)
 from .memory import auto_temporal_slice
+
+log = logging.getLogger("turbovae")
 
 LOGVAR_CLAMP = (-30.0, 20.0)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -242,6 +245,11 @@ def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
         path, diffusers_config = resolve_checkpoint_path(source)
         config = config if config is not None else diffusers_config
         sd, name = read_state_dict(path), str(path)
+    found = unwrap_vae_keys(sd)
+    if found.prefix:
+        sd = found.state_dict
+        log.info("%s: using the VAE keys under '%s'%s", name, found.prefix,
+                 f" ({found.ignored} other keys ignored)" if found.ignored else "")
     arch = detect_architecture(sd)
     if arch is None or arch.build is None:
         looks = arch.name if arch else "no known VAE architecture"

@@ -122,6 +122,46 @@ def detect_architecture(sd: Mapping[str, torch.Tensor]) -> Optional[Architecture
     return None
 
 
+# Where other tools keep a VAE inside a bigger file: LDM-style bundles, training wrappers (EMA, DDP).
+BUNDLE_PREFIXES = ("first_stage_model.", "vae.", "ema_vae.", "model.vae.", "module.", "model.")
+
+
+@dataclass(frozen=True)
+class Unwrapped:
+    """A VAE state dict found under `prefix` of a larger/wrapped one; `ignored` keys lay outside it."""
+
+    state_dict: StateDict
+    prefix: str = ""
+    ignored: int = 0
+
+
+def unwrap_vae_keys(sd: Mapping[str, torch.Tensor]) -> Unwrapped:
+    """The VAE part of `sd`: the whole dict if an architecture recognises it, else the keys under
+    the first prefix (a prefix shared by every key, then the usual bundle prefixes) whose stripped
+    keys an architecture recognises. Why: training wrappers save `module.`/`vae.`-prefixed keys and
+    LDM-style bundles keep the VAE under `first_stage_model.`; the strict key/shape check still
+    applies in full to what is returned. Falls back to `sd` unchanged, so the caller's error names
+    what the file looks like.
+    """
+    if detect_architecture(sd) is not None or not sd:
+        return Unwrapped(dict(sd))
+    for prefix in _candidate_prefixes(sd):
+        inner = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        arch = detect_architecture(inner) if inner else None
+        if arch is not None and arch.build is not None:
+            return Unwrapped(inner, prefix, len(sd) - len(inner))
+    return Unwrapped(dict(sd))
+
+
+def _candidate_prefixes(sd: Mapping[str, torch.Tensor]) -> list[str]:
+    """Dotted prefixes shared by every key (longest first), then the usual bundle prefixes."""
+    keys = list(sd)
+    parts = keys[0].split(".")[:-1]
+    shared = [p for p in (".".join(parts[:i]) + "." for i in range(len(parts), 0, -1))
+              if all(k.startswith(p) for k in keys)]
+    return shared + [p for p in BUNDLE_PREFIXES if p not in shared]
+
+
 # --------------------------------------------------------------------------------------------
 # Reading files
 # --------------------------------------------------------------------------------------------
