@@ -134,6 +134,8 @@ class TurboVAELoadEngine(io.ComfyNode):
     @classmethod
     def execute(cls, engine: str, scope: str = "folder", fallback_vae: str = "(built from)",
                 lazy: bool = False) -> io.NodeOutput:
+        import torch
+
         from ..trt.engine_vae import load_engine_vae
 
         if scope not in SCOPES:
@@ -144,7 +146,8 @@ class TurboVAELoadEngine(io.ComfyNode):
         fallback = None if fallback_vae == "(built from)" else resolve_model_file(VAE_KEY, fallback_vae)
         load_device = mm.vae_device()
         dtype = mm.vae_dtype(load_device, WORKING_DTYPES)
-        turbo = load_engine_vae(target, dtype=dtype, device=load_device, fallback=fallback, lazy=lazy)
+        with torch.inference_mode(False):  # normal parameters, as in TurboVAELoader.execute
+            turbo = load_engine_vae(target, dtype=dtype, device=load_device, fallback=fallback, lazy=lazy)
         log.info("TurboVAE: %r", turbo)
         return io.NodeOutput(ComfyTurboVAE(turbo, load_device=load_device))
 

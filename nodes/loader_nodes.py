@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 import comfy.model_management as mm
 from comfy_api.latest import io
 
@@ -56,7 +58,10 @@ class TurboVAELoader(io.ComfyNode):
         if target is None:
             target = mm.vae_dtype(load_device, WORKING_DTYPES)
         # Weights land on the offload device; ComfyUI's model management moves them when a pass runs.
-        turbo = load_vae(path, dtype=target, device=mm.vae_offload_device())
+        # ComfyUI runs nodes under torch.inference_mode(): modules built there get inference-tensor
+        # parameters, which have no version counter (the SeedVR2 derived-weight caches read it).
+        with torch.inference_mode(False):
+            turbo = load_vae(path, dtype=target, device=mm.vae_offload_device())
         if compile is not None:
             from ..vae.compile import apply_compile
 

@@ -112,6 +112,23 @@ def test_core_decode_encode_contract_matches_turbovae(name):
     assert mm.load_calls and all(c["force_full_load"] for c in mm.load_calls)
 
 
+@pytest.mark.parametrize("name", VAE_NAMES)
+def test_vae_loaded_and_run_under_inference_mode_like_comfyui(name):
+    """ComfyUI executes every node under torch.inference_mode(): loading there must still give a VAE
+    whose passes run (SeedVR2's derived-weight caches read the parameters' version counters)."""
+    torch.manual_seed(2)
+    with torch.inference_mode():
+        vae = TurboVAELoader.execute(vae_name=name, dtype="fp32").args[0]
+        z = torch.randn(1, vae.latent_channels, 2, 4, 4)
+        frames = vae.decode(z)[0]
+        assert frames.shape == (5, 32, 32, 3)
+        assert vae.encode(frames).shape == (1, vae.latent_channels, 2, 4, 4)
+        assert vae.encode(frames[:1]).shape == (1, vae.latent_channels, 1, 4, 4)  # single image
+        out = TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=0, overlap=0,
+                                          temporal_slice=1, mode="fast").args[0]
+        assert out.shape == (5, 32, 32, 3)
+
+
 def test_memory_estimate_is_per_slice_not_whole_clip():
     vae = _vae("qwen_image_tiny.safetensors")
     one = vae.memory_used_decode((1, vae.latent_channels, 1, 128, 128), torch.bfloat16)
