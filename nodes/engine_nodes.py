@@ -115,8 +115,9 @@ class TurboVAELoadEngine(io.ComfyNode):
             display_name="Load TRT VAE (TurboVAE)",
             category=CATEGORY,
             description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
-                        "(inputs padded to the nearest bucket, output cropped back to your size); videos, sizes "
-                        "outside every bucket and any engine problem run the PyTorch VAE with one warning.",
+                        "(inputs padded to the nearest bucket, output cropped back to your size); videos always "
+                        "run the PyTorch VAE, and so do sizes outside every bucket and any engine problem, with "
+                        "one warning.",
             inputs=[
                 io.Combo.Input("engine", options=_engine_names(),
                                tooltip="An engine file in models/tensorrt (built by Build Engine)"),
