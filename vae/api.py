@@ -173,16 +173,24 @@ class TurboVAE:
         """Pixels [B, 3, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
         z = self._prepare(self.check_latents(latents))
-        if temporal_slice is None:
-            f = self.spatial_factor
-            temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
         with torch.inference_mode():
-            out = self.model.decode_latents(z, temporal_slice=temporal_slice)
+            out = self.run_decode(z, temporal_slice=temporal_slice)
         if num_frames is not None:
             if num_frames < 1 or num_frames > out.shape[2]:
                 raise ValueError(f"num_frames={num_frames} is outside 1..{out.shape[2]} decoded frames")
             out = out[:, :, :num_frames]
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        """The decode pass alone: validated 5-D latents on the model's device/dtype -> all decoded frames.
+
+        `decode` wraps it with the input checks, `num_frames` trimming and 4-D handling, so a subclass
+        that runs the pass elsewhere (engines) overrides only this and keeps that policy.
+        """
+        if temporal_slice is None:
+            f = self.spatial_factor
+            temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
+        return self.model.decode_latents(z, temporal_slice=temporal_slice)
 
 
 def moments_to_latents(moments: torch.Tensor, *, sample: bool = False,
