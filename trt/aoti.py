@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -39,6 +39,13 @@ def dynamic_shapes(spec: BuildSpec, profile: Mapping[str, ShapeRange]) -> tuple:
             axes[axis] = factor * symbols[symbol] if factor != 1 else symbols[symbol]
         out.append(axes or None)
     return tuple(out)
+
+
+def export_dynamic_shapes(spec: BuildSpec, profile: Mapping[str, ShapeRange]) -> Optional[tuple]:
+    """`dynamic_shapes` for torch.export, or None for an all-static graph (a graph taking `*args`, like the
+    video slice graphs, has a different input structure and accepts only None there)."""
+    shapes = dynamic_shapes(spec, profile)
+    return None if all(s is None for s in shapes) else shapes
 
 
 class AOTIEngine(LoadedEngine):
@@ -108,14 +115,23 @@ class AOTIBackend(Backend):
         progress.check_cancel()
         progress.report(f"{out_path.name}: torch.export")
         with torch.inference_mode(False), torch.no_grad():
-            ep = torch.export.export(module, example, dynamic_shapes=dynamic_shapes(spec, spec.profiles[0]))
+            ep = torch.export.export(module, example, dynamic_shapes=export_dynamic_shapes(spec, spec.profiles[0]))
         progress.check_cancel()
         progress.report(f"{out_path.name}: AOTInductor compile (cannot be interrupted)")
         with atomic_path(out_path, overwrite=overwrite) as tmp:
             tmp.unlink()  # the packager writes the file itself
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp))
+            self.compile_package(ep, tmp)
             progress.check_cancel()
         progress.report(f"{out_path.name}: written")
+
+    def compile_package(self, program: torch.export.ExportedProgram, path: Path) -> None:
+        """Compile `program` into the package file `path` (the one step that takes minutes; tests of the
+        surrounding logic replace it and `load_runner` with a plain export save/load)."""
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+    def load_runner(self, path: Path):
+        """A callable running the package at `path` on positional inputs."""
+        return torch._inductor.aoti_load_package(str(path))
 
     def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
              input_names: Sequence[str], output_names: Sequence[str]) -> AOTIEngine:
@@ -123,7 +139,7 @@ class AOTIBackend(Backend):
         device = torch.device(device)
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         try:
-            runner = torch._inductor.aoti_load_package(str(path))
+            runner = self.load_runner(path)
         except Exception as e:  # a truncated/corrupt zip raises many types
             raise EngineLoadError(f"{path}: cannot load AOTInductor package ({type(e).__name__}: {e}); "
                                   "rebuild the engine") from e

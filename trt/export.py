@@ -37,10 +37,9 @@ def union_profile(spec: BuildSpec) -> dict[str, ShapeRange]:
 
 
 def onnx_dynamic_shapes(spec: BuildSpec) -> Optional[tuple]:
-    from .aoti import dynamic_shapes
+    from .aoti import export_dynamic_shapes
 
-    shapes = dynamic_shapes(spec, union_profile(spec))
-    return None if all(s is None for s in shapes) else shapes  # static graphs (e.g. *args inputs) need None
+    return export_dynamic_shapes(spec, union_profile(spec))
 
 
 def data_path(onnx_path: Path) -> Path:
