@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
+from torch import nn
 
 from .backend import BuildProgress, BuildSpec, get_backend
 from .buckets import BucketTable
 from .engine_set import COMPONENTS, IO_NAMES, component_profiles
 from .fileio import file_sha256, refuse_existing
 from .identity import EngineIdentity, device_facts, model_hash, sidecar_path
+from .video import VIDEO_COMPONENTS, check_video_model, example_inputs, slice_io, slice_module
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +39,94 @@ def plan_engines(backend_name: str, table: BucketTable) -> list[tuple[int, ...]]
     return [(i,) for i in range(n)]
 
 
+def plan_video_engines(table: BucketTable) -> list[tuple[int, ...]]:
+    """One first/next pair per static bucket. Slice engines are static-shape (their causal memory has a
+    fixed size per latent size), so a multi-profile table is refused rather than silently padded."""
+    if table.mode == "multi_profile":
+        raise ValueError("video slice engines are static-shape: build them with --static or --multi-ratio buckets "
+                         "(one pair per clip size; a multi-profile table has no fixed size to build them at)")
+    return [(i,) for i in range(len(table.buckets))]
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """One engine file to write: which component, which table entries, where."""
+
+    component: str
+    entries: tuple[int, ...]
+    path: Path
+
+
+@dataclass
+class GraphPlan:
+    """What one job exports: the module, example inputs and the spec (plus static shapes to record)."""
+
+    module: nn.Module
+    example: list[torch.Tensor]
+    spec: BuildSpec
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+def _check_components(components: Sequence[str], video: bool) -> None:
+    for c in components:
+        if c in VIDEO_COMPONENTS:
+            raise ValueError(f"{c} is built with video=True (CLI: --video), not through components")
+        if c not in COMPONENTS:
+            raise ValueError(f"unknown component {c!r}; use {', '.join(COMPONENTS)}")
+    if not components and not video:
+        raise ValueError("nothing to build: give at least one component or video=True")
+
+
+def plan_jobs(table: BucketTable, backend_name: str, suffix: str, out_dir: Path, components: Sequence[str],
+              video: bool) -> list[EngineJob]:
+    """Every engine file of the set, image components first, then the video slice pairs."""
+    groups = plan_engines(backend_name, table)
+    jobs = [EngineJob(c, g, out_dir / engine_name(c, table, g, suffix)) for c in components for g in groups]
+    if video:
+        for g in plan_video_engines(table):
+            jobs += [EngineJob(c, g, out_dir / engine_name(c, table, g, suffix)) for c in VIDEO_COMPONENTS]
+    return jobs
+
+
+def image_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, device: torch.device,
+               optimization_level: int) -> GraphPlan:
+    lf = vae.latent_format
+    component = job.component
+    module = vae.model.image_encoder() if component == "encoder" else vae.model.image_decoder()
+    profiles = component_profiles(component, table, job.entries, lf.channels, lf.spatial_factor)
+    ins, outs = IO_NAMES[component]
+    axis_factor = table.multiple // (1 if component == "encoder" else lf.spatial_factor)
+    spec = BuildSpec(input_names=ins, output_names=outs, dtype=dtype, device=device, profiles=tuple(profiles),
+                     dims={ins[0]: {2: ("h", axis_factor), 3: ("w", axis_factor)}},
+                     optimization_level=optimization_level)
+    example = [torch.randn(profiles[0][ins[0]][1], generator=torch.Generator().manual_seed(0))]
+    return GraphPlan(module, example, spec)
+
+
+def slice_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, device: torch.device,
+               optimization_level: int) -> GraphPlan:
+    """A static first/next slice graph at the bucket's latent size (batch 1)."""
+    f = vae.latent_format.spatial_factor
+    bucket = table.buckets[job.entries[0]]
+    io = slice_io(vae.model, job.component, (bucket.height // f, bucket.width // f))
+    profile = {name: (shape, shape, shape) for name, shape in io.input_shapes.items()}
+    spec = BuildSpec(input_names=io.input_names, output_names=io.output_names, dtype=dtype, device=device,
+                     profiles=(profile,), dims={}, optimization_level=optimization_level)
+    return GraphPlan(slice_module(vae.model, job.component), example_inputs(io), spec, dict(io.input_shapes))
+
+
 def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "aoti",
                      dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None,
-                     components: Sequence[str] = COMPONENTS, overwrite: bool = False,
+                     components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False,
                      progress: Optional[BuildProgress] = None, source: Optional[str] = None,
                      optimization_level: int = 3) -> list[Path]:
     """Build every (component, entry group) engine of `table` into `out_dir`; return the engine paths.
 
     `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
     identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
-    Existing files are refused before any work unless `overwrite=True`.
+    `video=True` also builds the SeedVR2 video slice engines (decode_slice_first/next, one pair per
+    static bucket; see trt/video.py); `components` may then be empty. Every input is validated and
+    existing files are refused before any work unless `overwrite=True`.
     """
     progress = progress or BuildProgress(lambda m, _f: log.info(m))
     be = get_backend(backend)
@@ -59,39 +139,32 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     lf = vae.latent_format
     if table.multiple % lf.spatial_factor:
         raise ValueError(f"table multiple {table.multiple} is not a multiple of the VAE factor {lf.spatial_factor}")
-    for c in components:
-        if c not in COMPONENTS:
-            raise ValueError(f"unknown component {c!r}; use {', '.join(COMPONENTS)}")
-    out_dir = Path(out_dir)
-    groups = plan_engines(backend, table)
-    jobs = [(c, g, out_dir / engine_name(c, table, g, be.suffix)) for c in components for g in groups]
-    for _c, _g, p in jobs:
-        refuse_existing(p, overwrite)
-        refuse_existing(sidecar_path(p), overwrite)
+    _check_components(components, video)
+    if video:
+        check_video_model(vae.model)
+    jobs = plan_jobs(table, backend, be.suffix, Path(out_dir), components, video)
+    for job in jobs:
+        refuse_existing(job.path, overwrite)
+        refuse_existing(sidecar_path(job.path), overwrite)
     progress.report(f"hashing weights of {source or vae.source}")
     mhash = model_hash(vae.model.state_dict())
     facts = device_facts(device)
     written = []
-    for n, (component, entries, path) in enumerate(jobs):
+    for n, job in enumerate(jobs):
         progress.check_cancel()
-        progress.report(f"engine {n + 1}/{len(jobs)}: {path.name}", n / len(jobs))
-        module = vae.model.image_encoder() if component == "encoder" else vae.model.image_decoder()
-        profiles = component_profiles(component, table, entries, lf.channels, lf.spatial_factor)
-        ins, outs = IO_NAMES[component]
-        axis_factor = table.multiple // (1 if component == "encoder" else lf.spatial_factor)
-        spec = BuildSpec(input_names=ins, output_names=outs, dtype=dtype, device=device, profiles=tuple(profiles),
-                         dims={ins[0]: {2: ("h", axis_factor), 3: ("w", axis_factor)}},
-                         optimization_level=optimization_level)
-        example = [torch.randn(profiles[0][ins[0]][1], generator=torch.Generator().manual_seed(0))]
-        be.build(module, example, spec, path, progress, overwrite=overwrite)
+        progress.report(f"engine {n + 1}/{len(jobs)}: {job.path.name}", n / len(jobs))
+        make_plan: Callable[..., GraphPlan] = slice_plan if job.component in VIDEO_COMPONENTS else image_plan
+        plan = make_plan(vae, job, table, dtype, device, optimization_level)
+        be.build(plan.module, plan.example, plan.spec, job.path, progress, overwrite=overwrite)
         ident = EngineIdentity(
-            model_hash=mhash, model_kind=vae.kind, component=component, dtype=DTYPE_NAMES[dtype],
-            table=table.to_json(), entries=tuple(entries), input_names=ins, output_names=outs,
-            backend=be.name, backend_version=be.version(), torch_version=torch.__version__,
-            engine_sha256=file_sha256(path), engine_bytes=path.stat().st_size,
-            source=str(Path(source).resolve()) if source else vae.source, latent_format=asdict(lf),
-            build_options={"optimization_level": optimization_level}, **facts)
-        ident.write(path, overwrite=overwrite)
-        written.append(path)
+            model_hash=mhash, model_kind=vae.kind, component=job.component, dtype=DTYPE_NAMES[dtype],
+            table=table.to_json(), entries=tuple(job.entries), input_names=plan.spec.input_names,
+            output_names=plan.spec.output_names, backend=be.name, backend_version=be.version(),
+            torch_version=torch.__version__, engine_sha256=file_sha256(job.path),
+            engine_bytes=job.path.stat().st_size, source=str(Path(source).resolve()) if source else vae.source,
+            latent_format=asdict(lf), build_options={"optimization_level": optimization_level},
+            input_shapes={k: list(v) for k, v in plan.input_shapes.items()}, **facts)
+        ident.write(job.path, overwrite=overwrite)
+        written.append(job.path)
     progress.report(f"done: {len(written)} engine(s) in {out_dir}", 1.0)
     return written

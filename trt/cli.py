@@ -22,7 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt")
     parser.add_argument("--dtype", choices=DTYPES, default="fp16")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--components", default="encoder,decoder", help="comma list of encoder, decoder")
+    parser.add_argument("--components", default="encoder,decoder",
+                        help="comma list of encoder, decoder (empty with --video: only the video engines)")
+    parser.add_argument("--video", action="store_true",
+                        help="also build SeedVR2 video slice engines (decode_slice_first/next, one pair per "
+                             "static bucket) so clips decode on engines; static/multi-ratio tables only")
     parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
 
@@ -55,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
                                  components=[c.strip() for c in args.components.split(",") if c.strip()],
-                                 overwrite=args.overwrite, source=args.vae, optimization_level=args.opt_level)
+                                 video=args.video, overwrite=args.overwrite, source=args.vae,
+                                 optimization_level=args.opt_level)
     except (EngineError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ from .backend import EngineLoadError, EngineRunError, LoadedEngine, ShapeRange, 
 from .buckets import BucketTable, Selection, crop_to, pad_to
 from .formats import ENGINE_SUFFIXES
 from .identity import EngineIdentity, IdentityError, mismatches, read_identity, verify_file
+from .video import SLICE_FIRST, SLICE_NEXT, VIDEO_COMPONENTS, chain_slices
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,15 @@ def component_profiles(component: str, table: BucketTable, entries: Sequence[int
     return out
 
 
+def engine_profiles(ident: EngineIdentity, table: BucketTable) -> list[dict[str, ShapeRange]]:
+    """The shape ranges an engine was built for: its recorded static input shapes (video slice
+    engines: latents + causal memory), else the image component's ranges from the table."""
+    if ident.input_shapes:
+        return [{name: (tuple(shape),) * 3 for name, shape in ident.input_shapes.items()}]
+    lf = ident.latent_format
+    return component_profiles(ident.component, table, ident.entries, lf["channels"], lf["spatial_factor"])
+
+
 def engine_files(path: Path) -> list[Path]:
     path = Path(path)
     if path.is_file():
@@ -62,7 +72,7 @@ class _Slot:
 
 
 class EngineSet:
-    """Engines for the encoder and/or decoder of one model.
+    """Engines for the encoder, decoder and/or video slice decoder of one model.
 
     Every identity is read and checked (model hash, device, GPU, backend version, file hash) before
     anything is deserialised; `lazy=False` then loads them all (eager), `lazy=True` on first use.
@@ -108,16 +118,14 @@ class EngineSet:
     def _load(self, slot: _Slot) -> LoadedEngine:
         if slot.engine is None:
             ident = slot.ident
-            lf = ident.latent_format
-            profiles = component_profiles(ident.component, self.table, ident.entries, lf["channels"],
-                                          lf["spatial_factor"])
+            profiles = engine_profiles(ident, self.table)
             slot.engine = self.backend.load(slot.path, profiles, self.device, ident.input_names, ident.output_names)
             log.info("loaded engine %s (%.0f MiB)", slot.path.name, slot.engine.memory_bytes / 2**20)
         return slot.engine
 
     @property
     def components(self) -> tuple[str, ...]:
-        return tuple(c for c in COMPONENTS if c in self.routes)
+        return tuple(c for c in COMPONENTS + VIDEO_COMPONENTS if c in self.routes)
 
     def memory_bytes(self) -> int:
         """Memory the loaded engines hold (0 for engines not loaded yet or released)."""
@@ -163,6 +171,27 @@ class EngineSet:
             raise EngineRunError(f"{slot.path.name}: output {tuple(out.shape)} does not match the bucket {full}")
         return crop_to(out, oh, ow)
 
+    def run_clip(self, z: torch.Tensor, factor: int, temporal_factor: int) -> torch.Tensor:
+        """A [1, C, T >= 2, h, w] clip through the video slice engines of its bucket: replicate-pad to the
+        bucket, chain first -> next -> ..., crop the pixels back to the request."""
+        h, w = z.shape[-2] * factor, z.shape[-1] * factor
+        sel = self.select(SLICE_FIRST, h, w)
+        if sel.index not in self.routes.get(SLICE_NEXT, {}):
+            raise EngineRunError(f"this engine set has {SLICE_FIRST} but no {SLICE_NEXT} engine for {sel.label}; "
+                                 "rebuild the video engines (--video)")
+        first, _ = self.routes[SLICE_FIRST][sel.index]
+        nxt, _ = self.routes[SLICE_NEXT][sel.index]
+        if first.ident.dtype != nxt.ident.dtype:
+            raise EngineRunError(f"{first.path.name} ({first.ident.dtype}) and {nxt.path.name} ({nxt.ident.dtype}) "
+                                 "differ in dtype; rebuild them together")
+        ph, pw = sel.padded[0] // factor, sel.padded[1] // factor
+        zin = pad_to(z[0].to(ENGINE_DTYPES[first.ident.dtype]), ph, pw).unsqueeze(0)  # [C, T, h, w] pads as 4-D
+        out = chain_slices(self._load(first), (first.ident.input_names, first.ident.output_names), self._load(nxt),
+                           (nxt.ident.input_names, nxt.ident.output_names), zin, temporal_factor)
+        if tuple(out.shape[-2:]) != tuple(sel.padded):
+            raise EngineRunError(f"{first.path.name}: output {tuple(out.shape)} does not match the bucket {sel.padded}")
+        return crop_to(out, h, w)
+
 
 def rebuild_hint(ident: EngineIdentity) -> str:
     table = BucketTable.from_json(ident.table)
@@ -173,8 +202,9 @@ def rebuild_hint(ident: EngineIdentity) -> str:
     else:
         shape = "--multi-ratio " + " ".join(b.name for b in table.buckets)
     src = ident.source or "<checkpoint>"
+    video = " --video" if ident.component in VIDEO_COMPONENTS else ""
     return (f"`python -m turbovae build-engines --vae {src} --out <folder> {shape} --backend {ident.backend} "
-            f"--dtype {ident.dtype} --overwrite`")
+            f"--dtype {ident.dtype}{video} --overwrite`")
 
 
 def dump_identity_summary(path: Path) -> str:

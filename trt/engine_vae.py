@@ -1,4 +1,5 @@
-"""`load_engine_vae`: a TurboVAE whose single-frame encode/decode run engines, with PyTorch fallback.
+"""`load_engine_vae`: a TurboVAE whose single-frame encode/decode (and, with SeedVR2 video slice
+engines, clip decode) run engines, with PyTorch fallback.
 
 Anything that goes wrong — TensorRT missing, identity mismatch, a corrupt file, a shape outside
 every bucket/profile, out of memory, an execution error — gives one clear warning and the PyTorch
@@ -12,7 +13,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 
@@ -21,6 +22,7 @@ from ..vae.base import VAEModel
 from .backend import EngineError, EngineRunError
 from .engine_set import EngineSet, engine_files
 from .identity import IdentityError, model_hash, read_identity
+from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,10 @@ class EngineFallbackWarning(RuntimeWarning):
 
 
 class EngineVAE(TurboVAE):
-    """TurboVAE with engines for single frames (T = 1); clips and failures use the PyTorch model."""
+    """TurboVAE with engines for single frames (T = 1) and, where the set has SeedVR2 video slice
+    engines, for decoding clips (T >= 2 latents); everything else and every failure uses PyTorch."""
+
+    VIDEO = "video decoder"  # fallback/warning key of the slice-engine path
 
     def __init__(self, model: VAEModel, engines: Optional[EngineSet], source: Optional[str] = None):
         super().__init__(model, source=source)
@@ -49,28 +54,45 @@ class EngineVAE(TurboVAE):
             log.warning(message)
             warnings.warn(message, EngineFallbackWarning, stacklevel=3)
 
-    def _engine(self, component: str, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """Engine output for a 5-D single-frame batch, or None when the PyTorch path must run."""
-        if self.engines is None or component in self._disabled or x.shape[2] != 1:
-            return None
-        if component not in self.engines.components:
-            return None
-        f = self.spatial_factor
+    def _usable(self, key: str, component: str) -> bool:
+        return self.engines is not None and key not in self._disabled and component in self.engines.components
+
+    def _guarded(self, key: str, x: torch.Tensor,
+                 run_one: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
+        """`run_one` on each sample of a 5-D batch, concatenated; None (after one warning) on any failure.
+
+        A size outside every bucket warns once per size and keeps the engines; any other failure
+        disables this path (`key`) for good, since it would fail again.
+        """
         x = x.to(self.engines.device)  # engines stay on their device even when the model is offloaded
         try:
-            outs = [self.engines.run(component, x[i:i + 1, :, 0], f) for i in range(x.shape[0])]
+            outs = [run_one(x[i:i + 1]) for i in range(x.shape[0])]
         except EngineRunError as e:
             if "outside every" in str(e):
                 h, w = x.shape[-2:]
-                self._warn(f"shape:{component}:{h}x{w}", f"TurboVAE engine: {e}; using PyTorch for this size")
+                self._warn(f"shape:{key}:{h}x{w}", f"TurboVAE engine: {e}; using PyTorch for this size")
                 return None
-            self._fail(component, e)
+            self._fail(key, e)
             return None
         except (EngineError, RuntimeError) as e:
-            self._fail(component, e)
+            self._fail(key, e)
             return None
         self.engine_calls += 1
-        return torch.cat(outs).unsqueeze(2).to(device=self.device, dtype=self.dtype)
+        return torch.cat(outs).to(device=self.device, dtype=self.dtype)
+
+    def _engine(self, component: str, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Engine output for a 5-D single-frame batch, or None when the PyTorch path must run."""
+        if x.shape[2] != 1 or not self._usable(component, component):
+            return None
+        f = self.spatial_factor
+        return self._guarded(component, x, lambda s: self.engines.run(component, s[:, :, 0], f).unsqueeze(2))
+
+    def _engine_clip(self, z: torch.Tensor) -> Optional[torch.Tensor]:
+        """Pixels of a 5-D clip (T >= 2 latents) from the video slice engines, or None for PyTorch."""
+        if z.shape[2] < 2 or not self._usable(self.VIDEO, SLICE_FIRST):
+            return None
+        f, tf = self.spatial_factor, self.temporal_factor
+        return self._guarded(self.VIDEO, z, lambda s: self.engines.run_clip(s, f, tf))
 
     def _fail(self, component: str, err: Exception) -> None:
         self._disabled[component] = str(err)
@@ -84,14 +106,13 @@ class EngineVAE(TurboVAE):
                 return out
         return super().encode_moments(pixels, temporal_slice=temporal_slice)
 
-    def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-               num_frames: Optional[int] = None) -> torch.Tensor:
-        z = self.check_latents(latents)
-        if z.shape[2] == 1 and num_frames in (None, 1):
-            out = self._engine("decoder", z)
-            if out is not None:
-                return out.squeeze(2) if latents.ndim == 4 else out
-        return super().decode(latents, temporal_slice=temporal_slice, num_frames=num_frames)
+    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        """Images on the decoder engine, clips on the slice engines (`temporal_slice` does not apply:
+        each engine call is one latent); `decode` keeps the checks, num_frames trimming and 4-D rules."""
+        out = self._engine("decoder", z) if z.shape[2] == 1 else self._engine_clip(z)
+        if out is not None:
+            return out
+        return super().run_decode(z, temporal_slice=temporal_slice)
 
     # -- memory --------------------------------------------------------------------------------
     def engine_memory_bytes(self) -> int:

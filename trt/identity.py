@@ -54,7 +54,7 @@ class EngineIdentity:
 
     model_hash: str
     model_kind: str
-    component: str  # encoder | decoder
+    component: str  # encoder | decoder | decode_slice_first | decode_slice_next
     dtype: str  # fp32 | fp16 | bf16
     table: dict  # BucketTable.to_json() of the whole set (shared by build and run)
     entries: tuple[int, ...]  # table entries this engine serves; position = its optimization profile
@@ -71,6 +71,9 @@ class EngineIdentity:
     source: Optional[str] = None  # checkpoint the engine was built from
     latent_format: dict = field(default_factory=dict)
     build_options: dict = field(default_factory=dict)
+    # Static full shape of every input by name, for engines whose inputs the table alone does not give
+    # (the video slice engines' latents and causal memory). Empty for the image engines.
+    input_shapes: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
