@@ -199,6 +199,9 @@ def _mock_trt(version="11.4.0.106", ctx=None):
         def get_tensor_dtype(self, n):
             return "DataType.HALF" if n == "latents" else "DataType.FLOAT"
 
+        def get_tensor_shape(self, n):
+            return (-1, 4, -1, -1) if n == "latents" else (-1, 3, -1, -1)
+
         def get_tensor_profile_shape(self, n, k):
             return [(1, 4, 1, 1), (1, 4, 8, 8), (1, 4, 16, 16)]
 
@@ -246,6 +249,86 @@ def test_trt_none_context_and_missing_module(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorrt", _mock_trt("10.8.1"))
     with pytest.raises(Exception, match="too old"):
         TB.import_tensorrt()
+
+
+class _StaticMultiIOContext(_MockContext):
+    """Outputs have the engine's static shapes (a fully static engine resolves them without inputs)."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.shapes, self.inputs_set, self.addresses = shapes, [], []
+
+    def set_input_shape(self, n, shape):
+        self.inputs_set.append((n, tuple(shape)))
+        return self._ret("shape")
+
+    def set_tensor_address(self, n, p):
+        self.addresses.append(n)
+        return self._ret("address")
+
+    def get_tensor_shape(self, n):
+        return self.shapes[n]
+
+
+def _mock_static_slice_engine(shapes):
+    """A video slice engine as TensorRT describes it: two static inputs (latents + one causal memory),
+    two outputs, no profile dimensions to query for static inputs."""
+
+    class Engine:
+        num_io_tensors = 4
+        num_optimization_profiles = 1
+        device_memory_size_v2 = 0
+        names = ["latents", "memory_0", "pixels", "memory_0_out"]
+
+        def get_tensor_name(self, i):
+            return self.names[i]
+
+        def get_tensor_mode(self, n):
+            return "in" if n in ("latents", "memory_0") else "out"
+
+        def get_tensor_dtype(self, n):
+            return "DataType.BF16"
+
+        def get_tensor_shape(self, n):
+            return shapes[n]
+
+        def get_tensor_profile_shape(self, n, k):
+            raise RuntimeError("static input: no profile dimensions")
+
+        def create_execution_context(self):
+            return self.ctx
+
+    return Engine
+
+
+def test_trt_static_multi_input_multi_output_engine(tmp_path):
+    from turbovae.trt.tensorrt_backend import TRTEngine
+
+    shapes = {"latents": (1, 16, 1, 2, 3), "memory_0": (1, 16, 2, 2, 3), "pixels": (1, 3, 4, 16, 24),
+              "memory_0_out": (1, 16, 2, 2, 3)}
+    trt = _mock_trt()
+    Engine = _mock_static_slice_engine(shapes)
+    Engine.ctx = ctx = _StaticMultiIOContext(shapes)
+    plan = tmp_path / "decode_slice_next_24x16.engine"
+    plan.write_bytes(b"x")
+    eng = TRTEngine(trt, plan, Engine(), [], ("latents", "memory_0"), ("pixels", "memory_0_out"),
+                    torch.device("cpu"))
+    assert eng.ranges == [[(shapes["latents"],) * 3, (shapes["memory_0"],) * 3]]
+    out = eng.run({"latents": torch.randn(shapes["latents"]), "memory_0": torch.randn(shapes["memory_0"])}, 0)
+    assert {k: tuple(v.shape) for k, v in out.items()} == {"pixels": shapes["pixels"],
+                                                           "memory_0_out": shapes["memory_0_out"]}
+    assert all(v.dtype is torch.bfloat16 for v in out.values())
+    assert [n for n, _ in ctx.inputs_set] == ["latents", "memory_0"]
+    assert sorted(ctx.addresses) == sorted(shapes)  # every input and every output bound
+    with pytest.raises(EngineRunError, match="outside"):
+        eng.run({"latents": torch.randn(1, 16, 1, 4, 6), "memory_0": torch.randn(shapes["memory_0"])}, 0)
+
+
+def test_trt_profiles_only_for_dynamic_inputs():
+    assert L.dynamic_inputs({"latents": (1, 16, 1, 90, 160), "memory_0": (1, 16, 2, 90, 160)}) == []
+    assert L.dynamic_inputs({"latents": (1, 16, -1, -1)}) == ["latents"]
+    assert L.input_range((1, 2, 3), lambda: 1 / 0) == ((1, 2, 3),) * 3  # static: the profile is never asked
+    assert L.input_range((1, -1), lambda: [(1, 1), (1, 4), (1, 8)]) == ((1, 1), (1, 4), (1, 8))
 
 
 # -- CLI and packaging --------------------------------------------------------------------------------

@@ -131,9 +131,11 @@ class TensorRTBackend(Backend):
         config.builder_optimization_level = spec.optimization_level
         for flag in L.builder_flags(_enum_names(trt.BuilderFlag)):
             config.set_flag(getattr(trt.BuilderFlag, flag))
-        for prof in spec.profiles:
+        net_inputs = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}
+        dynamic = L.dynamic_inputs(net_inputs)
+        for prof in spec.profiles if dynamic else ():  # a static network needs (and takes) no profile
             p = builder.create_optimization_profile()
-            for name in spec.input_names:
+            for name in dynamic:
                 lo, opt, hi = prof[name]
                 p.set_shape(name, lo, opt, hi)
             if config.add_optimization_profile(p) < 0:
@@ -190,8 +192,9 @@ class TRTEngine(LoadedEngine):
         if sorted(self.inputs) != sorted(input_names) or sorted(self.outputs) != sorted(output_names):
             raise EngineLoadError(f"{path}: engine I/O {self.inputs}->{self.outputs} differs from its identity file")
         self.dtypes = {n: L.torch_dtype(str(engine.get_tensor_dtype(n))) for n in names}
-        self.ranges = [[tuple(tuple(s) for s in engine.get_tensor_profile_shape(n, k)) for n in self.inputs]
-                       for k in range(engine.num_optimization_profiles)]
+        self.ranges = [[L.input_range(tuple(engine.get_tensor_shape(n)),
+                                      lambda n=n, k=k: engine.get_tensor_profile_shape(n, k)) for n in self.inputs]
+                       for k in range(max(engine.num_optimization_profiles, 1))]
         try:
             self.context = engine.create_execution_context()
         except (RuntimeError, MemoryError) as e:

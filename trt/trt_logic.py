@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -98,6 +98,27 @@ def choose_profile(ranges: Sequence[Sequence[ShapeRange]], shapes: Sequence[Sequ
     if not hits:
         raise EngineRunError(f"input shapes {[tuple(s) for s in shapes]} are outside every optimization profile")
     return min(hits)[1]
+
+
+def is_static(shape: Sequence[int]) -> bool:
+    """A network/engine tensor shape without -1 (dynamic) dimensions."""
+    return all(int(d) >= 0 for d in shape)
+
+
+def dynamic_inputs(shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """Network inputs that need optimization-profile dimensions: the dynamic ones, in order. A fully
+    static network (the video slice engines: latents + causal memory) gets no profile at all."""
+    return [name for name, shape in shapes.items() if not is_static(shape)]
+
+
+def input_range(engine_shape: Sequence[int], profile_shape: Callable[[], Sequence[Sequence[int]]]) -> ShapeRange:
+    """(min, opt, max) of one engine input: its own shape when static (such inputs have no profile
+    dimensions to query), else the profile's."""
+    if is_static(engine_shape):
+        s = tuple(int(d) for d in engine_shape)
+        return s, s, s
+    lo, opt, hi = (tuple(int(d) for d in dims) for dims in profile_shape())
+    return lo, opt, hi
 
 
 def torch_dtype(trt_dtype_name: str) -> torch.dtype:
