@@ -40,9 +40,9 @@ class TurboVAEBuildEngine(io.ComfyNode):
             display_name="Build Engine (TurboVAE)",
             category=CATEGORY,
             description="Exports a VAE from models/vae and builds encoder/decoder engines into "
-                        "models/tensorrt/<name>. TensorRT needs an NVIDIA GPU and the tensorrt package; "
-                        "AOTInductor needs neither. Builds take minutes; Cancel stops between phases "
-                        "(TensorRT also inside its builder).",
+                        "models/tensorrt/<name> (with video on, also SeedVR2 video decode engines). TensorRT "
+                        "needs an NVIDIA GPU and the tensorrt package; AOTInductor needs neither. Builds take "
+                        "minutes; Cancel stops between phases (TensorRT also inside its builder).",
             inputs=[
                 io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
                                tooltip="VAE checkpoint in models/vae to build engines for"),
@@ -61,6 +61,10 @@ class TurboVAEBuildEngine(io.ComfyNode):
                                tooltip="Engine precision (baked into the engine)"),
                 io.Boolean.Input("overwrite", default=False,
                                  tooltip="Replace engines already in that folder (otherwise the build refuses)"),
+                io.Boolean.Input("video", default=False,
+                                 tooltip="SeedVR2 only: also build video decode engines (one first-slice and one "
+                                         "next-slice engine per size) so videos decode on engines too. Needs "
+                                         "static or multi_ratio mode; other VAEs refuse it"),
             ],
             outputs=[io.String.Output(display_name="engine_folder")],
             is_output_node=True,
@@ -68,7 +72,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name: str, name: str, mode: str, width: int, height: int, backend: str, dtype: str,
-                overwrite: bool = False) -> io.NodeOutput:
+                overwrite: bool = False, video: bool = False) -> io.NodeOutput:
         import torch
 
         from ..trt.backend import BuildProgress
@@ -82,6 +86,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
         if not name or os.sep in name or "/" in name or name.startswith("."):
             raise ValueError(f"engine folder name {name!r} must be a plain folder name")
+        if video and mode == "multi_profile":
+            raise ValueError("video engines are static-shape: use mode static or multi_ratio with video on")
         table = {"static": lambda: static_table(Bucket(height, width)), "multi_ratio": multi_ratio_table,
                  "multi_profile": multi_profile_table}[mode]()
         out = os.path.join(engine_output_dir(), name)
@@ -99,7 +105,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
         def cancelled() -> bool:
             return mm.processing_interrupted()
 
-        build_engine_set(vae, out, table, backend=backend, dtype=parse_dtype(dtype), device=device,
+        build_engine_set(vae, out, table, backend=backend, dtype=parse_dtype(dtype), device=device, video=video,
                          overwrite=overwrite, progress=BuildProgress(report, cancelled), source=None)
         del vae
         mm.soft_empty_cache()
@@ -115,9 +121,10 @@ class TurboVAELoadEngine(io.ComfyNode):
             display_name="Load TRT VAE (TurboVAE)",
             category=CATEGORY,
             description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
-                        "(inputs padded to the nearest bucket, output cropped back to your size); videos always "
-                        "run the PyTorch VAE, and so do sizes outside every bucket and any engine problem, with "
-                        "one warning.",
+                        "(inputs padded to the nearest bucket, output cropped back to your size); videos run on "
+                        "them only when the folder has SeedVR2 video engines (Build Engine with video on), "
+                        "otherwise on the PyTorch VAE. Sizes outside every bucket and any engine problem also run "
+                        "the PyTorch VAE, with one warning.",
             inputs=[
                 io.Combo.Input("engine", options=_engine_names(),
                                tooltip="An engine file in models/tensorrt (built by Build Engine)"),

@@ -343,6 +343,7 @@ def test_cli_tables():
     assert cli.table_from_args(a).buckets == (Bucket(512, 512), Bucket(928, 1664))
     assert cli.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-ratio"])).mode == "multi_ratio"
     assert cli.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-profile"])).mode == "multi_profile"
+    assert not a.video and p.parse_args(["--vae", "v", "--out", "o", "--static", "1280x720", "--video"]).video
 
 
 def test_pack_imports_without_tensorrt():

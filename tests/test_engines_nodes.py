@@ -81,7 +81,8 @@ def test_load_rejects_paths_outside_the_models_folder(comfy_root):
         engine_nodes.TurboVAELoadEngine.execute(engine="../../etc/passwd.engine")
 
 
-@pytest.mark.parametrize("bad", [{"name": "../x"}, {"name": ""}, {"mode": "cropped"}, {"backend": "onnx"}])
+@pytest.mark.parametrize("bad", [{"name": "../x"}, {"name": ""}, {"mode": "cropped"}, {"backend": "onnx"},
+                                 {"mode": "multi_profile", "video": True}])
 def test_build_engine_validates_before_work(comfy_root, bad):
     kw = dict(vae_name=NAME, name="set", mode="static", width=64, height=64, backend="aoti", dtype="fp32")
     kw.update(bad)
