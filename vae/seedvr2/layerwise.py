@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
-Pre = Optional[Callable[[torch.Tensor], torch.Tensor]]
+# `pre(crop, t0)` normalises a crop whose first frame is frame `t0` of the tensor the statistics came from.
+Pre = Optional[Callable[[torch.Tensor, int], torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,18 @@ def frame_group_stats(x: torch.Tensor, groups: int, eps: float, policy: SplitPol
     return mean.float(), torch.rsqrt(var.float() + eps)
 
 
-def norm_silu_pre(norm: nn.GroupNorm, x: torch.Tensor, policy: SplitPolicy) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function normalising (+ SiLU) any crop of `x` with `x`'s whole-frame statistics."""
+def norm_silu_pre(norm: nn.GroupNorm, x: torch.Tensor, policy: SplitPolicy) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """A function normalising (+ SiLU) any crop of `x` (frames `t0`… of it) with `x`'s whole-frame statistics."""
     mean, rstd = frame_group_stats(x, norm.num_groups, norm.eps, policy)
     g = norm.num_groups
     weight = norm.weight.float() if norm.weight is not None else None
     bias = norm.bias.float() if norm.bias is not None else None
 
-    def apply(crop: torch.Tensor) -> torch.Tensor:
+    def apply(crop: torch.Tensor, t0: int = 0) -> torch.Tensor:
         b, c, t, h, w = crop.shape
-        y = crop.float().view(b, g, c // g, t, h, w)
-        y = (y - mean[:, :, None, :, None, None]).mul_(rstd[:, :, None, :, None, None]).view(b, c, t, h, w)
+        m = mean[:, :, None, t0:t0 + t, None, None]
+        r = rstd[:, :, None, t0:t0 + t, None, None]
+        y = (crop.float().view(b, g, c // g, t, h, w) - m).mul_(r).view(b, c, t, h, w)
         if weight is not None:
             y.mul_(weight.view(1, c, 1, 1, 1))
         if bias is not None:
@@ -95,7 +97,7 @@ def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], 
     (a, b), (c, d) = rows, cols
     crop = x[..., max(0, a):min(h, b), max(0, c):min(w, d)]
     if pre is not None:
-        crop = pre(crop)
+        crop = pre(crop, 0)
     pads = (max(0, -c), max(0, d - w), max(0, -a), max(0, b - h))
     return F.pad(crop, pads) if any(pads) else crop
 
@@ -159,8 +161,9 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
 def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image: bool, e: int) -> torch.Tensor:
     """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input."""
     mf = conv.memory_frames
-    last = x[:, :, -mf:]
-    last = pre(last) if pre is not None else last
+    t0 = max(0, x.shape[2] - mf)
+    last = x[:, :, t0:]
+    last = pre(last, t0) if pre is not None else last
     if e:
         last = F.pad(last, (0, e, 0, e))
     if image:
