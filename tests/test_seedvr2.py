@@ -276,6 +276,23 @@ def test_wrapped_checkpoint_is_still_strict(tiny_sd):
         turbovae.load_vae(wrapped, config=TINY, device="cpu")
 
 
+def test_inference_tensor_parameters_run_every_path(tiny_sd):
+    """Weights created under inference_mode have no version counter; the derived-weight caches
+    (folded taps, head taps, the upsampler's kept half) must still work and match."""
+    z, x = latents(3, seed=4) * 0.3, clip(5, seed=4)
+    ref = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32")
+    want = (ref.decode(z), ref.decode(z[:, :, :1]), ref.encode(x), ref.encode(x[:, :, :1]))
+    vae = turbovae.load_vae(tiny_sd, config=TINY, device="cpu", dtype="fp32")
+    with torch.inference_mode():  # parameters re-created as inference tensors (ComfyUI runs nodes in this mode)
+        for module in vae.model.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                setattr(module, name, torch.nn.Parameter(p.detach().clone(), requires_grad=False))
+    assert vae.model.decoder.conv_in.weight.is_inference()
+    got = (vae.decode(z), vae.decode(z[:, :, :1]), vae.encode(x), vae.encode(x[:, :, :1]))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_renamed_keys_are_listed(tiny_sd):
     sd = dict(tiny_sd)
     sd["decoder.conv_out.weight_renamed"] = sd.pop("decoder.conv_out.weight")

@@ -143,3 +143,13 @@ def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]
         out.append((start, stop))
         start = stop
     return out
+
+
+def tensor_version(t: torch.Tensor) -> Optional[int]:
+    """`t`'s in-place version counter, or None for inference tensors (created under
+    `torch.inference_mode`, as ComfyUI's executor does), which carry none. Derived-weight caches key
+    on it; an inference tensor can only change in place inside inference mode, which loaders don't do."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None

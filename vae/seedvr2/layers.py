@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..base import tensor_version
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
@@ -31,6 +32,12 @@ def _tracing() -> bool:
         if is_exporting is not None and is_exporting():
             return True
     return torch.jit.is_tracing()
+
+
+def weights_key(w: torch.Tensor, b: torch.Tensor) -> tuple:
+    """What a derived-weight cache keys on: storage, in-place version (None for inference tensors),
+    dtype and device of the weight and bias it was derived from."""
+    return (w.data_ptr(), tensor_version(w), b.data_ptr(), tensor_version(b), w.dtype, w.device)
 
 
 class PassContext:
@@ -103,7 +110,7 @@ class CausalConv3d(nn.Conv3d):
         w, b = self.weight, self.bias
         if w.requires_grad or _tracing():
             return derive(w, b)
-        key = (w.data_ptr(), w._version, b.data_ptr(), b._version, w.dtype, w.device)
+        key = weights_key(w, b)
         if self._derived is None or self._derived[0] != key:
             self._derived = (key, {})
         store = self._derived[1]
@@ -319,7 +326,7 @@ class Upsample3D(nn.Module):
 
         if w.requires_grad or _tracing():
             return select()
-        key = (w.data_ptr(), w._version, bias.data_ptr(), bias._version, w.dtype, w.device)
+        key = weights_key(w, bias)
         if self._kept is None or self._kept[0] != key:
             with torch.no_grad():
                 wk, bk = select()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..base import tensor_version
 from ..ops import rms_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -73,11 +74,7 @@ def cached_weight(module: nn.Module, derive, channels_last: bool = False, tag: s
     w = module.weight
     if torch.compiler.is_compiling():  # export/compile tracing: fake tensors have no data pointer; no caching
         return derive(w)
-    try:
-        version = w._version
-    except RuntimeError:  # inference tensors carry no version counter
-        version = None
-    key = (tag, w.data_ptr(), version, w.dtype, w.device, channels_last)
+    key = (tag, w.data_ptr(), tensor_version(w), w.dtype, w.device, channels_last)
     cache = module.__dict__.setdefault("_weight_cache", {})
     hit = cache.get(key)
     if hit is None:
