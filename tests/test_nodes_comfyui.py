@@ -1,0 +1,517 @@
+"""The TurboVAE nodes inside a real ComfyUI server: pack import, /object_info, the shipped workflows run.
+
+Skipped unless TURBOVAE_COMFYUI names a ComfyUI checkout (CI has none; nothing is ever downloaded):
+
+    TURBOVAE_COMFYUI=/path/to/ComfyUI python -m pytest -q tests/test_nodes_comfyui.py
+
+The server runs under TURBOVAE_COMFYUI_PYTHON if set, else the first of <checkout>/venv, <checkout>/.venv
+and <checkout>/../cvenv (bin/python) that exists, else this interpreter; it needs ComfyUI's requirements
+(and a C compiler for the AOTInductor engine build). Checked with ComfyUI 0.3.64 on CPU.
+
+One server for the module (`--cpu`, a free port, `--base-directory` under pytest's tmp dir, in-memory
+database, no API nodes): models, inputs, outputs, user files and the inductor cache stay in that folder,
+and the pack is symlinked into its custom_nodes under a folder name that is not a Python identifier.
+VAE files are random weights with the real key sets and shapes under the names the workflows use
+(the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images, a
+48x32 five-frame SeedVR2 clip, a 64x64 engine). Workflows are converted UI -> API by tests/comfy_workflow.py
+against the live /object_info, then queued; only file-name and engine widgets are changed, the way a
+user would. The build is an AOTInductor one (TensorRT needs a GPU). About 2 minutes on 2 CPU cores,
+most of it the engine build.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_CHECKOUT = os.environ.get("TURBOVAE_COMFYUI")
+if not _CHECKOUT:
+    pytest.skip("set TURBOVAE_COMFYUI to a ComfyUI checkout to run the nodes in a real ComfyUI server",
+                allow_module_level=True)
+CHECKOUT = Path(_CHECKOUT).expanduser().resolve()
+if not (CHECKOUT / "main.py").is_file() or not (CHECKOUT / "comfy").is_dir():
+    pytest.skip(f"TURBOVAE_COMFYUI={_CHECKOUT} is not a ComfyUI checkout (no main.py and comfy/)",
+                allow_module_level=True)
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+import comfy_workflow  # noqa: E402
+import test_workflows as offline  # noqa: E402  (our node signatures as the offline validator sees them)
+
+from turbovae.vae.seedvr2 import SeedVR2Config, expected_shapes as seedvr2_shapes  # noqa: E402
+from turbovae.vae.wan import WAN21, expected_shapes as wan_shapes  # noqa: E402
+from turbovae.vae.wan.keys import diffusers_to_original  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PACK_DIRNAME = "Turbo VAE-pack.v2"  # spaces, dash and dot: the pack must load under any folder name
+OUR_NODE_IDS = sorted(node.GET_SCHEMA().node_id for node in offline.OUR_NODES)
+CORE_TABLE = Path(__file__).parent / "data" / "core_node_signatures.json"
+STARTUP_TIMEOUT_S = 240
+RUN_TIMEOUT_S = 420
+IMAGE_W, IMAGE_H = 64, 48  # example.png
+CLIP_LATENT = (1, 16, 2, 4, 6)  # seedvr2_upscaled.latent: 2 latent frames -> 5 frames of 48x32
+ENGINE_SIZE = 64  # Build Engine's minimum
+PACK_FAILURE_MARKERS = ("IMPORT FAILED", "Cannot import", "Error while calling comfy_entrypoint",
+                        "did not return", "Skip ", "engine nodes unavailable")
+ENGINE_FALLBACK_MARKERS = ("TurboVAE engine", "are not used", "EngineFallbackWarning")
+
+
+def comfy_python() -> str:
+    explicit = os.environ.get("TURBOVAE_COMFYUI_PYTHON")
+    if explicit:
+        return explicit
+    for venv in (CHECKOUT / "venv", CHECKOUT / ".venv", CHECKOUT.parent / "cvenv"):
+        if (venv / "bin" / "python").is_file():
+            return str(venv / "bin" / "python")
+    return sys.executable
+
+
+# -- files the server reads ------------------------------------------------------------------------------
+def write_random_vae(path: Path, shapes: dict, seed: int, to_original=None) -> None:
+    """Random fp16 weights with exactly these keys and shapes (what the strict loader checks)."""
+    gen = torch.Generator().manual_seed(seed)
+    sd = {k: torch.empty(s, dtype=torch.float16).normal_(0.0, 0.02, generator=gen) for k, s in shapes.items()}
+    save_file(to_original(sd) if to_original else sd, str(path))
+
+
+def write_png(path: Path, width: int, height: int) -> None:
+    """An RGB gradient PNG (zlib only)."""
+    rows = b"".join(b"\x00" + bytes(v for x in range(width) for v in (4 * x % 256, 5 * y % 256, 128))
+                    for y in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def write_latent(path: Path, shape: tuple[int, ...]) -> None:
+    """The core Save Latent format: `latent_tensor` plus the `latent_format_version_0` marker (raw scale)."""
+    gen = torch.Generator().manual_seed(3)
+    save_file({"latent_tensor": torch.randn(shape, generator=gen), "latent_format_version_0": torch.tensor([])},
+              str(path))
+
+
+def prepare_base(base: Path) -> None:
+    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes" / PACK_DIRNAME).symlink_to(REPO, target_is_directory=True)
+    for sub in ("input", "models/vae", "output"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+
+
+def write_inputs(base: Path) -> None:
+    vae_dir = base / "models" / "vae"
+    write_random_vae(vae_dir / "qwen_image_vae.safetensors", wan_shapes(WAN21), seed=0,
+                     to_original=lambda sd: diffusers_to_original(sd, WAN21))  # ComfyUI's key format
+    write_random_vae(vae_dir / "ema_vae_fp16.safetensors", seedvr2_shapes(SeedVR2Config()), seed=1)
+    write_png(base / "input" / "example.png", IMAGE_W, IMAGE_H)
+    write_latent(base / "input" / "seedvr2_upscaled.latent", CLIP_LATENT)
+
+
+# -- the server ------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ComfyServer:
+    url: str
+    base: Path
+    log_path: Path
+    proc: subprocess.Popen
+    startup_log: str = ""
+
+    def request(self, path: str, body: dict | None = None, timeout: float = 60):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def object_info(self) -> dict:
+        return self.request("/object_info")
+
+    def log(self, start: int = 0) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            return f.read().decode("utf-8", "replace")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n--- ComfyUI log (tail) ---\n" + "\n".join(self.log().splitlines()[-lines:])
+
+    def queue(self, prompt: dict, client_id: str = "turbovae-tests") -> str:
+        try:
+            return self.request("/prompt", {"prompt": prompt, "client_id": client_id})["prompt_id"]
+        except urllib.error.HTTPError as e:
+            pytest.fail(f"/prompt refused the prompt: {e.read().decode(errors='replace')}{self.log_tail()}")
+
+    def history(self, prompt_id: str) -> dict | None:
+        """The finished prompt's history entry, or None while it is queued or running."""
+        entry = self.request(f"/history/{prompt_id}").get(prompt_id)
+        return entry if entry and entry.get("status", {}).get("completed") is not None else None
+
+    def wait(self, prompt_id: str, timeout: float = RUN_TIMEOUT_S) -> dict:
+        """The history entry of `prompt_id` once it has finished."""
+        deadline = time.monotonic() + timeout
+        while (entry := self.history(prompt_id)) is None:
+            assert self.proc.poll() is None, f"ComfyUI exited ({self.proc.returncode}){self.log_tail()}"
+            if time.monotonic() > deadline:
+                self.request("/interrupt", {})
+                pytest.fail(f"prompt did not finish within {timeout} s{self.log_tail()}")
+            time.sleep(0.2)
+        return entry
+
+    def run(self, prompt: dict, timeout: float = RUN_TIMEOUT_S) -> dict:
+        """Queue `prompt`, wait for its history entry and require success; failures carry the log tail."""
+        entry = self.wait(self.queue(prompt), timeout)
+        status = entry["status"]
+        errors = [f"{d.get('node_type')} #{d.get('node_id')}: {d.get('exception_type')}: "
+                  f"{d.get('exception_message')}\n{''.join(d.get('traceback', []))[-3000:]}"
+                  for event, d in status.get("messages", []) if event == "execution_error"]
+        assert status.get("status_str") == "success" and not errors, \
+            f"prompt failed: {status.get('status_str')}\n" + "\n".join(errors) + self.log_tail()
+        return entry
+
+    def saved_files(self, entry: dict, node_id: str) -> list[Path]:
+        """Files a save node reported in the history entry (images, videos)."""
+        folders = {"output": self.base / "output", "temp": self.base / "temp", "input": self.base / "input"}
+        return [folders[r["type"]] / r.get("subfolder", "") / r["filename"]
+                for value in entry["outputs"].get(node_id, {}).values() if isinstance(value, list)
+                for r in value if isinstance(r, dict) and "filename" in r]
+
+
+class EventStream:
+    """The server's /ws messages for one client id (progress, executing, execution_*): a minimal stdlib
+    WebSocket client (RFC 6455 handshake; the server's frames are unmasked; binary previews are skipped)."""
+
+    def __init__(self, url: str, client_id: str, timeout: float = 120):
+        host, port = url.removeprefix("http://").split(":")
+        self.client_id, self.buf = client_id, b""
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /ws?clientId={client_id} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                           "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the websocket")
+        self.buf += data
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def next(self) -> dict:
+        """The next JSON (text) message."""
+        while True:
+            b0, b1 = self._take(2)
+            size = b1 & 0x7F
+            if size >= 126:
+                size = int.from_bytes(self._take(2 if size == 126 else 8), "big")
+            payload, opcode = self._take(size), b0 & 0x0F
+            if opcode == 0x1:
+                return json.loads(payload)
+            if opcode == 0x8:
+                raise ConnectionError("the server closed the websocket")
+
+    def next_for(self, prompt_id: str) -> dict:
+        """The next message about `prompt_id`."""
+        while (msg := self.next()).get("data", {}).get("prompt_id") != prompt_id:
+            pass
+        return msg
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfyui_base")
+    prepare_base(base)
+    log_path = base / "comfyui.log"
+    port = free_port()
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / "torchinductor"), "HF_HUB_OFFLINE": "1"}
+    cmd = [comfy_python(), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+           "--disable-auto-launch", "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
+           "--disable-api-nodes"]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # own group: inductor workers
+    server = ComfyServer(f"http://127.0.0.1:{port}", base, log_path, proc)
+    try:
+        write_inputs(base)  # while the server starts; file combos are listed per request
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ComfyUI exited with code {proc.returncode} during startup: {' '.join(cmd)}"
+                            f"{server.log_tail()}")
+            try:
+                server.object_info()
+                server.startup_log = server.log()
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"ComfyUI did not answer /object_info within {STARTUP_TIMEOUT_S} s{server.log_tail()}")
+                time.sleep(0.5)
+        yield server
+    finally:
+        _stop(proc)
+        for big in ("models", "torchinductor"):  # ~1.2 GB of random weights, engines and compiler cache
+            shutil.rmtree(base / big, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def load_workflow(name: str) -> dict:
+    return json.loads((REPO / "workflows" / f"{name}.json").read_text())
+
+
+def node_id(workflow: dict, node_type: str) -> str:
+    (found,) = [str(n["id"]) for n in workflow["nodes"] if n["type"] == node_type]
+    return found
+
+
+def run_workflow(comfy: ComfyServer, workflow: dict) -> tuple[dict, str]:
+    """Convert against the live /object_info (every widget value must be valid), run, return the history
+    entry and the server log written meanwhile."""
+    prompt, problems = comfy_workflow.convert(workflow, comfy.object_info())
+    assert problems == []
+    start = comfy.log_size()
+    entry = comfy.run(prompt)
+    return entry, comfy.log(start)
+
+
+# -- tests -----------------------------------------------------------------------------------------------
+def test_pack_imports_and_registers_every_node(comfy):
+    info = comfy.object_info()
+    pack_lines = [line for line in comfy.startup_log.splitlines() if PACK_DIRNAME in line or "TurboVAE" in line]
+    failures = [line for line in pack_lines if any(m in line for m in PACK_FAILURE_MARKERS)]
+    assert failures == [], f"the pack did not import cleanly: {failures}{comfy.log_tail()}"
+    assert any(line.rstrip().endswith(f"seconds: {comfy.base / 'custom_nodes' / PACK_DIRNAME}")
+               for line in pack_lines), f"no import-time line for the pack{comfy.log_tail()}"
+    module = f"custom_nodes.{PACK_DIRNAME}"
+    ours = sorted(k for k, v in info.items() if v.get("python_module") == module)
+    assert ours == OUR_NODE_IDS, f"nodes registered by the pack: {ours}"
+    assert all(info[k]["category"] == "TurboVAE" for k in OUR_NODE_IDS)
+
+
+def signature_of(info: dict, like: dict) -> dict:
+    """An /object_info entry in the shape of the signature table entry `like`: input order, type,
+    optional, combo options (not for file combos, marked `options: null`), min / max, and the options that
+    change the widget layout or the widget (control_after_generate, image_upload, multiline)."""
+    inputs = {}
+    for name, kind, opts, optional in comfy_workflow.input_specs(info):
+        want = like["inputs"].get(name, {})
+        entry = {"type": kind, "optional": optional}
+        if kind == "COMBO":
+            entry["options"] = None if want.get("options", ...) is None else list(opts["options"])
+        for key in ("min", "max", "control_after_generate", "image_upload", "multiline"):
+            if key in opts and (key != "multiline" or key in want):
+                entry[key] = opts[key]
+        inputs[name] = entry
+    return {"input_order": [name for name, *_ in comfy_workflow.input_specs(info)], "inputs": inputs,
+            "outputs": list(info["output"]), "output_node": bool(info["output_node"])}
+
+
+def test_core_node_signature_table_matches_object_info(comfy):
+    table = {k: v for k, v in json.loads(CORE_TABLE.read_text()).items() if not k.startswith("_")}
+    info = comfy.object_info()
+    missing = sorted(set(table) - set(info))
+    assert missing == [], f"core nodes missing from this ComfyUI: {missing}"
+    diffs = {name: {"table": sig, "object_info": signature_of(info[name], sig)}
+             for name, sig in table.items() if signature_of(info[name], sig) != sig}
+    assert diffs == {}, json.dumps(diffs, indent=1)
+
+
+def test_offline_view_of_our_nodes_matches_object_info(comfy):
+    """tests/test_workflows.py validates workflows against signatures built from our schemas through the
+    ComfyUI test doubles; the real server must publish the same."""
+    info = comfy.object_info()
+    ours = offline.our_signatures()
+    diffs = {name: {"offline": sig, "object_info": signature_of(info[name], sig)}
+             for name, sig in ours.items() if signature_of(info[name], sig) != sig}
+    assert diffs == {}, json.dumps(diffs, indent=1)
+
+
+def test_tiled_encode_decode_roundtrip_workflow(comfy):
+    wf = load_workflow("tiled_encode_decode_roundtrip")
+    entry, _ = run_workflow(comfy, wf)
+    files = comfy.saved_files(entry, node_id(wf, "SaveImage"))
+    assert len(files) == 1 and png_size(files[0]) == (IMAGE_W, IMAGE_H), files
+
+
+def test_core_vae_nodes_accept_the_turbovae_vae(comfy):
+    prompt = {
+        "1": {"class_type": "TurboVAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors", "dtype": "auto"}},
+        "2": {"class_type": "LoadImage", "inputs": {"image": "example.png"}},
+        "3": {"class_type": "VAEEncode", "inputs": {"pixels": ["2", 0], "vae": ["1", 0]}},
+        "4": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["1", 0]}},
+        "5": {"class_type": "SaveImage", "inputs": {"images": ["4", 0], "filename_prefix": "core_vae"}},
+        "6": {"class_type": "VAEEncodeTiled", "inputs": {"pixels": ["2", 0], "vae": ["1", 0], "tile_size": 512,
+                                                         "overlap": 64, "temporal_size": 64, "temporal_overlap": 8}},
+        "7": {"class_type": "VAEDecodeTiled", "inputs": {"samples": ["6", 0], "vae": ["1", 0], "tile_size": 512,
+                                                         "overlap": 64, "temporal_size": 64, "temporal_overlap": 8}},
+        "8": {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": "core_vae_tiled"}},
+    }
+    entry = comfy.run(prompt)
+    for save in ("5", "8"):
+        files = comfy.saved_files(entry, save)
+        assert len(files) == 1 and png_size(files[0]) == (IMAGE_W, IMAGE_H), files
+
+
+def _decode_prompt(size: int) -> dict:
+    """TurboVAE tiled decode (64 px fast tiles) of an empty Qwen-Image latent of size x size pixels."""
+    return {
+        "1": {"class_type": "TurboVAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors", "dtype": "auto"}},
+        "2": {"class_type": "EmptySD3LatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
+        "3": {"class_type": "TurboVAETiledDecode", "inputs": {"samples": ["2", 0], "vae": ["1", 0], "tile_size": 64,
+                                                              "overlap": 0, "temporal_slice": 0, "mode": "fast"}},
+        "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
+    }
+
+
+def test_interrupt_stops_a_tiled_decode_between_tiles_and_the_vae_stays_usable(comfy):
+    """POST /interrupt once our node has reported a tile (a 16-tile decode, about 30 s on 2 CPU cores):
+    at most the tile in flight completes, the prompt ends interrupted in that node, and the same cached
+    VAE then decodes normally."""
+    comfy.run(_decode_prompt(64))  # loads and caches the VAE, so the next prompt starts in the decode
+    with EventStream(comfy.url, "turbovae-interrupt") as events:
+        prompt_id = comfy.queue(_decode_prompt(256), client_id=events.client_id)
+        progress = []
+        while not progress or progress[-1]["value"] < 1:
+            msg = events.next_for(prompt_id)
+            assert msg["type"] not in ("execution_success", "execution_error"), msg
+            if msg["type"] == "progress" and msg["data"]["node"] == "3":
+                progress.append(msg["data"])
+        done_at_interrupt, interrupted_at = progress[-1]["value"], time.monotonic()
+        comfy.request("/interrupt", {})
+        while (msg := events.next_for(prompt_id))["type"] != "execution_interrupted":
+            assert msg["type"] not in ("execution_success", "execution_error"), msg
+            if msg["type"] == "progress" and msg["data"]["node"] == "3":
+                progress.append(msg["data"])
+        latency = time.monotonic() - interrupted_at
+    assert msg["data"]["node_type"] == "TurboVAETiledDecode", msg
+    total = progress[0]["max"]
+    assert total >= 16 and progress[-1]["value"] <= done_at_interrupt + 1 < total, progress
+    assert latency < 10, f"the interrupt took {latency:.1f} s to stop the decode"
+    assert comfy.wait(prompt_id)["status"]["status_str"] == "error"
+
+    entry = comfy.run(_decode_prompt(64))
+    files = comfy.saved_files(entry, "4")
+    assert len(files) == 1 and png_size(files[0]) == (64, 64), files
+
+
+VIDEO_PROBE = """import av, json, sys
+with av.open(sys.argv[1]) as c:
+    frames = list(c.decode(video=0))
+    print(json.dumps([len(frames), frames[0].width, frames[0].height]))"""
+
+
+def test_seedvr2_video_decode_tiled_workflow(comfy):
+    wf = load_workflow("seedvr2_video_decode_tiled")
+    entry, _ = run_workflow(comfy, wf)
+    files = comfy.saved_files(entry, node_id(wf, "SaveVideo"))
+    assert len(files) == 1 and files[0].suffix == ".mp4", files
+    probe = subprocess.run([comfy_python(), "-c", VIDEO_PROBE, str(files[0])], capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    frames = (CLIP_LATENT[2] - 1) * 4 + 1
+    assert json.loads(probe.stdout) == [frames, CLIP_LATENT[4] * 8, CLIP_LATENT[3] * 8]
+
+
+def test_engine_build_then_engine_load_decode_workflows(comfy):
+    info = comfy.object_info()
+    build = load_workflow("engine_build")
+    for name, value in (("backend", "aoti"), ("width", ENGINE_SIZE), ("height", ENGINE_SIZE)):
+        build = comfy_workflow.set_widget(build, "TurboVAEBuildEngine", name, value, info)
+    run_workflow(comfy, build)
+    folder_name = build["nodes"][0]["widgets_values"][1]
+    engines = sorted(p.name for p in (comfy.base / "models" / "tensorrt" / folder_name).iterdir())
+    size = f"{ENGINE_SIZE}x{ENGINE_SIZE}"
+    assert engines == [f"decoder_{size}.pt2", f"decoder_{size}.pt2.json", f"encoder_{size}.pt2",
+                       f"encoder_{size}.pt2.json"]
+
+    info = comfy.object_info()  # the new engines are offered without a restart
+    engine = f"{folder_name}/decoder_{size}.pt2"
+    assert engine in info["TurboVAELoadEngine"]["input"]["required"]["engine"][1]["options"]
+    load = comfy_workflow.set_widget(load_workflow("engine_load_decode"), "TurboVAELoadEngine", "engine", engine,
+                                     info)
+    entry, log = run_workflow(comfy, load)
+    files = comfy.saved_files(entry, node_id(load, "SaveImage"))
+    assert len(files) == 1 and png_size(files[0]) == (IMAGE_W, IMAGE_H), files  # padded to 64x64, cropped back
+    assert "EngineVAE(" in log and not any(m in log for m in ENGINE_FALLBACK_MARKERS), log
+
+
+def test_qwen_image_t2i_workflow_converts(comfy):
+    """Needs a diffusion model and text encoder the test does not have: every widget value but those
+    two file names must be valid for its input, and the server's own validation must agree."""
+    wf = load_workflow("qwen_image_t2i_turbovae")
+    missing_files = {("UNETLoader", "unet_name"), ("CLIPLoader", "clip_name")}
+    prompt, problems = comfy_workflow.convert(wf, comfy.object_info(), unchecked=missing_files)
+    assert problems == []
+    assert {v["class_type"] for v in prompt.values()} == {n["type"] for n in wf["nodes"]} - comfy_workflow.NOTE_TYPES
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        comfy.request("/prompt", {"prompt": prompt})
+    body = json.loads(refused.value.read())
+    bad = {(prompt[nid]["class_type"], e["extra_info"]["input_name"])
+           for nid, node in body["node_errors"].items() for e in node["errors"]}
+    assert bad == missing_files, body
+
+
+def test_every_shipped_workflow_is_exercised():
+    covered = {"tiled_encode_decode_roundtrip", "seedvr2_video_decode_tiled", "engine_build", "engine_load_decode",
+               "qwen_image_t2i_turbovae"}
+    assert {p.stem for p in (REPO / "workflows").glob("*.json")} == covered
