@@ -1,7 +1,8 @@
 """Node `execute` with real tensors and tiny random-weight VAE files, against ComfyUI test doubles.
 
-What the doubles cannot show (core nodes using our VAE, real interrupts, /object_info) is covered by
-tests/test_nodes_comfyui.py against a real ComfyUI server.
+What the doubles cannot show (core nodes using our VAE, real interrupts, /object_info, the shipped workflows
+running) is covered by tests/test_nodes_comfyui.py against a real ComfyUI server (skipped unless
+TURBOVAE_COMFYUI names a ComfyUI checkout).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The TurboVAE nodes inside a real ComfyUI server: pack import, /object_info, the shipped workflows run.
+"""The TurboVAE nodes inside a real ComfyUI server: pack import, /object_info (our nodes and the core
+signature table), every shipped workflow, core VAE nodes given our VAE, and a real interrupt.
 
 Skipped unless TURBOVAE_COMFYUI names a ComfyUI checkout (CI has none; nothing is ever downloaded):
 
@@ -15,8 +16,8 @@ VAE files are random weights with the real key sets and shapes under the names t
 (the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images, a
 48x32 five-frame SeedVR2 clip, a 64x64 engine). Workflows are converted UI -> API by tests/comfy_workflow.py
 against the live /object_info, then queued; only file-name and engine widgets are changed, the way a
-user would. The build is an AOTInductor one (TensorRT needs a GPU). About 2 minutes on 2 CPU cores,
-most of it the engine build.
+user would. The build is an AOTInductor one (TensorRT needs a GPU). 2 to 2.5 minutes on 2 shared CPU
+cores, most of it the engine build.
 """
 
 from __future__ import annotations

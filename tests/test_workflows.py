@@ -1,6 +1,7 @@
 """Every shipped workflow (workflows/*.json, UI format 0.4) is checked against our node schemas and the
 core node signatures it uses (tests/data/core_node_signatures.json, extracted from real ComfyUI and
-re-checked against a running ComfyUI by tests/test_nodes_comfyui.py)."""
+re-checked against a running ComfyUI by tests/test_nodes_comfyui.py, which also converts the workflows to API
+prompts and runs them there)."""
 
 from __future__ import annotations
 
