@@ -20,6 +20,7 @@ import torch
 import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
+from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
@@ -53,8 +54,14 @@ class ComfyTurboVAE:
         self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
         self.output_device = mm.intermediate_device()
         self.vae_dtype = turbo.dtype
-        self.patcher = comfy.model_patcher.ModelPatcher(self.first_stage_model, load_device=self.device,
-                                                        offload_device=self.offload_device)
+        # Engines hold device memory of their own beside the weights: model management counts both, and
+        # when it unloads this VAE to make room, the engines are released too (they reload on next use).
+        engine_bytes = _engine_bytes(turbo)
+        self.patcher = comfy.model_patcher.ModelPatcher(
+            self.first_stage_model, load_device=self.device, offload_device=self.offload_device,
+            size=mm.module_size(self.first_stage_model) + engine_bytes)
+        if engine_bytes:
+            self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: turbo.release_engines())
         # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
         # VAEEncodeForInpaint use `downscale_ratio` as a number).
         self.latent_channels = fmt.channels
@@ -208,6 +215,12 @@ class ComfyTurboVAE:
         tile = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
         return self.encode_tiles(pixel_samples, tile=tile, overlap=overlap or 0, mode="auto", temporal_slice=slice_)
+
+
+def _engine_bytes(turbo: TurboVAE) -> int:
+    """Device memory of the engines behind an engine VAE (0 for a plain one)."""
+    footprint = getattr(turbo, "engine_footprint_bytes", None)
+    return int(footprint()) if footprint is not None else 0
 
 
 def _progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:

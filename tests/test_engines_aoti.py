@@ -154,8 +154,11 @@ def test_single_engine_file_and_lazy_loading(built):
 
     lazy = load_engine_vae(root / "set", device="cpu", lazy=True)
     assert lazy.engine_memory_bytes() == 0
+    files = sum(s.ident.engine_bytes for s in lazy.engines.slots)
+    assert files > 0 and lazy.engine_footprint_bytes() == files  # reserved before the first load
     lazy.decode(torch.randn(1, 4, 8, 8))
     assert lazy.engine_memory_bytes() > 0 and lazy.engine_calls == 1
+    assert lazy.engine_footprint_bytes() >= lazy.engine_memory_bytes()
 
 
 def test_dynamic_profile_engine_matches_eager(built, tmp_path):

@@ -93,3 +93,34 @@ def test_build_engine_validates_before_work(comfy_root, bad):
 def test_node_list_and_schemas():
     ids = [n.define_schema().node_id for n in engine_nodes.ENGINE_NODES]
     assert ids == ["TurboVAEBuildEngine", "TurboVAELoadEngine"]
+
+
+class _CountingEngines:
+    """Stands in for an EngineSet: device memory it would hold, and how often it was released."""
+
+    def __init__(self, footprint: int):
+        self.footprint = footprint
+        self.released = 0
+
+    def footprint_bytes(self) -> int:
+        return self.footprint
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_model_management_counts_engine_memory_and_unloading_releases_engines(comfy_root):
+    from turbovae.nodes.comfy_vae import ComfyTurboVAE
+    from turbovae.trt.engine_vae import EngineVAE
+
+    _base, ckpt, cfg = comfy_root
+    model = load_vae(ckpt, config=cfg, device="cpu").model
+    weights = sum(t.nelement() * t.element_size() for t in model.state_dict().values())
+    engines = _CountingEngines(123_456_789)
+    vae = ComfyTurboVAE(EngineVAE(model, engines))
+    assert vae.patcher.model_size() == weights + 123_456_789
+    vae.patcher.detach()  # what model management does to free memory
+    assert engines.released == 1
+    plain = ComfyTurboVAE(load_vae(ckpt, config=cfg, device="cpu"))
+    assert plain.patcher.model_size() == weights
+    plain.patcher.detach()  # no engines: nothing to release, nothing breaks

@@ -131,6 +131,11 @@ class EngineSet:
         """Memory the loaded engines hold (0 for engines not loaded yet or released)."""
         return sum(s.engine.memory_bytes for s in self.slots if s.engine is not None)
 
+    def footprint_bytes(self) -> int:
+        """What the whole set holds once loaded: loaded engines' own figure, the serialised size for the
+        rest. Why: a memory manager must reserve room for lazily loaded engines before their first use."""
+        return sum(s.engine.memory_bytes if s.engine is not None else s.ident.engine_bytes for s in self.slots)
+
     def release(self) -> None:
         """Drop every deserialised engine; they reload on next use."""
         for s in self.slots:

@@ -118,6 +118,10 @@ class EngineVAE(TurboVAE):
     def engine_memory_bytes(self) -> int:
         return self.engines.memory_bytes() if self.engines is not None else 0
 
+    def engine_footprint_bytes(self) -> int:
+        """Device memory the engines hold once all are loaded (see `EngineSet.footprint_bytes`)."""
+        return self.engines.footprint_bytes() if self.engines is not None else 0
+
     def release_engines(self) -> None:
         if self.engines is not None:
             self.engines.release()

@@ -32,6 +32,11 @@ def vae_dtype(device=None, allowed_dtypes=()):
     return torch.float32
 
 
+def module_size(module):
+    """Bytes of the module's state dict, as the real one counts them."""
+    return sum(t.nelement() * t.element_size() for t in module.state_dict().values())
+
+
 def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
                     force_full_load=False):
     load_calls.append({"models": list(models), "memory_required": memory_required,

@@ -1,4 +1,10 @@
-"""TEST DOUBLE of comfy.model_patcher: holds the module and its devices."""
+"""TEST DOUBLE of comfy.model_patcher: holds the module, its devices, its size and its callbacks.
+
+`detach` is what model management calls when it unloads a model to free memory; like the real one it
+moves the module to the offload device and then runs the ON_DETACH callbacks.
+"""
+
+from .patcher_extension import CallbacksMP
 
 
 class ModelPatcher:
@@ -6,3 +12,17 @@ class ModelPatcher:
         self.model = model
         self.load_device = load_device
         self.offload_device = offload_device
+        self.size = size
+        self.callbacks = {}
+
+    def model_size(self):
+        return self.size
+
+    def add_callback(self, call_type, callback):
+        self.callbacks.setdefault(call_type, []).append(callback)
+
+    def detach(self, unpatch_all=True):
+        self.model.to(self.offload_device)
+        for callback in self.callbacks.get(CallbacksMP.ON_DETACH, []):
+            callback(self, unpatch_all)
+        return self.model
