@@ -77,7 +77,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
 
         from ..trt.backend import BuildProgress
         from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
-        from ..trt.build import build_engine_set
+        from ..trt.build import build_engine_set, preflight
         from ..vae.api import load_vae, parse_dtype
 
         for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKENDS),
@@ -92,6 +92,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
                  "multi_profile": multi_profile_table}[mode]()
         out = os.path.join(engine_output_dir(), name)
         device = mm.get_torch_device()
+        # Backend, table and existing files are checked before anything is evicted or loaded.
+        preflight(out, table, backend=backend, device=device, video=video, overwrite=overwrite)
         mm.unload_all_models()  # builders size their workspace from free memory
         mm.soft_empty_cache()
         vae = load_vae(resolve_model_file(VAE_KEY, vae_name), dtype=torch.float32, device=device)

@@ -90,6 +90,29 @@ def test_build_engine_validates_before_work(comfy_root, bad):
         engine_nodes.TurboVAEBuildEngine.execute(**kw)
 
 
+def test_build_engine_fails_fast_without_evicting_models(comfy_root, monkeypatch):
+    """A missing TensorRT or an existing engine must fail before ComfyUI's models are unloaded and the
+    checkpoint is read: the user loses nothing and hears the fix at once."""
+    from turbovae.trt.backend import BackendUnavailable
+
+    mm = engine_nodes.mm  # the (test double) model management the node module imported
+    base = comfy_root[0]
+    monkeypatch.setattr(mm, "unload_all_calls", [])
+    monkeypatch.setattr(engine_nodes, "resolve_model_file",
+                        lambda *a: pytest.fail("the checkpoint must not be read before the checks"))
+    kw = dict(vae_name=NAME, name="set", mode="static", width=64, height=64, dtype="fp32")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(BackendUnavailable, match="backend `aoti` in the Build Engine node"):
+        engine_nodes.TurboVAEBuildEngine.execute(backend="tensorrt", **kw)
+    existing = base / "models" / "tensorrt" / "set" / "decoder_64x64.pt2"
+    existing.parent.mkdir(parents=True)
+    existing.write_bytes(b"a user's engine")
+    with pytest.raises(FileExistsError):
+        engine_nodes.TurboVAEBuildEngine.execute(backend="aoti", **kw)
+    assert existing.read_bytes() == b"a user's engine"
+    assert mm.unload_all_calls == []
+
+
 def test_node_list_and_schemas():
     ids = [n.define_schema().node_id for n in engine_nodes.ENGINE_NODES]
     assert ids == ["TurboVAEBuildEngine", "TurboVAELoadEngine"]

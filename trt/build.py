@@ -88,6 +88,22 @@ def plan_jobs(table: BucketTable, backend_name: str, suffix: str, out_dir: Path,
     return jobs
 
 
+def preflight(out_dir: Path, table: BucketTable, *, backend: str, device: torch.device,
+              components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False) -> list[EngineJob]:
+    """Every check that needs no model: backend usable on `device`, table valid, components known, and
+    no file to be written already there (unless `overwrite`). Returns the planned jobs. Why separate:
+    a caller can fail fast before loading a checkpoint (or, in ComfyUI, before evicting every model)."""
+    be = get_backend(backend)
+    be.check_available(torch.device(device))
+    table.validate()
+    _check_components(components, video)
+    jobs = plan_jobs(table, backend, be.suffix, Path(out_dir), components, video)
+    for job in jobs:
+        refuse_existing(job.path, overwrite)
+        refuse_existing(sidecar_path(job.path), overwrite)
+    return jobs
+
+
 def image_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, device: torch.device,
                optimization_level: int) -> GraphPlan:
     lf = vae.latent_format
@@ -131,21 +147,16 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     progress = progress or BuildProgress(lambda m, _f: log.info(m))
     be = get_backend(backend)
     device = torch.device(device) if device is not None else vae.device
-    be.check_available(device)
-    table.validate()
+    jobs = preflight(Path(out_dir), table, backend=backend, device=device, components=components, video=video,
+                     overwrite=overwrite)
     if vae.dtype != torch.float32:
         raise ValueError(f"build engines from the fp32 model (got {vae.dtype}); the engine dtype is the dtype= "
                          "argument")
     lf = vae.latent_format
     if table.multiple % lf.spatial_factor:
         raise ValueError(f"table multiple {table.multiple} is not a multiple of the VAE factor {lf.spatial_factor}")
-    _check_components(components, video)
     if video:
         check_video_model(vae.model)
-    jobs = plan_jobs(table, backend, be.suffix, Path(out_dir), components, video)
-    for job in jobs:
-        refuse_existing(job.path, overwrite)
-        refuse_existing(sidecar_path(job.path), overwrite)
     progress.report(f"hashing weights of {source or vae.source}")
     mhash = model_hash(vae.model.state_dict())
     facts = device_facts(device)

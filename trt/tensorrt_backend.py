@@ -26,8 +26,8 @@ from .fileio import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("install TensorRT 10.12+ matching your CUDA: `pip install tensorrt-cu12` (CUDA 12) or "
-                "`pip install tensorrt` (CUDA 13, TensorRT 11), or use the AOTInductor backend (--backend aoti), "
-                "which needs no TensorRT")
+                "`pip install tensorrt` (CUDA 13, TensorRT 11), or use the AOTInductor backend, which needs no "
+                "TensorRT (backend `aoti` in the Build Engine node, `--backend aoti` on the command line)")
 CACHE_DIR_ENV = "TURBOVAE_TRT_CACHE"
 
 
@@ -90,7 +90,8 @@ class TensorRTBackend(Backend):
     def check_available(self, device: torch.device) -> None:
         import_tensorrt()
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-            raise BackendUnavailable("TensorRT engines need a CUDA GPU; on CPU use the AOTInductor backend (--backend aoti)")
+            raise BackendUnavailable("TensorRT engines need a CUDA GPU; on CPU use the AOTInductor backend "
+                                     "(backend `aoti` in the Build Engine node, `--backend aoti` on the command line)")
 
     # -- build ---------------------------------------------------------------------------------
     def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,

@@ -1,4 +1,5 @@
-"""TEST DOUBLE of comfy.model_management: CPU devices, a recorded load_models_gpu, the interrupt flag."""
+"""TEST DOUBLE of comfy.model_management: CPU devices, recorded load_models_gpu / unload_all_models, the
+interrupt flag."""
 
 import torch
 
@@ -10,6 +11,7 @@ class InterruptProcessingException(Exception):
 OOM_EXCEPTION = torch.OutOfMemoryError
 interrupt_processing = False
 load_calls: list = []
+unload_all_calls: list = []
 
 
 def get_torch_device():
@@ -35,6 +37,14 @@ def vae_dtype(device=None, allowed_dtypes=()):
 def module_size(module):
     """Bytes of the module's state dict, as the real one counts them."""
     return sum(t.nelement() * t.element_size() for t in module.state_dict().values())
+
+
+def unload_all_models():
+    unload_all_calls.append(True)
+
+
+def soft_empty_cache(force=False):
+    pass
 
 
 def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimum_memory_required=None,
