@@ -81,3 +81,46 @@ def test_cudnn_route_matches_native_on_gpu(seeded):
     for route in ("cudnn", "conv2d", "fp32"):
         out = G.conv3d(x, w, b, 1, 1, route=G.Conv3dRoute(route, f"test {route}"))
         assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+@pytest.mark.parametrize("arch", ["seedvr2", "wan2.1"])
+def test_both_vaes_route_every_conv3d_through_the_guard(arch, monkeypatch, seeded):
+    """With an affected install simulated (the conv2d route), every conv3d of both architectures, in image
+    and clip passes, goes through the guard, and the result equals the native conv3d path."""
+    from turbovae import TurboVAE
+    from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    torch.manual_seed(0)
+    vae = TurboVAE(SeedVR2VAE(SeedVR2Config.tiny()) if arch == "seedvr2" else WanVAE(TINY_WAN21))
+    c = vae.latent_format.channels
+    z = torch.randn(1, c, 3, 3, 4, generator=seeded)
+    x = torch.rand(1, 3, 5, 24, 32, generator=seeded) * 2 - 1
+    passes = lambda: (vae.decode(z), vae.decode(z[:, :, :1]), vae.encode(x), vae.encode(x[:, :, :1]))  # noqa: E731
+    native = passes()
+
+    affected = G.choose_conv3d_route("2.9.0+cu128", 91002, BF16)
+    calls = {"guarded": 0, "folded": 0, "F.conv3d": 0}
+    real_as_conv2d, real_conv3d = G.conv3d_as_conv2d, F.conv3d
+
+    def route(dtype, device_type="cuda"):
+        calls["guarded"] += 1
+        return affected
+
+    def as_conv2d(*a, **k):
+        calls["folded"] += 1
+        return real_as_conv2d(*a, **k)
+
+    def conv3d(*a, **k):
+        calls["F.conv3d"] += 1
+        return real_conv3d(*a, **k)
+
+    monkeypatch.setattr(G, "current_route", route)
+    monkeypatch.setattr(G, "conv3d_as_conv2d", as_conv2d)
+    monkeypatch.setattr(F, "conv3d", conv3d)
+    routed = passes()
+    # Guarded calls either fold to conv2d or run F.conv3d in fp32: any other F.conv3d bypassed the guard.
+    assert calls["folded"] > 0
+    assert calls["F.conv3d"] == calls["guarded"] - calls["folded"]
+    for got, want in zip(routed, native):
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
