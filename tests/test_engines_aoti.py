@@ -69,6 +69,25 @@ def test_static_bucket_is_exact(built):
     assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4  # reloads on use
 
 
+def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
+    """Tiled passes use engines too: with 64 px tiles every tile of a 128 px image fits the static bucket."""
+    from turbovae.vae.tiling import decode_tiled, encode_tiled
+
+    root, _ckpt, vae, _paths = built
+    ev = turbovae.load_vae(root / "set", device="cpu")
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(1, 4, 1, 16, 16, generator=g)
+    x = torch.rand(1, 3, 1, 128, 128, generator=g) * 2 - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineFallbackWarning)
+        dec = decode_tiled(ev, z, tile=64, overlap=32, mode="fast")
+        tiles = ev.engine_calls
+        enc = encode_tiled(ev, x, tile=64, overlap=32, mode="fast")
+    assert tiles == 9 and ev.engine_calls == 18  # 3 x 3 tiles of 64 px each way
+    assert (dec - decode_tiled(vae, z, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
+    assert (enc - encode_tiled(vae, x, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
+
+
 def test_padded_sizes_keep_the_requested_size(built):
     root, _ckpt, vae, _ = built
     ev = turbovae.load_vae(root / "set", device="cpu")

@@ -114,6 +114,20 @@ class EngineVAE(TurboVAE):
             return out
         return super().run_decode(z, temporal_slice=temporal_slice)
 
+    def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Fast tiles on the engines: a tile (one temporal slice) runs like a whole input would — image
+        and clip decode, image encode — and on PyTorch where no engine serves its size."""
+        model_pass = super().tile_pass(decode=decode)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if decode:
+                out = self._engine("decoder", x) if x.shape[2] == 1 else self._engine_clip(x)
+            else:
+                out = self._engine("encoder", x)
+            return out if out is not None else model_pass(x)
+
+        return run
+
     # -- memory --------------------------------------------------------------------------------
     def engine_memory_bytes(self) -> int:
         return self.engines.memory_bytes() if self.engines is not None else 0

@@ -10,7 +10,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 
@@ -191,6 +191,12 @@ class TurboVAE:
             f = self.spatial_factor
             temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
         return self.model.decode_latents(z, temporal_slice=temporal_slice)
+
+    def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The whole-clip pass fast tiles run on a tile that fits one temporal slice (validated 5-D input
+        on the model's device/dtype -> pixels or moments). The model's own here; an engine VAE returns
+        one that runs tiles of an engine's size on the engine, so tiled passes use engines too."""
+        return self.model.decode_latents if decode else self.model.encode_moments
 
 
 def moments_to_latents(moments: torch.Tensor, *, sample: bool = False,

@@ -115,10 +115,8 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
     h_lat, w_lat, t_in = x.shape[-2] // in_scale, x.shape[-1] // in_scale, x.shape[2]
     latent_frames = t_in if decode else geom.out_frames(t_in)
     pixel_frames = geom.out_frames(t_in) if decode else t_in
-    if decode:
-        stream, whole = model.decode_stream, model.decode_latents
-    else:
-        stream, whole = model.encode_stream, model.encode_moments
+    stream = model.decode_stream if decode else model.encode_stream
+    whole = vae.tile_pass(decode=decode)
 
     def run(tile_lat: int) -> torch.Tensor:
         ts = temporal_slice
