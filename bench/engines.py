@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -51,9 +52,19 @@ def _engine_vae(model32: nn.Module, run_model: nn.Module, out_dir: Path, table, 
     return EngineVAE(run_model, EngineSet(out_dir, device, model_hash=weights_hash))
 
 
-def _engine_rows(case: str, device: torch.device, opts: BenchOptions, eager_ms: float, ref: torch.Tensor,
-                 make: Callable[[str, Path], object], run: Callable[[object], torch.Tensor]) -> list[BenchRow]:
-    """One row per backend: build with `make(backend, folder)`, time `run(engine_vae)` against eager."""
+@dataclass(frozen=True)
+class EngineUse:
+    """One timed use of a built engine set: its table case, the eager baseline and how to run it."""
+
+    case: str
+    eager_ms: float
+    reference: torch.Tensor
+    run: Callable[[object], torch.Tensor]
+
+
+def _engine_rows(device: torch.device, opts: BenchOptions, make: Callable[[str, Path], object],
+                 uses: list[EngineUse]) -> list[BenchRow]:
+    """Per backend: build once with `make(backend, folder)`, then one row per use, timed against its eager."""
     from ..trt.backend import EngineError, get_backend
 
     rows = []
@@ -62,27 +73,37 @@ def _engine_rows(case: str, device: torch.device, opts: BenchOptions, eager_ms: 
             try:
                 get_backend(be).check_available(device)
                 ev = make(be, Path(tmp) / be)
-                e_ms, out = time_ms(lambda: run(ev), device, opts.repeat, opts.warmup)
-                note = "" if ev.engine_calls else "FELL BACK to PyTorch"
-                rows.append(BenchRow(SECTION, case, be, e_ms, baseline_ms=eager_ms, max_abs_err=max_abs(out, ref),
-                                     psnr_db=psnr(out, ref), note=note))
             except (EngineError, ImportError) as e:
-                rows.append(BenchRow(SECTION, case, be, float("nan"), note=f"unavailable: {str(e)[:80]}"))
+                rows += [BenchRow(SECTION, u.case, be, float("nan"), note=f"unavailable: {str(e)[:80]}") for u in uses]
+                continue
+            for use in uses:
+                calls = ev.engine_calls
+                e_ms, out = time_ms(lambda: use.run(ev), device, opts.repeat, opts.warmup)
+                note = "" if ev.engine_calls > calls else "FELL BACK to PyTorch"
+                rows.append(BenchRow(SECTION, use.case, be, e_ms, baseline_ms=use.eager_ms,
+                                     max_abs_err=max_abs(out, use.reference), psnr_db=psnr(out, use.reference),
+                                     note=note))
     return rows
 
 
 def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
-    """Wan 2.1 image decode at a static bucket: eager vs torch.compile vs engines."""
+    """Wan 2.1 image decode at a static bucket (eager vs torch.compile vs engines), and an image of twice
+    the bucket's side in fast tiles of the bucket's size (PyTorch tiles vs tiles on the same engines)."""
     from ..trt.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
+    from ..vae.tiling import decode_tiled
 
     cpu = device.type == "cpu"
     size = 256 if cpu else 1024
     model32 = _model(cpu).to(device=device)  # engines are built from fp32 weights in the engine dtype
     model = _model(cpu).to(device=device, dtype=dtype)
     vae = TurboVAE(model, source="random weights")
-    z = torch.randn(1, model.latent_format.channels, size // 8, size // 8, device=device, dtype=dtype)
-    case = f"{'tiny' if cpu else 'real'} wan2.1 decode {size}x{size} {str(dtype)[6:]}"
+    c = model.latent_format.channels
+    z = torch.randn(1, c, size // 8, size // 8, device=device, dtype=dtype)
+    z2 = torch.randn(1, c, 1, size // 4, size // 4, device=device, dtype=dtype)
+    kind, dt = "tiny" if cpu else "real", str(dtype)[6:]
+    case = f"{kind} wan2.1 decode {size}x{size} {dt}"
+    tiled_case = f"{kind} wan2.1 fast tiles {2 * size}x{2 * size} in {size} px {dt}"
     with torch.inference_mode():
         eager_ms, ref = time_ms(lambda: vae.decode(z), device, opts.repeat, opts.warmup)
     rows = [BenchRow(SECTION, case, "eager", eager_ms)]
@@ -90,11 +111,23 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     with torch.inference_mode():
         c_ms, c_out = time_ms(lambda: compiled(z), device, opts.repeat, max(opts.warmup, 1))
     rows.append(BenchRow(SECTION, case, "torch.compile", c_ms, baseline_ms=eager_ms, max_abs_err=max_abs(c_out, ref)))
+
+    def tiles(v) -> torch.Tensor:
+        return decode_tiled(v, z2, tile=size, overlap=size // 4, mode="fast")
+
+    tiled_ms, tiled_ref = time_ms(lambda: tiles(vae), device, opts.repeat, opts.warmup)
+    tiled_row = BenchRow(SECTION, tiled_case, "eager tiles", tiled_ms)
     table = static_table(Bucket(size, size))
-    rows += _engine_rows(case, device, opts, eager_ms, ref,
-                         lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device,
-                                                   components=("decoder",)),
-                         lambda ev: ev.decode(z))
+    engine_rows = _engine_rows(device, opts,
+                               lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device,
+                                                         components=("decoder",)),
+                               [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z)),
+                                EngineUse(tiled_case, tiled_ms, tiled_ref, tiles)])
+    rows += [r for r in engine_rows if r.case == case] + [tiled_row]
+    rows += [r for r in engine_rows if r.case == tiled_case]
+    for r in rows:
+        if r.case == tiled_case and r.variant != "eager tiles":
+            r.variant = f"{r.variant} tiles"
     return rows
 
 
@@ -124,10 +157,10 @@ def seedvr2_clip_rows(opts: BenchOptions, device: torch.device, dtype: torch.dty
     eager_ms, ref = time_ms(lambda: vae.decode(z, temporal_slice=1), device, opts.repeat, opts.warmup)
     rows = [BenchRow(SECTION, case, "eager sliced (1 latent/slice)", eager_ms)]
     table = static_table(Bucket(h, w))
-    rows += _engine_rows(case, device, opts, eager_ms, ref,
+    rows += _engine_rows(device, opts,
                          lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device, components=(),
                                                    video=True),
-                         lambda ev: ev.decode(z))
+                         [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z))])
     for r in rows[1:]:
         r.variant = f"{r.variant} slice chain"
     return rows
