@@ -18,8 +18,8 @@ TILE_MODE_HELP = ("auto: no tiling when the whole pass fits in free memory, othe
                   "free memory. exact: tiles whose result equals the untiled pass (frame-wide statistics and "
                   "attention are computed once at latent resolution); memory bounded by the tile. fast: "
                   "independent tiles blended across the overlap; least memory and time, small differences "
-                  "from the untiled result are possible near seams; the only mode whose tiles run on engines "
-                  "(Load TRT VAE; set tile_size to the engine size).")
+                  "from the untiled result are possible near seams. With Load TRT VAE, fast tiles of an engine's size "
+                  "(set tile_size to it) and auto's untiled pass run on the engines.")
 
 
 def choice_error(name: str, value: object, options: Sequence[str]) -> str | None:

@@ -86,6 +86,13 @@ def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
     assert tiles == 9 and ev.engine_calls == 18  # 3 x 3 tiles of 64 px each way
     assert (dec - decode_tiled(vae, z, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
     assert (enc - encode_tiled(vae, x, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
+    # auto (the nodes' default) runs an input that fits untiled, i.e. on the engine when one serves it
+    small = z[..., :8, :8]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EngineFallbackWarning)
+        auto = decode_tiled(ev, small, mode="auto")
+    assert ev.engine_calls == 19
+    assert (auto - vae.decode(small)).abs().max() <= 1e-4
 
 
 def test_padded_sizes_keep_the_requested_size(built):

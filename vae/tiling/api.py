@@ -98,6 +98,19 @@ def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: in
             tile_lat = smaller
 
 
+def _untiled(vae: TurboVAE, x: torch.Tensor, *, decode: bool, temporal_slice: Optional[int], progress: Progress,
+             output_device: Optional[torch.device]) -> torch.Tensor:
+    """`auto` when one tile covers the frame: the plain pass, which is what the memory estimate was made
+    for and what exact tiles equal; run through the VAE so an engine VAE serves it from its engines."""
+    if decode:
+        out = vae.run_decode(x, temporal_slice=temporal_slice)
+    else:
+        out = vae.encode_moments(x, temporal_slice=temporal_slice)
+    if progress is not None:
+        progress(1, 1)
+    return out.to(device=output_device or x.device, dtype=torch.float32)
+
+
 def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[int], overlap: int, mode: str,
                 temporal_slice: Optional[int], progress: Progress,
                 output_device: Optional[torch.device]) -> torch.Tensor:
@@ -126,6 +139,9 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
                                      temporal_factor=vae.temporal_factor)
         grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
         with torch.inference_mode():
+            if mode == "auto" and len(grid) == 1:
+                return _untiled(vae, x, decode=decode, temporal_slice=ts, progress=progress,
+                                output_device=output_device)
             if exact:
                 return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
                                  output_device=output_device)
