@@ -66,6 +66,8 @@ class TurboVAELoader(io.ComfyNode):
             from ..vae.compile import apply_compile
 
             apply_compile(turbo.model, compile)
+            if compile.cuda_graphs:
+                turbo.use_cuda_graphs()
         log.info("TurboVAE: loaded %s as %s (%s)", vae_name, turbo.kind, target)
         return io.NodeOutput(ComfyTurboVAE(turbo, load_device=load_device))
 
@@ -98,6 +100,11 @@ class TurboVAECompileSettings(io.ComfyNode):
                 io.Int.Input("cache_size_limit", default=64, min=1, max=1024,
                              tooltip="torch._dynamo cache size per region: how many shape variants are kept "
                                      "before falling back to eager. Raise it if you switch sizes often."),
+                io.Boolean.Input("cuda_graphs", default=False,
+                                 tooltip="NVIDIA GPUs: also capture each whole encode/decode pass as a CUDA graph "
+                                         "(one per input size, at most 4 per direction) to remove kernel-launch "
+                                         "gaps. Keeps the pass's memory reserved; not with mode reduce-overhead "
+                                         "or backend cudagraphs. A failed capture runs eagerly."),
             ],
             outputs=[CompileSettingsType.Output(display_name="compile",
                                                 tooltip="Connect to 'Load VAE (TurboVAE)'.")],
@@ -111,7 +118,7 @@ class TurboVAECompileSettings(io.ComfyNode):
 
     @classmethod
     def execute(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto",
-                fullgraph: bool = False, cache_size_limit: int = 64) -> io.NodeOutput:
+                fullgraph: bool = False, cache_size_limit: int = 64, cuda_graphs: bool = False) -> io.NodeOutput:
         check_choice("backend", backend, COMPILE_BACKENDS)
         check_choice("mode", mode, COMPILE_MODES)
         check_choice("dynamic", dynamic, COMPILE_DYNAMIC)
@@ -120,7 +127,8 @@ class TurboVAECompileSettings(io.ComfyNode):
         from ..vae.compile import CompileSettings
 
         return io.NodeOutput(CompileSettings(backend=backend, mode=mode, dynamic=dynamic,
-                                             fullgraph=bool(fullgraph), cache_size_limit=int(cache_size_limit)))
+                                             fullgraph=bool(fullgraph), cache_size_limit=int(cache_size_limit),
+                                             cuda_graphs=bool(cuda_graphs)))
 
 
 LOADER_NODES = [TurboVAELoader, TurboVAECompileSettings]

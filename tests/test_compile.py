@@ -50,7 +50,10 @@ def test_settings_validation_names_the_fix():
                        (dict(mode="fast"), "unknown compile mode"),
                        (dict(dynamic="maybe"), "dynamic must be one of"),
                        (dict(fullgraph="yes"), "fullgraph must be"),
-                       (dict(cache_size_limit=0), "cache_size_limit must be")]:
+                       (dict(cache_size_limit=0), "cache_size_limit must be"),
+                       (dict(cuda_graphs=True, mode="reduce-overhead"), "cannot wrap torch.compile's own"),
+                       (dict(cuda_graphs=True, backend="cudagraphs"), "cannot wrap torch.compile's own"),
+                       (dict(cuda_graphs="on"), "cuda_graphs must be")]:
         with pytest.raises(ValueError, match=match):
             C.CompileSettings(**bad)
     assert hash(C.CompileSettings()) == hash(C.CompileSettings())

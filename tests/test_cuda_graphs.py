@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turbovae.vae.cuda_graphs import CudaGraphRunner, GraphCache, graph_key
+from turbovae.vae.cuda_graphs import CudaGraphRunner, GraphCache, _Captured, graph_key
 
 
 def test_graph_key_separates_geometry_dtype_and_values():
@@ -47,6 +47,99 @@ def test_runner_is_a_passthrough_off_cuda(seeded):
     x = torch.randn(2, 3, generator=seeded)
     assert torch.equal(runner(x, scale=2.0), x * 2)
     assert len(calls) == 1 and len(runner.cache) == 0
+
+
+class _FakeCaptureRunner(CudaGraphRunner):
+    """Every call is eligible and a "capture" is a recorded eager call, so the runner's own logic
+    (state changes, failed captures) is checked without a GPU."""
+
+    def __init__(self, fn, fail_capture=False, **kw):
+        super().__init__(fn, **kw)
+        self.captures, self.fail_capture = 0, fail_capture
+
+    def _eligible(self, tensors):
+        return bool(tensors)
+
+    def _capture(self, args, kwargs, tensors):
+        self.captures += 1
+        if self.fail_capture:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return _Captured(graph=_NoGraph(), inputs=list(tensors), output=self.fn(*args, **kwargs))
+
+
+class _NoGraph:
+    def replay(self):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_runner_drops_graphs_when_the_state_key_changes(seeded):
+    where = ["cuda:0@1000"]
+    runner = _FakeCaptureRunner(lambda x: x + 1, state_key=lambda: where[0])
+    x = torch.randn(2, 3, generator=seeded)
+    runner(x)
+    runner(x)
+    assert runner.captures == 1 and len(runner.cache) == 1
+    where[0] = "cuda:0@2000"  # weights moved (offload + reload): the captured graph is stale
+    runner(x)
+    assert runner.captures == 2 and len(runner.cache) == 1
+
+
+def test_failed_capture_warns_once_and_runs_eagerly_from_then_on(seeded, caplog):
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x * 3
+
+    runner = _FakeCaptureRunner(fn, fail_capture=True)
+    x = torch.randn(4, generator=seeded)
+    with caplog.at_level("WARNING", logger="turbovae"):
+        assert torch.equal(runner(x), x * 3)
+        assert torch.equal(runner(x), x * 3)
+    assert runner.captures == 1 and runner.disabled.startswith("RuntimeError")
+    assert caplog.text.count("CUDA graph capture failed") == 1 and len(calls) == 2
+
+
+def test_turbovae_opt_in_is_exact_off_cuda_and_opt_out_removes_runners(seeded):
+    from turbovae import TurboVAE
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    torch.manual_seed(0)
+    vae = TurboVAE(WanVAE(TINY_WAN21))
+    z = torch.randn(1, vae.latent_channels, 1, 4, 4, generator=seeded)
+    x = torch.rand(1, 3, 1, 32, 32, generator=seeded) * 2 - 1
+    want = (vae.decode(z), vae.encode(x))
+    vae.use_cuda_graphs(max_graphs=2)
+    assert all(r.cache.max_entries == 2 for r in vae._graphs.values())
+    assert vae.tile_pass(decode=True) is vae._graphs[True]
+    got = (vae.decode(z), vae.encode(x))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    vae.use_cuda_graphs(0)
+    assert vae._graphs == {} and vae.tile_pass(decode=True) == vae.model.decode_latents
+
+
+@pytest.mark.gpu
+def test_turbovae_cuda_graphs_match_eager_and_follow_moved_weights(seeded):
+    from turbovae import TurboVAE
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    torch.manual_seed(0)
+    vae = TurboVAE(WanVAE(TINY_WAN21)).to("cuda", "bf16")
+    z = torch.randn(1, vae.latent_channels, 1, 16, 16, generator=seeded).cuda().bfloat16()
+    want = vae.decode(z)
+    vae.use_cuda_graphs()
+    for _ in range(3):
+        assert torch.equal(vae.decode(z), want)
+    assert vae._graphs[True].cache.builds == 1 and vae._graphs[True].disabled is None
+    keep = vae.model.state_dict()  # hold the old storage so the reload gets new addresses
+    vae.model.to("cpu")
+    vae.model.to("cuda")  # what ComfyUI's offload/reload does: new weight storage
+    del keep
+    assert torch.equal(vae.decode(z), want)
+    assert vae._graphs[True].cache.builds == 2  # recaptured against the new addresses
 
 
 @pytest.mark.gpu

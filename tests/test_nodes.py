@@ -305,6 +305,16 @@ def test_compile_settings_node_validates_and_builds_settings():
     assert isinstance(settings, compile_mod.CompileSettings)
     assert (settings.mode, settings.dynamic, settings.fullgraph, settings.cache_size_limit) == \
         ("max-autotune", "false", True, 16)
+    assert settings.cuda_graphs is False
+
+
+def test_loader_opts_in_to_cuda_graphs_from_compile_settings():
+    settings = TurboVAECompileSettings.execute(backend="eager", cuda_graphs=True).args[0]
+    vae = TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings).args[0]
+    assert set(vae.turbo._graphs) == {True, False}
+    plain = _vae("qwen_image_tiny.safetensors")
+    z = torch.randn(1, vae.latent_channels, 1, 4, 4)
+    assert torch.equal(vae.decode(z), plain.decode(z))  # off CUDA the runner passes straight through
 
 
 # -- registration -----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from .base import LatentFormat, VAEModel
 from .checkpoint import (CheckpointError, StateDict, detect_architecture, read_state_dict,
                          resolve_checkpoint_path, unwrap_vae_keys)
+from .cuda_graphs import CudaGraphRunner
 from .memory import auto_temporal_slice
 
 log = logging.getLogger("turbovae")
@@ -51,6 +52,7 @@ class TurboVAE:
     def __init__(self, model: VAEModel, source: Optional[str] = None):
         self.model = model.eval().requires_grad_(False)
         self.source = source
+        self._graphs: dict[bool, CudaGraphRunner] = {}  # decode? -> runner, once use_cuda_graphs() opts in
 
     # -- descriptive ---------------------------------------------------------------------------
     @property
@@ -88,7 +90,40 @@ class TurboVAE:
     def to(self, device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
            non_blocking: bool = False) -> "TurboVAE":
         self.model.to(device=device, dtype=parse_dtype(dtype), non_blocking=non_blocking)
+        for runner in self._graphs.values():
+            runner.invalidate()
         return self
+
+    # -- CUDA graphs -----------------------------------------------------------------------------
+    def use_cuda_graphs(self, max_graphs: int = 4) -> None:
+        """Opt in to CUDA graphs for whole encode/decode passes (0 opts out).
+
+        Why opt-in: a graph removes the launch gaps of thousands of small kernels, but keeps its
+        activation pool allocated and serves one input geometry each; at most `max_graphs` are kept
+        per direction (one shared pool). Graphs are dropped when the weights move (ComfyUI offloading
+        included); off CUDA, and after a failed capture, passes run eagerly.
+        """
+        for runner in self._graphs.values():
+            runner.invalidate()
+        self._graphs = {}
+        if max_graphs:
+            self._graphs = {decode: CudaGraphRunner(self._eager_pass(decode), max_graphs=max_graphs,
+                                                    state_key=self._weights_key)
+                            for decode in (True, False)}
+
+    def _weights_key(self) -> tuple:
+        """Where the weights live (every parameter's address, device and dtype): what a captured graph
+        read them from. A few hundred integers per pass; a stale graph would read freed memory."""
+        params = list(self.model.parameters())
+        return (params[0].device, params[0].dtype, tuple(p.data_ptr() for p in params))
+
+    def _eager_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
+        return self.model.decode_latents if decode else self.model.encode_moments
+
+    def _model_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
+        """The whole-pass callable: through the CUDA-graph runner once opted in, else the model's own."""
+        runner = self._graphs.get(decode)
+        return runner if runner is not None else self._eager_pass(decode)
 
     def state_dict(self) -> StateDict:
         return self.model.state_dict()
@@ -158,7 +193,7 @@ class TurboVAE:
             temporal_slice = self._auto_slice(self.latent_format.latent_frames(x.shape[2]),
                                               x.shape[-1] * x.shape[-2], decode=False)
         with torch.inference_mode():
-            return self.model.encode_moments(x, temporal_slice=temporal_slice)
+            return self._model_pass(False)(x, temporal_slice=temporal_slice)
 
     def encode(self, pixels: torch.Tensor, *, sample: bool = False, generator: Optional[torch.Generator] = None,
                temporal_slice: Optional[int] = None) -> torch.Tensor:
@@ -190,13 +225,13 @@ class TurboVAE:
         if temporal_slice is None:
             f = self.spatial_factor
             temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
-        return self.model.decode_latents(z, temporal_slice=temporal_slice)
+        return self._model_pass(True)(z, temporal_slice=temporal_slice)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """The whole-clip pass fast tiles run on a tile that fits one temporal slice (validated 5-D input
         on the model's device/dtype -> pixels or moments). The model's own here; an engine VAE returns
         one that runs tiles of an engine's size on the engine, so tiled passes use engines too."""
-        return self.model.decode_latents if decode else self.model.encode_moments
+        return self._model_pass(decode)
 
 
 def moments_to_latents(moments: torch.Tensor, *, sample: bool = False,

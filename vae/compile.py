@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -40,6 +40,7 @@ class CompileSettings:
     dynamic: str = "auto"  # auto: static first, dynamic after a shape change (torch's dynamic=None)
     fullgraph: bool = False
     cache_size_limit: int = 64
+    cuda_graphs: bool = False  # also capture whole passes as CUDA graphs (TurboVAE.use_cuda_graphs)
 
     def __post_init__(self) -> None:
         backends = available_backends()
@@ -54,6 +55,11 @@ class CompileSettings:
         if isinstance(self.cache_size_limit, bool) or not isinstance(self.cache_size_limit, int) \
                 or self.cache_size_limit < 1:
             raise ValueError(f"cache_size_limit must be an integer >= 1 (got {self.cache_size_limit!r})")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False (got {self.cuda_graphs!r})")
+        if self.cuda_graphs and (self.mode == "reduce-overhead" or self.backend == "cudagraphs"):
+            raise ValueError("cuda_graphs captures whole passes and cannot wrap torch.compile's own CUDA graphs "
+                             f"({self.backend}/{self.mode}); use one of them")
 
     def torch_compile_kwargs(self) -> dict:
         """Keyword arguments for torch.compile (mode is an inductor option; other backends ignore it)."""
@@ -148,7 +154,7 @@ def apply_compile(model: nn.Module, settings: Optional[CompileSettings] = None) 
     Calling it again with the same settings is free; with other settings, the regions switch to
     that variant (variants are cached per model, so switching back does not recompile).
     """
-    settings = settings or CompileSettings()
+    settings = replace(settings or CompileSettings(), cuda_graphs=False)  # graphs do not change what compiles
     _raise_recompile_limit(settings.cache_size_limit)
     variants = _CACHE.setdefault(model, {})
     if settings not in variants:

@@ -9,7 +9,11 @@ memory (the graph keeps its intermediates' pool) and rigidity (one graph per sha
 - all graphs of a runner share one memory pool (they replay one at a time on one stream);
 - inputs are copied into static buffers, outputs are cloned out of the static ones by default;
 - warm-up runs on a side stream before capture, as torch.cuda.graph requires;
-- anything that is not all-CUDA simply runs eagerly.
+- anything that is not all-CUDA simply runs eagerly;
+- `state_key()` names what else the graphs baked in (where the weights live): when it changes, every
+  graph is dropped, since a replay would read freed or moved memory;
+- a capture that fails (a host sync in the pass, out of memory) logs one warning and the runner runs
+  eagerly from then on: graphs are an optimisation, never a new way to fail.
 
 The captured callable must be capturable: no host synchronisation, no CPU-side data-dependent
 control flow, and the same work for the same shapes (true for our decoders at fixed slicing).
@@ -132,12 +136,16 @@ class CudaGraphRunner:
     overwritten by the next call with the same shapes.
     """
 
-    def __init__(self, fn: Callable, *, max_graphs: int = 4, warmup: int = 2, clone_outputs: bool = True):
+    def __init__(self, fn: Callable, *, max_graphs: int = 4, warmup: int = 2, clone_outputs: bool = True,
+                 state_key: Optional[Callable[[], Hashable]] = None):
         self.fn = fn
         self.warmup = warmup
         self.clone_outputs = clone_outputs
         self.cache: GraphCache[_Captured] = GraphCache(max_graphs, release=self._release)
         self._pool = None
+        self._state_key = state_key
+        self._state: Hashable = None
+        self.disabled: Optional[str] = None  # why capture was given up, once it failed
 
     @staticmethod
     def _release(entry: _Captured) -> None:
@@ -150,13 +158,28 @@ class CudaGraphRunner:
         self.cache.clear()
         self._pool = None
 
+    def _eligible(self, tensors: list) -> bool:
+        """Whether this call may use a graph: all tensor arguments on CUDA, and not inside another capture."""
+        return bool(tensors) and all(t.is_cuda for t in tensors) and not torch.cuda.is_current_stream_capturing()
+
     def __call__(self, *args, **kwargs):
         tensors: list = []
         _flatten_tensors((args, kwargs), tensors)
-        if not tensors or not all(t.is_cuda for t in tensors) or torch.cuda.is_current_stream_capturing():
+        if self.disabled is not None or not self._eligible(tensors):
             return self.fn(*args, **kwargs)
+        if self._state_key is not None:
+            state = self._state_key()
+            if state != self._state:
+                self.invalidate()
+                self._state = state
         key = graph_key(args, kwargs)
-        entry = self.cache.get_or_build(key, lambda: self._capture(args, kwargs, tensors))
+        try:
+            entry = self.cache.get_or_build(key, lambda: self._capture(args, kwargs, tensors))
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            self.disabled = f"{type(exc).__name__}: {exc}"
+            self.invalidate()
+            log.warning("turbovae: CUDA graph capture failed (%s); running eagerly from now on", self.disabled)
+            return self.fn(*args, **kwargs)
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
         entry.graph.replay()
