@@ -13,6 +13,7 @@ is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT 
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -29,7 +30,9 @@ from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
 # clip (core's habit) would evict every other model for no gain.
 RESERVED_LATENT_FRAMES = 4
+OOM_RETRY_OVERLAP_PX = 64  # blend width if an out-of-memory retry ends up with fast tiles
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+log = logging.getLogger(__name__)
 
 
 class _PatcherModule(torch.nn.Module):
@@ -165,14 +168,29 @@ class ComfyTurboVAE:
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
-        out = [self.turbo.decode(z[i:i + 1]).to(self.output_device) for i in range(z.shape[0])]
-        return self._clip_to_image(torch.cat(out), was_4d)
+        try:
+            out = torch.cat([self.turbo.decode(z[i:i + 1]).to(self.output_device) for i in range(z.shape[0])])
+        except mm.OOM_EXCEPTION:
+            out = None  # leave the except block first so the failed pass's tensors can be freed
+        if out is None:
+            _warn_oom("decoding")
+            return self.decode_tiles(samples_in, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
+                                     temporal_slice=None)
+        return self._clip_to_image(out, was_4d)
 
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
         self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
-        return self.turbo.encode(clip).to(self.output_device).float()
+        try:
+            out = self.turbo.encode(clip)
+        except mm.OOM_EXCEPTION:
+            out = None
+        if out is None:
+            _warn_oom("encoding")
+            return self.encode_tiles(pixel_samples, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
+                                     temporal_slice=None)
+        return out.to(self.output_device).float()
 
     # -- tiled passes ---------------------------------------------------------------------
     def decode_tiles(self, samples: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
@@ -215,6 +233,13 @@ class ComfyTurboVAE:
         tile = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
         return self.encode_tiles(pixel_samples, tile=tile, overlap=overlap or 0, mode="auto", temporal_slice=slice_)
+
+
+def _warn_oom(what: str) -> None:
+    """Core VAE Decode/Encode retry tiled on out-of-memory; so do we, with our memory-sized tiles (which
+    shrink further, then stop with a clear MemoryError, if memory is still short)."""
+    log.warning("TurboVAE: out of memory %s without tiles; retrying with tiles sized from free memory", what)
+    mm.soft_empty_cache()
 
 
 def _engine_bytes(turbo: TurboVAE) -> int:

@@ -114,6 +114,28 @@ def test_core_decode_encode_contract_matches_turbovae(name):
 
 
 @pytest.mark.parametrize("name", VAE_NAMES)
+def test_core_decode_encode_retry_tiled_on_out_of_memory(name, monkeypatch, caplog):
+    """Core VAE Decode/Encode call vae.decode/encode, which (like core's VAE) must retry tiled when the
+    whole pass runs out of memory, not fail the prompt."""
+    vae = TurboVAELoader.execute(vae_name=name, dtype="fp32").args[0]  # private copy: its turbo is patched
+    torch.manual_seed(3)
+    z = torch.randn(1, vae.latent_channels, 2, 6, 5)
+    frames = torch.rand(5, 48, 40, 3)
+    want_images, want_latents = vae.decode(z), vae.encode(frames)
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("simulated: whole pass too large")
+
+    monkeypatch.setattr(vae.turbo, "decode", oom)
+    monkeypatch.setattr(vae.turbo, "encode", oom)
+    with caplog.at_level("WARNING"):
+        images, latents = vae.decode(z), vae.encode(frames)
+    assert "out of memory decoding without tiles" in caplog.text and "out of memory encoding" in caplog.text
+    torch.testing.assert_close(images, want_images, atol=1e-4, rtol=0)  # auto tiles: exact, or the untiled pass
+    torch.testing.assert_close(latents, want_latents, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", VAE_NAMES)
 def test_vae_loaded_and_run_under_inference_mode_like_comfyui(name):
     """ComfyUI executes every node under torch.inference_mode(): loading there must still give a VAE
     whose passes run (SeedVR2's derived-weight caches read the parameters' version counters)."""
