@@ -29,7 +29,9 @@ def _bench(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     opts = BenchOptions(device=device, dtype=args.dtype, repeat=args.repeat, warmup=args.warmup, quick=args.quick,
                         checkpoint={k: v for k, v in (("seedvr2", args.seedvr2_checkpoint),
-                                                      ("qwen", args.qwen_checkpoint)) if v})
+                                                      ("qwen", args.qwen_checkpoint)) if v},
+                        cases=tuple(c.strip() for c in (args.cases or "").split(",") if c.strip()),
+                        ablation_engines=args.ablation_engines)
     sections = args.sections.split(",") if args.sections else list(DEFAULT_SECTIONS)
     unknown = [s for s in sections if s not in BENCH_SECTIONS]
     if unknown:
@@ -63,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--quick", action="store_true", help="smallest sizes only")
+    b.add_argument("--cases", help="gpu section: comma list of substrings; only cases whose name contains one run")
+    b.add_argument("--ablation-engines", action="store_true",
+                   help="gpu section: end each ablation with engines built for that case (AOTInductor, and "
+                        "TensorRT when installed); adds minutes of build time per case")
     b.add_argument("--seedvr2-checkpoint", "--checkpoint", dest="seedvr2_checkpoint",
                    help="real SeedVR2 VAE file (default: random weights)")
     b.add_argument("--qwen-checkpoint", help="real Qwen-Image/Wan 2.1 VAE file (default: random weights)")

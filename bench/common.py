@@ -25,6 +25,8 @@ class BenchOptions:
     warmup: int = 1
     quick: bool = False  # smallest sizes only (used by the smoke test)
     checkpoint: dict = field(default_factory=dict)  # section name -> checkpoint path
+    cases: tuple = ()  # keep only cases whose name contains one of these (empty: all)
+    ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
 
 
 @dataclass

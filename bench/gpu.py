@@ -13,6 +13,7 @@ unless `--qwen-checkpoint` / `--seedvr2-checkpoint` are given.
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 from dataclasses import dataclass, replace
@@ -158,6 +159,38 @@ STEPS = [
 ]
 
 
+def engine_build_kwargs(model: nn.Module, case: Case) -> Optional[dict]:
+    """What to build for a case: the decoder or encoder engine for images, the video slice engines for a
+    SeedVR2 clip; None when no engine can serve it (a Wan clip)."""
+    if case.kind == "encode":
+        return {"components": ("encoder",)} if case.shape[2] == 1 else None
+    if case.shape[2] == 1:
+        return {"components": ("decoder",)}
+    return {"components": (), "video": True} if case.arch == "seedvr2" else None
+
+
+def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, case: Case, x: torch.Tensor,
+                     reference: torch.Tensor, baseline_ms: Optional[float], device: torch.device,
+                     dtype: torch.dtype) -> list[BenchRow]:
+    """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
+    pixel size rounded up to 16 px; inputs are padded to it and outputs cropped back, as in use)."""
+    from ..trt.buckets import Bucket, static_table
+    from .engines import EngineUse, _engine_rows, _engine_vae
+
+    kw = engine_build_kwargs(model, case)
+    if kw is None:
+        return [BenchRow(SECTION, case.name, "+ engine", float("nan"), note="no engine serves this case")]
+    f = model.latent_format.spatial_factor
+    h, w = (case.shape[-2] * f, case.shape[-1] * f) if case.kind == "decode" else case.shape[-2:]
+    table = static_table(Bucket(-(-h // 16) * 16, -(-w // 16) * 16))
+    run = (lambda ev: ev.decode(x)) if case.kind == "decode" else (lambda ev: ev.encode_moments(x))
+    rows = _engine_rows(device, opts, lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device, **kw),
+                        [EngineUse(case.name, baseline_ms or float("nan"), reference, run)])
+    for r in rows:
+        r.section, r.variant = SECTION, f"+ engine ({r.variant})"
+    return rows
+
+
 def _floor_note(flops: Optional[float], ms: float, cuda: bool) -> str:
     if not (cuda and flops):
         return ""
@@ -169,6 +202,10 @@ def _floor_note(flops: Optional[float], ms: float, cuda: bool) -> str:
     return f"{flops / 1e12:.2f} TFLOP, floor {floor_ms:.1f} ms = {100 * floor_ms / ms:.0f}%"
 
 
+def selected_cases(opts: BenchOptions, cuda: bool) -> list[Case]:
+    return [c for c in cases(cuda, opts.quick) if not opts.cases or any(s in c.name for s in opts.cases)]
+
+
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
@@ -176,7 +213,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     rows: list[BenchRow] = []
     models: dict[str, nn.Module] = {}
     g = torch.Generator().manual_seed(0)
-    for case in cases(cuda, opts.quick):
+    for case in selected_cases(opts, cuda):
         if case.arch not in models:
             models.clear()
             gc.collect()
@@ -198,6 +235,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
     with fused_norms(False), torch.inference_mode():
         reference = _call(model, case)(x).float()
     flops = conv_flops(model, case, x) if cuda else None
+    model32 = copy.deepcopy(model) if opts.ablation_engines else None  # engines build from fp32 weights
     model.to(dtype=dtype)
     x = x.to(dtype)
     rows: list[BenchRow] = []
@@ -237,6 +275,10 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         rows.append(BenchRow(SECTION, case.name, step.name, ms, baseline_ms=baseline_ms, peak_mb=peak,
                              max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=note))
     remove_compile(model)
+    if model32 is not None:
+        set_arch_paths(model, fast=True, channels_last=True)
+        rows += engine_step_rows(opts, model32, model, case, x, reference, baseline_ms, device, dtype)
+        del model32
     model.to(device="cpu", dtype=torch.float32)
     if cuda:
         torch.cuda.empty_cache()

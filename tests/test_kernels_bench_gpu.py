@@ -18,3 +18,29 @@ def test_gpu_section_cpu_reduced_run_is_exact_in_fp32():
         assert math.isfinite(r.ms) and r.ms > 0 and r.baseline_ms is not None
         assert r.max_abs_err <= 1e-4, f"{r.case} / {r.variant}: fast paths must be exact in fp32"
     assert all(s.cuda_only for s in gpu.STEPS if s.fused or s.compiled or s.graphs)
+
+
+def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):
+    """`--ablation-engines`: the image decoder engine for the Qwen case, the video slice engines for the
+    SeedVR2 clip; both serve the pass (no fallback) and match the fp32 reference. The Inductor compile is
+    swapped for torch.export save/load (the AOTI compile itself is covered in test_engines_aoti.py)."""
+    import torch
+
+    from turbovae.trt.aoti import AOTIBackend
+
+    monkeypatch.setattr(AOTIBackend, "compile_package", lambda self, program, path: torch.export.save(program, str(path)))
+    monkeypatch.setattr(AOTIBackend, "load_runner", lambda self, path: torch.export.load(str(path)).module())
+    opts = BenchOptions(device="cpu", quick=True, repeat=1, warmup=0, ablation_engines=True, cases=("qwen", "seedvr2"))
+    rows = [r for r in gpu.run(opts) if r.variant.startswith("+ engine")]
+    assert [(r.case, r.variant) for r in rows] == [(c.name, "+ engine (aoti)") for c in gpu.cases(False, True)]
+    for r in rows:
+        assert r.section == "gpu" and math.isfinite(r.ms) and "FELL BACK" not in r.note
+        assert r.max_abs_err <= 1e-4
+
+
+def test_case_filter_and_engine_plan():
+    assert [c.name for c in gpu.selected_cases(BenchOptions(quick=True, cases=("seedvr2",)), False)] == \
+        ["seedvr2 5f decode 16² (tiny)"]
+    clip = gpu.Case("c", "qwen", "decode", (1, 16, 3, 8, 8))
+    assert gpu.engine_build_kwargs(None, clip) is None  # Wan clips have no slice engines
+    assert gpu.engine_build_kwargs(None, gpu.Case("e", "qwen", "encode", (1, 3, 1, 64, 64))) == {"components": ("encoder",)}
