@@ -229,8 +229,8 @@ class TurboVAE:
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """The whole-clip pass fast tiles run on a tile that fits one temporal slice (validated 5-D input
-        on the model's device/dtype -> pixels or moments). The model's own here; an engine VAE returns
-        one that runs tiles of an engine's size on the engine, so tiled passes use engines too."""
+        on the model's device/dtype -> pixels or moments). The model's own here (through CUDA graphs once
+        opted in); an engine VAE returns one that runs tiles of an engine's size on the engine."""
         return self._model_pass(decode)
 
 
