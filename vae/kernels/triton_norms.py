@@ -33,6 +33,21 @@ RMS_MAX_CHANNELS = 4096
 
 
 @triton.jit
+def _gn_program(T):
+    """This GroupNorm program's (group, pixel chunk, frame, groups, batch index, time index)."""
+    g = tl.program_id(0)
+    chunk = tl.program_id(1)
+    frame = tl.program_id(2)
+    return g, chunk, frame, tl.num_programs(0), frame // T, frame % T
+
+
+@triton.jit
+def _group_offset(b, t, g, CG, s_b, s_c, s_t):
+    """int64 element offset of group g's first channel at (batch b, time t)."""
+    return b.to(tl.int64) * s_b + t.to(tl.int64) * s_t + (g * CG).to(tl.int64) * s_c
+
+
+@triton.jit
 def _gn_partial_stats_kernel(
     x_ptr, res_ptr, n_ptr, mean_ptr, m2_ptr,
     T, P, CG, chunk_pixels,
@@ -41,13 +56,8 @@ def _gn_partial_stats_kernel(
     BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """(count, mean, M2) of one pixel chunk of one (frame, group), merged block by block (Chan)."""
-    g = tl.program_id(0)
-    chunk = tl.program_id(1)
-    frame = tl.program_id(2)
-    G = tl.num_programs(0)
-    b = frame // T
-    t = frame % T
-    base = b.to(tl.int64) * s_xb + t.to(tl.int64) * s_xt + (g * CG).to(tl.int64) * s_xc
+    g, chunk, frame, G, b, t = _gn_program(T)
+    base = _group_offset(b, t, g, CG, s_xb, s_xc, s_xt)
     offs_c = tl.arange(0, BLOCK_C)
     offs_p = tl.arange(0, BLOCK_P)
     mask_c = offs_c < CG
@@ -98,12 +108,7 @@ def _gn_apply_kernel(
     BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """Merge the group's partial statistics, then normalise, scale/shift and SiLU one pixel chunk."""
-    g = tl.program_id(0)
-    chunk = tl.program_id(1)
-    frame = tl.program_id(2)
-    G = tl.num_programs(0)
-    b = frame // T
-    t = frame % T
+    g, chunk, frame, G, b, t = _gn_program(T)
 
     slots = (frame * G + g) * NUM_CHUNKS + tl.arange(0, NUM_CHUNKS)
     n_i = tl.load(n_ptr + slots)
@@ -128,8 +133,8 @@ def _gn_apply_kernel(
     else:
         shift = tl.zeros((BLOCK_C,), dtype=tl.float32)
 
-    x_base = b.to(tl.int64) * s_xb + t.to(tl.int64) * s_xt + (g * CG).to(tl.int64) * s_xc
-    o_base = b.to(tl.int64) * s_ob + t.to(tl.int64) * s_ot + (g * CG).to(tl.int64) * s_oc
+    x_base = _group_offset(b, t, g, CG, s_xb, s_xc, s_xt)
+    o_base = _group_offset(b, t, g, CG, s_ob, s_oc, s_ot)
     p_start = chunk * chunk_pixels
     p_end = tl.minimum(p_start + chunk_pixels, P)
     for p0 in range(p_start, p_end, BLOCK_P):
