@@ -104,11 +104,34 @@ def environment() -> dict:
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
+        env["driver"] = gpu_driver_version()
     return env
+
+
+def gpu_driver_version() -> Optional[str]:
+    """The NVIDIA driver version as nvidia-smi reports it (torch does not expose it); None when unknown."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def format_table(rows: list[BenchRow]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -26,6 +27,7 @@ from ..vae.api import parse_dtype
 from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.cuda_graphs import CudaGraphRunner
 from ..vae.kernels import fused_norms, triton_available
+from ..vae.memory import auto_temporal_slice
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 
 SECTION = "gpu"
@@ -37,28 +39,46 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 
 @dataclass(frozen=True)
 class Case:
+    """One benchmark case. `key` is its stable id (the GPU run and `--cases` select by it); `baseline`
+    "diffusers" adds diffusers' eager pass in the bench dtype as the row every step is compared with;
+    `long` cases (minutes-long clips) time one repeat, skip CUDA graphs and slice the fp32 reference."""
+
     name: str
-    arch: str  # "qwen" | "seedvr2"
+    arch: str  # "qwen" (Qwen-Image = Wan 2.1 weights) | "seedvr2"
     kind: str  # "decode" | "encode"
     shape: tuple[int, ...]  # input shape (latents for decode, pixels for encode)
-    temporal_slice: Optional[int] = None
+    temporal_slice: Optional[int] = None  # None: whole clip; AUTO: what TurboVAE.decode picks from free memory
+    key: str = ""
+    baseline: str = "ours"  # "ours" (the eager step is the baseline) | "diffusers"
+    long: bool = False
 
+
+AUTO = -1  # Case.temporal_slice: resolve with the memory rule TurboVAE uses, at the case's dtype and device
 
 def cases(cuda: bool, quick: bool) -> list[Case]:
+    """The cases. CUDA cases come in the GPU run's priority order (bench/gpu_run.py CASE_KEYS lists their
+    keys; a test keeps the two in step). `quick` has tiny-config twins (same keys) of one image case, one
+    SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each kind in seconds."""
     if quick:
-        return [Case("qwen decode 16² (tiny)", "qwen", "decode", (1, 4, 1, 2, 2)),
-                Case("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2))]
+        return [Case("qwen decode 16² (tiny)", "qwen", "decode", (1, 4, 1, 2, 2), key="qwen-decode-1024"),
+                Case("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2), key="seedvr2-decode-720p21"),
+                Case("wan2.1 9f decode 16² (tiny) vs diffusers", "qwen", "decode", (1, 4, 3, 2, 2), AUTO,
+                     key="wan21-decode-720p81", baseline="diffusers", long=True)]
     if cuda:
-        return [Case("qwen decode 1024²", "qwen", "decode", (1, 16, 1, 128, 128)),
-                Case("qwen encode 1024²", "qwen", "encode", (1, 3, 1, 1024, 1024)),
-                Case("qwen decode 1328²", "qwen", "decode", (1, 16, 1, 166, 166)),
-                Case("qwen encode 1328²", "qwen", "encode", (1, 3, 1, 1328, 1328)),
-                Case("seedvr2 decode 1080p image", "seedvr2", "decode", (1, 16, 1, 135, 240)),
-                Case("seedvr2 decode 720p×21", "seedvr2", "decode", (1, 16, 6, 90, 160))]
-    return [Case("qwen decode 64²", "qwen", "decode", (1, 16, 1, 8, 8)),
-            Case("qwen encode 64²", "qwen", "encode", (1, 3, 1, 64, 64)),
-            Case("seedvr2 decode 64² image", "seedvr2", "decode", (1, 16, 1, 8, 8)),
-            Case("seedvr2 decode 64²×5", "seedvr2", "decode", (1, 16, 2, 8, 8))]
+        return [Case("qwen decode 1024²", "qwen", "decode", (1, 16, 1, 128, 128), key="qwen-decode-1024"),
+                Case("qwen encode 1024²", "qwen", "encode", (1, 3, 1, 1024, 1024), key="qwen-encode-1024"),
+                Case("seedvr2 decode 1080p image", "seedvr2", "decode", (1, 16, 1, 135, 240),
+                     key="seedvr2-decode-1080p"),
+                Case("seedvr2 decode 720p×21", "seedvr2", "decode", (1, 16, 6, 90, 160), AUTO,
+                     key="seedvr2-decode-720p21", long=True),
+                Case("wan2.1 decode 720p×81 vs diffusers", "qwen", "decode", (1, 16, 21, 90, 160), AUTO,
+                     key="wan21-decode-720p81", baseline="diffusers", long=True),
+                Case("qwen decode 1328²", "qwen", "decode", (1, 16, 1, 166, 166), key="qwen-decode-1328"),
+                Case("qwen encode 1328²", "qwen", "encode", (1, 3, 1, 1328, 1328), key="qwen-encode-1328")]
+    return [Case("qwen decode 64²", "qwen", "decode", (1, 16, 1, 8, 8), key="qwen-decode-64"),
+            Case("qwen encode 64²", "qwen", "encode", (1, 3, 1, 64, 64), key="qwen-encode-64"),
+            Case("seedvr2 decode 64² image", "seedvr2", "decode", (1, 16, 1, 8, 8), key="seedvr2-decode-64"),
+            Case("seedvr2 decode 64²×5", "seedvr2", "decode", (1, 16, 2, 8, 8), key="seedvr2-decode-64x5")]
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -116,20 +136,53 @@ def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None
         raise ValueError(f"{type(model).__name__} exposes neither `fast` nor `flags`")
 
 
-def _call(model: nn.Module, case: Case) -> Callable[[torch.Tensor], torch.Tensor]:
+def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
-        return lambda x: model.decode_latents(x, temporal_slice=case.temporal_slice)
-    return lambda x: model.encode_moments(x, temporal_slice=case.temporal_slice)
+        return lambda x: model.decode_latents(x, temporal_slice=temporal_slice)
+    return lambda x: model.encode_moments(x, temporal_slice=temporal_slice)
 
 
-def conv_flops(model: nn.Module, case: Case, x: torch.Tensor) -> Optional[float]:
+def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torch.device) -> Optional[int]:
+    """The case's temporal slice; AUTO is what TurboVAE.decode/encode would pick (free memory, this dtype)."""
+    if case.temporal_slice != AUTO:
+        return case.temporal_slice
+    fmt = model.latent_format
+    h, w = case.shape[-2:]
+    if case.kind == "decode":
+        frames, pixels = case.shape[2], h * w * fmt.spatial_factor ** 2
+    else:
+        frames, pixels = fmt.latent_frames(case.shape[2]), h * w
+    return auto_temporal_slice(model.memory_model, pixels, frames, dtype, device, decode=case.kind == "decode",
+                               temporal_factor=fmt.temporal_factor)
+
+
+def diffusers_baseline(model: nn.Module, case: Case) -> Optional[nn.Module]:
+    """diffusers' AutoencoderKLWan with the same weights (fp32, CPU), or None when diffusers is missing."""
+    try:
+        from diffusers import AutoencoderKLWan
+    except ImportError:
+        return None
+    from ..vae.wan.config import diffusers_kwargs
+
+    ref = AutoencoderKLWan(**diffusers_kwargs(model.config)).eval()
+    ref.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
+    return ref
+
+
+def _diffusers_call(ref: nn.Module, case: Case) -> Callable[[torch.Tensor], torch.Tensor]:
+    if case.kind == "decode":
+        return lambda x: ref.decode(x).sample
+    return lambda x: ref.encode(x).latent_dist.parameters
+
+
+def conv_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Optional[int] = None) -> Optional[float]:
     """FLOPs of one pass as counted by torch's FlopCounterMode (convs, matmuls, attention)."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
         with counter, torch.inference_mode():
-            _call(model, case)(x)
+            _call(model, case, temporal_slice)(x)
         return float(counter.get_total_flops())
     except Exception:  # counting is informative only
         return None
@@ -203,7 +256,9 @@ def _floor_note(flops: Optional[float], ms: float, cuda: bool) -> str:
 
 
 def selected_cases(opts: BenchOptions, cuda: bool) -> list[Case]:
-    return [c for c in cases(cuda, opts.quick) if not opts.cases or any(s in c.name for s in opts.cases)]
+    """Cases whose key equals, or whose name contains, one of `opts.cases` (all when none is given)."""
+    return [c for c in cases(cuda, opts.quick)
+            if not opts.cases or any(s == c.key or s in c.name for s in opts.cases)]
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:
@@ -228,20 +283,33 @@ def run(opts: BenchOptions) -> list[BenchRow]:
 def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor, device: torch.device,
             dtype: torch.dtype) -> list[BenchRow]:
     cuda = device.type == "cuda"
-    # fp32 eager reference on the device (the PSNR target), then the model in the bench dtype.
+    repeat, warmup = (1, 1) if case.long else (opts.repeat, opts.warmup)
+    # fp32 eager reference on the device (the PSNR target), then the model in the bench dtype. The
+    # reference of a long clip runs in memory-sized temporal slices: exact by construction, and the
+    # whole fp32 clip would not fit.
     model.to(device=device, dtype=torch.float32)
     set_arch_paths(model, fast=False, channels_last=False)
     x = x32.to(device)
     with fused_norms(False), torch.inference_mode():
-        reference = _call(model, case)(x).float()
-    flops = conv_flops(model, case, x) if cuda else None
+        reference = _call(model, case, resolve_slice(model, case, torch.float32, device))(x).float()
     model32 = copy.deepcopy(model) if opts.ablation_engines else None  # engines build from fp32 weights
     model.to(dtype=dtype)
     x = x.to(dtype)
+    temporal_slice = resolve_slice(model, case, dtype, device)
+    flops = conv_flops(model, case, x, temporal_slice) if cuda else None
     rows: list[BenchRow] = []
     baseline_ms = None
+    slice_note = f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else ""
+    if case.baseline == "diffusers":
+        row = _diffusers_row(opts, model, case, x, reference, device, dtype, repeat, warmup)
+        rows.append(row)
+        baseline_ms = row.ms if math.isfinite(row.ms) else None
     for step in STEPS:
         if step.cuda_only and not cuda:
+            continue
+        if step.graphs and case.long:
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
+                                 note="skipped: a minutes-long clip gains nothing from graph replay"))
             continue
         if step.fused and not triton_available():
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note="skipped: Triton not installed"))
@@ -249,7 +317,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         set_arch_paths(model, fast=step.fast, channels_last=step.channels_last)
         if step.compiled:
             apply_compile(model, CompileSettings())
-        fn = _call(model, case)
+        fn = _call(model, case, temporal_slice)
         runner = CudaGraphRunner(fn, max_graphs=1) if step.graphs else None
 
         def once(fn=fn, runner=runner) -> torch.Tensor:
@@ -259,21 +327,21 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         try:
             with fused_norms(step.fused):
                 peak, out = cuda_peak_mb(once, device)
-                ms, out = time_ms(once, device, repeat=opts.repeat, warmup=opts.warmup)
+                ms, out = time_ms(once, device, repeat=repeat, warmup=warmup)
         except Exception as exc:  # one failing lever must not hide the rest of the table
             log.warning("bench gpu: %s / %s failed", case.name, step.name, exc_info=True)
-            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
-                                 note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"))
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note=failure_note(exc)))
             continue
         finally:
             if runner is not None:
                 runner.invalidate()
-        note = _floor_note(flops, ms, cuda)
+        note = "; ".join(n for n in (slice_note, _floor_note(flops, ms, cuda)) if n)
         if step.compiled and compile_failed(model):
             note = ("compile fell back to eager; " + note).strip("; ")
         baseline_ms = baseline_ms or ms
         rows.append(BenchRow(SECTION, case.name, step.name, ms, baseline_ms=baseline_ms, peak_mb=peak,
                              max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=note))
+        del out
     remove_compile(model)
     if model32 is not None:
         set_arch_paths(model, fast=True, channels_last=True)
@@ -283,3 +351,37 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
     if cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+def failure_note(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"failed: {type(exc).__name__}: {first[:160]}"
+
+
+def _diffusers_row(opts: BenchOptions, model: nn.Module, case: Case, x: torch.Tensor, reference: torch.Tensor,
+                   device: torch.device, dtype: torch.dtype, repeat: int, warmup: int) -> BenchRow:
+    """diffusers' eager pass in the bench dtype on the same weights and input: the case's baseline."""
+    variant = "diffusers AutoencoderKLWan eager"
+    ref = diffusers_baseline(model, case)
+    if ref is None:
+        return BenchRow(SECTION, case.name, variant, float("nan"),
+                        note="failed: diffusers is not installed (the GPU run installs carried wheels: docs/gpu.md)")
+    try:
+        ref.to(device=device, dtype=dtype)
+        fn = _diffusers_call(ref, case)
+
+        def once() -> torch.Tensor:
+            with torch.inference_mode():
+                return fn(x)
+
+        peak, out = cuda_peak_mb(once, device)
+        ms, out = time_ms(once, device, repeat=repeat, warmup=warmup)
+        return BenchRow(SECTION, case.name, variant, ms, baseline_ms=ms, peak_mb=peak,
+                        max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=str(dtype)[6:])
+    except Exception as exc:
+        log.warning("bench gpu: %s / diffusers failed", case.name, exc_info=True)
+        return BenchRow(SECTION, case.name, variant, float("nan"), note=failure_note(exc))
+    finally:
+        del ref
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

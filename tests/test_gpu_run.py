@@ -1,0 +1,142 @@
+"""The GPU lease run (scripts/gpu_run.sh -> bench/gpu_run.py): the dry run end to end on CPU, and the
+budget / resume / cut-off logic with a scripted task runner (no subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from turbovae.bench import gpu, gpu_run
+from turbovae.bench.common import BenchOptions
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _strict_json(path: Path) -> dict:
+    """Valid JSON only: NaN/Infinity (Python's extension) are rejected."""
+    def reject(const: str):
+        raise ValueError(f"{path.name}: {const} is not JSON")
+    return json.loads(path.read_text(), parse_constant=reject)
+
+
+def test_dry_run_end_to_end(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_run.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(p.name for p in tmp_path.glob("*-cpu-dry-run.json"))
+    assert len(files) == 1
+    payload = _strict_json(tmp_path / files[0])
+    assert payload["run"]["dry_run"] is True and payload["environment"]["torch"]
+    assert "triton" in payload["environment"]
+    assert [t["key"] for t in payload["tasks"]] == ["gpu-tests", *gpu_run.DRY_RUN_KEYS]
+    assert all(t["status"] == "done" for t in payload["tasks"]), payload["tasks"]
+    cases = {r["case"] for r in payload["rows"]}
+    assert cases == {c.name for c in gpu.cases(False, True)}
+    for r in payload["rows"]:
+        if r["variant"] != "diffusers AutoencoderKLWan eager":
+            assert r["max_abs_err"] <= 1e-4, r  # fp32 on CPU: every lever is exact
+    baseline = [r for r in payload["rows"] if r["variant"].startswith("diffusers")]
+    assert len(baseline) == 1 and baseline[0]["ms"] > 0 and baseline[0]["max_abs_err"] <= 1e-4
+    table = (tmp_path / files[0]).with_suffix(".md").read_text()
+    assert "| wan2.1 9f decode 16² (tiny) vs diffusers | diffusers AutoencoderKLWan eager |" in table
+    assert (tmp_path / "run.log").exists() and (tmp_path / "tasks.log").exists()
+
+
+def test_case_keys_agree_with_the_bench():
+    assert [c.key for c in gpu.cases(True, False)] == list(gpu_run.CASE_KEYS)
+    assert [c.key for c in gpu.cases(False, True)] == list(gpu_run.DRY_RUN_KEYS)
+    for key in gpu_run.CASE_KEYS:  # each key selects exactly its own case
+        assert [c.key for c in gpu.selected_cases(BenchOptions(cases=(key,)), True)] == [key]
+    plan = gpu_run.plan(dry_run=False)
+    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "engines"]
+    assert all(t.expected_s <= t.limit_s <= 540 for t in plan)
+
+
+class ScriptedRunner:
+    """Plays each task's outcome: (exit code, output, rows) in order; records what ran."""
+
+    def __init__(self, clock, outcomes: dict):
+        self.clock, self.outcomes, self.ran = clock, outcomes, []
+
+    def __call__(self, task, timeout, workdir):
+        code, seconds, rows = self.outcomes[task.key]
+        self.ran.append(task.key)
+        self.clock.now += min(seconds, timeout)
+        if isinstance(code, BaseException):
+            raise code
+        payload = {"environment": {"gpu": "Fake GPU"}, "rows": rows} if task.bench else None
+        return (-1 if seconds > timeout else code), f"{task.key} output", payload
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _row(case: str, ms: float) -> dict:
+    return {"section": "gpu", "case": case, "variant": "eager baseline", "ms": ms, "speedup": None}
+
+
+def test_budget_resume_and_failures(tmp_path):
+    tasks = [gpu_run.Task("a", ("x",), expected_s=100, limit_s=200),
+             gpu_run.Task("b", ("x",), expected_s=100, limit_s=150),
+             gpu_run.Task("c", ("x",), expected_s=100, limit_s=200),
+             gpu_run.Task("d", ("x",), expected_s=300, limit_s=400)]
+    clock = Clock()
+    runner = ScriptedRunner(clock, {"a": (0, 90, [_row("A", 1.0)]), "b": (0, 500, []),
+                                    "c": (3, 20, [_row("C", float("nan"))]), "d": (0, 250, [_row("D", 2.0)])})
+    out = tmp_path / "r.json"
+    state = gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=400, runner=runner, clock=clock)
+    # a: done; b: killed at its own 150 s limit; c: failed (exit 3); d: did not fit the 140 s left
+    assert runner.ran == ["a", "b", "c"]
+    status = {t["key"]: t["status"] for t in _strict_json(out)["tasks"]}
+    assert status == {"a": "done", "b": "failed", "c": "failed", "d": "pending"}
+    detail = {t["key"]: t["detail"] for t in state.tasks}
+    assert detail["b"].startswith("timed out after 150 s") and detail["c"].startswith("exit 3")
+    payload = _strict_json(out)
+    assert [r["ms"] for r in payload["rows"]] == [1.0, None]  # NaN written as null
+    assert payload["environment"] == {"gpu": "Fake GPU"}
+
+    # The next call resumes from the file: only the pending task runs, rows accumulate.
+    clock2 = Clock()
+    runner2 = ScriptedRunner(clock2, runner.outcomes)
+    resumed = gpu_run.RunState.from_json(_strict_json(out))
+    gpu_run.execute(tasks, resumed, out, budget_s=540, runner=runner2, clock=clock2)
+    assert runner2.ran == ["d"]
+    payload = _strict_json(out)
+    assert [t["status"] for t in payload["tasks"]] == ["done", "failed", "failed", "done"]
+    assert [r["case"] for r in payload["rows"]] == ["A", "C", "D"]
+    assert len(payload["run"]["calls"]) == 2 and payload["run"]["calls"][1]["ran"] == ["d"]
+    assert "| D | eager baseline | 2.0 |" in out.with_suffix(".md").read_text()
+
+
+def test_cut_off_mid_run_leaves_valid_results(tmp_path):
+    """A call killed during its second task keeps the first task's rows in a valid file."""
+    tasks = [gpu_run.Task("a", ("x",), expected_s=10, limit_s=20), gpu_run.Task("b", ("x",), expected_s=10, limit_s=20)]
+    clock = Clock()
+    runner = ScriptedRunner(clock, {"a": (0, 5, [_row("A", 1.0)]), "b": (KeyboardInterrupt(), 5, [])})
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=100, runner=runner, clock=clock)
+    payload = _strict_json(out)
+    assert [t["status"] for t in payload["tasks"]] == ["done", "pending"]
+    assert [r["case"] for r in payload["rows"]] == ["A"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary file left behind"
+
+
+def test_results_name_and_resume_errors(tmp_path, capsys):
+    assert gpu_run.results_name({"date": "2026-11-24 10:00 UTC", "gpu": "NVIDIA H100 80GB HBM3"}, False) == \
+        "2026-11-24-nvidia-h100-80gb-hbm3.json"
+    assert gpu_run.results_name({"date": "2026-11-24 10:00 UTC"}, True) == "2026-11-24-cpu-dry-run.json"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert gpu_run.main(["--out", str(tmp_path), "--resume", str(bad)]) == 2
+    assert "cannot resume" in capsys.readouterr().err
