@@ -15,6 +15,7 @@ BENCH_SECTIONS = {
     "tiling": "tiling",
     "engines": "engines",
     "gpu": "gpu",
+    "slices": "slices",
 }
 DEFAULT_SECTIONS = ("seedvr2", "qwen")
 

@@ -95,7 +95,7 @@ def _finite(row: dict) -> dict:
 
 
 def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines: bool = True) -> list[Task]:
-    """The tasks in priority order: GPU tests, each benchmark case, the engines section."""
+    """The tasks in priority order: GPU tests, each benchmark case, the slice-cost section, engines."""
     py = ("-m",)
     if dry_run:
         device = ("--device", "cpu", "--dtype", "fp32", "--quick", "--repeat", "1", "--warmup", "0")
@@ -112,6 +112,9 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
         exp, lim = expected.get(key, (90, 300))
         tasks.append(Task(key, py + ("turbovae", "bench", "--sections", "gpu", "--cases", key) + device,
                           expected_s=exp, limit_s=lim))
+    # Slice cost (bench/slices.py): what vae/memory.py FASTEST_SLICE needs for CUDA.
+    tasks.append(Task("slices", py + ("turbovae", "bench", "--sections", "slices") + device,
+                      expected_s=90, limit_s=240))
     if engines and not dry_run:  # AOTInductor builds take minutes on CPU: not part of the dry run
         tasks.append(Task("engines", py + ("turbovae", "bench", "--sections", "engines", "--device", "cuda"),
                           expected_s=300, limit_s=540))

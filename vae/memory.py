@@ -30,10 +30,20 @@ def free_memory_bytes(device: torch.device) -> int:
         return int(pages * os.sysconf("SC_PAGE_SIZE"))
 
 
+# Latent frames per decode slice that ran fastest, per device type, where memory would allow more (slicing is exact,
+# so this changes time and memory only). CPU, 2 cores, fp32, interleaved runs (`python -m turbovae bench
+# --sections slices`, docs/BENCHMARKS.md): slices of 1-2 latent frames were as fast as the whole clip or faster
+# — SeedVR2 21 frames 64²: 11.0-11.4 s vs 13.2-15.2 s whole; Wan 2.1 81 frames 64²: 17.5 s vs 19.0 s; at 128²
+# within the noise — and never slower; smaller working sets stay in cache and reuse the allocator's blocks.
+# CUDA, and encode anywhere: not measured yet, so the memory rule alone decides (the largest slice that fits).
+FASTEST_SLICE = {"cpu": 2}
+
+
 def auto_temporal_slice(memory_model: MemoryModel, pixels_per_frame: int, latent_frames: int,
                         dtype: torch.dtype, device: torch.device, *, decode: bool,
                         temporal_factor: int = 4, budget: Optional[int] = None) -> Optional[int]:
-    """Largest number of latent frames per slice whose working set fits the budget; None = whole clip.
+    """Latent frames per slice: the largest whose working set fits the budget, for decode capped at the
+    device type's measured fastest slice (FASTEST_SLICE); None = whole clip.
 
     The first slice carries one extra latent (1+k); the estimate covers it.
     """
@@ -45,9 +55,10 @@ def auto_temporal_slice(memory_model: MemoryModel, pixels_per_frame: int, latent
         frames = 1 + k * temporal_factor
         return memory_model.bytes_needed(pixels_per_frame, frames, dtype, decode=decode) <= budget
 
-    if fits(latent_frames - 1):
+    fastest = FASTEST_SLICE.get(torch.device(device).type) if decode else None
+    k = latent_frames - 1 if fastest is None else min(fastest, latent_frames - 1)
+    if k == latent_frames - 1 and fits(k):
         return None
-    k = latent_frames - 1
     while k > 1 and not fits(k):
         k //= 2
     return max(k, 1)

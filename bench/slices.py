@@ -1,0 +1,86 @@
+"""Temporal slice cost: a clip decoded whole vs in fixed slices vs the slice TurboVAE picks, same run.
+
+Why: slicing is exact (the causal memory is carried), so the slice size is free to choose for speed within
+the memory budget. `vae/memory.py` FASTEST_SLICE holds, per device type, the slice these rows measured
+fastest; this section is what keeps that table honest. Runs alternate between the variants (round-robin,
+`repeat` rounds after one warm-up round) so machine load hits them alike; each variant's minimum is shown.
+
+CPU (fp32): SeedVR2 21 frames at 64², Wan 2.1 81 frames at 64². CUDA (bench dtype): SeedVR2 21 frames at
+512², Wan 2.1 81 frames at 480×832. `--quick`: tiny configs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+from ..vae.api import TurboVAE, parse_dtype
+from .common import BenchOptions, BenchRow, max_abs, sync
+from .gpu import _seeded_init
+
+SECTION = "slices"
+FIXED = (1, 2, 4)
+
+
+def _vae(arch: str, quick: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
+    if arch == "seedvr2":
+        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+
+        model = SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())
+    else:
+        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
+
+        model = WanVAE(TINY_WAN21 if quick else WAN21)
+    return TurboVAE(_seeded_init(model).to(device=device, dtype=dtype))
+
+
+def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:
+    if opts.quick:
+        return [("seedvr2 decode 9f (tiny)", "seedvr2", (1, 16, 3, 2, 2)),
+                ("wan2.1 decode 17f (tiny)", "wan", (1, 4, 5, 2, 2))]
+    if cuda:
+        return [("seedvr2 decode 21f 512²", "seedvr2", (1, 16, 6, 64, 64)),
+                ("wan2.1 decode 81f 480×832", "wan", (1, 16, 21, 60, 104))]
+    return [("seedvr2 decode 21f 64²", "seedvr2", (1, 16, 6, 8, 8)),
+            ("wan2.1 decode 81f 64²", "wan", (1, 16, 21, 8, 8))]
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    device = torch.device(opts.device)
+    cuda = device.type == "cuda"
+    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    g = torch.Generator().manual_seed(0)
+    rows: list[BenchRow] = []
+    for case, arch, shape in _cases(opts, cuda):
+        vae = _vae(arch, opts.quick, device, dtype)
+        z = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+        f = vae.spatial_factor
+        auto = vae._auto_slice(shape[2], shape[-2] * shape[-1] * f * f, decode=True)
+        variants: dict[str, Optional[int]] = {"whole clip": None}
+        variants.update({f"slice={k}": k for k in FIXED if k < shape[2] - 1})
+        variants[f"auto (slice={auto})"] = auto
+
+        def runner(ts: Optional[int]) -> Callable[[], torch.Tensor]:
+            return lambda: vae.model.decode_latents(z, temporal_slice=ts)
+
+        fns = {name: runner(ts) for name, ts in variants.items()}
+        with torch.inference_mode():
+            outs = {name: fn() for name, fn in fns.items()}  # warm-up round, and the outputs compared
+        sync(device)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(max(opts.repeat, 1)):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    fn()
+                sync(device)
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        base = min(times["whole clip"])
+        for name, ts in times.items():
+            runs = "/".join(f"{t / 1e3:.2f}" for t in ts)
+            rows.append(BenchRow(SECTION, case, name, min(ts), base, max_abs_err=max_abs(outs[name], outs["whole clip"]),
+                                 note=f"{str(dtype)[6:]}; min of {len(ts)} interleaved runs (s: {runs})"))
+        del vae, z, outs
+    return rows
