@@ -29,6 +29,7 @@ diffusers = pytest.importorskip("diffusers")
 
 sys.path.insert(0, os.path.dirname(__file__))
 import node_helpers  # noqa: E402
+from test_wan import max_err, one_thread, reference  # noqa: E402,F401  (seeded diffusers models; one thread)
 
 node_helpers.use_comfy_stubs()
 from turbovae.nodes import paths as _paths  # noqa: E402
@@ -41,30 +42,6 @@ node_helpers.hide_comfy_stubs()
 
 TOL = 1e-4
 TINY_RGBA = replace(TINY_WAN21, image_channels=4)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny configs are op-overhead bound: one thread avoids OpenMP barrier stalls on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def reference(cfg, seed=0):
-    """diffusers AutoencoderKLQwenImage of `cfg` with seeded weights (gammas randomised too, so they matter)."""
-    torch.manual_seed(seed)
-    ref = diffusers.AutoencoderKLQwenImage(**diffusers_kwargs(cfg)).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith("gamma"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    return ref
-
-
-def max_err(a, b):
-    return (a.float() - b.float()).abs().max().item()
 
 
 def rgba(shape, seed):
