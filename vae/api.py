@@ -151,7 +151,7 @@ class TurboVAE:
             hint = ""
             if x.shape[-1] == channels and x.shape[1] != channels:
                 hint = " (channels-last? permute to channels-first)"
-            elif what == "pixels" and x.shape[1] == channels - 1:
+            elif what == "pixels" and (x.shape[1], channels) == (3, 4):
                 hint = (" (RGB into an RGBA VAE? append an opaque alpha channel of 1.0: "
                         "torch.cat([x, torch.ones_like(x[:, :1])], dim=1))")
             elif what == "pixels" and x.shape[1] > channels:
