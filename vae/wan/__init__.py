@@ -17,7 +17,7 @@ import torch
 
 from ..checkpoint import Architecture, CheckpointError, check_strict, register_architecture
 from .config import (QWEN_IMAGE_LAYERED, RELEASED_IMAGE_CHANNELS, TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig,
-                     config_from_diffusers)
+                     config_from_diffusers, kind_from_channels)
 from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers, pixel_conv_channels
 from .layers import WanFlags
 from .model import WanVAE
@@ -45,7 +45,7 @@ def _detect_wan22(sd: Mapping[str, torch.Tensor]) -> bool:
 
 
 def _kind(family: str, source: Optional[str], config: Optional[Mapping[str, Any]], image_channels: int = 3) -> str:
-    named = RELEASED_IMAGE_CHANNELS[family].get(image_channels)
+    named = kind_from_channels(family, image_channels)
     if named:
         return named
     if config is not None and config.get("_class_name"):

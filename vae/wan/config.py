@@ -94,6 +94,15 @@ QWEN_IMAGE_LAYERED = replace(WAN21, image_channels=4)
 """Qwen-Image-Layered RGBA VAE (diffusers `AutoencoderKLQwenImage(input_channels=4)`): the Wan 2.1 layout
 reading and writing 4 channels, same latent statistics; 126,897,716 params."""
 
+WAN22 = WanConfig(family="wan2.2", base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2,
+                  latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD)
+"""Wan 2.2 TI2V-5B VAE (`wan2.2_vae.safetensors`): 704,688,668 params, 16x spatial, 48 latent channels."""
+
+# Tiny configs with the same topology, for fast behavioural tests (not loadable from real files).
+TINY_WAN21 = replace(WAN21, base_dim=8, decoder_base_dim=8, z_dim=4, latents_mean=None, latents_std=None)
+TINY_WAN22 = replace(WAN22, base_dim=8, decoder_base_dim=12, z_dim=6, latents_mean=None, latents_std=None)
+
+
 # The image channel counts each layout was released with, and the kind a count names when it names
 # one. None: RGB files of the Wan 2.1 layout are Qwen-Image or Wan 2.1, told apart by name (vae/wan `_kind`).
 RELEASED_IMAGE_CHANNELS: dict[str, dict[int, Optional[str]]] = {
@@ -102,17 +111,9 @@ RELEASED_IMAGE_CHANNELS: dict[str, dict[int, Optional[str]]] = {
 }
 
 
-def kind_from_channels(cfg: WanConfig) -> Optional[str]:
-    """The kind `cfg`'s layout and image channel count name on their own (None: the name decides)."""
-    return RELEASED_IMAGE_CHANNELS[cfg.family].get(cfg.image_channels)
-
-WAN22 = WanConfig(family="wan2.2", base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2,
-                  latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD)
-"""Wan 2.2 TI2V-5B VAE (`wan2.2_vae.safetensors`): 704,688,668 params, 16x spatial, 48 latent channels."""
-
-# Tiny configs with the same topology, for fast behavioural tests (not loadable from real files).
-TINY_WAN21 = replace(WAN21, base_dim=8, decoder_base_dim=8, z_dim=4, latents_mean=None, latents_std=None)
-TINY_WAN22 = replace(WAN22, base_dim=8, decoder_base_dim=12, z_dim=6, latents_mean=None, latents_std=None)
+def kind_from_channels(family: str, image_channels: int) -> Optional[str]:
+    """The kind a layout and image channel count name on their own (None: the file name decides)."""
+    return RELEASED_IMAGE_CHANNELS[family].get(image_channels)
 
 
 def config_from_diffusers(cfg: Mapping[str, Any]) -> WanConfig:

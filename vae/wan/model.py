@@ -229,7 +229,7 @@ class WanVAE(VAEModel):
     def __init__(self, cfg: WanConfig, kind: Optional[str] = None, flags: WanFlags = WanFlags()):
         super().__init__()
         self.config = cfg
-        self.kind = kind or kind_from_channels(cfg) or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
+        self.kind = kind or kind_from_channels(cfg.family, cfg.image_channels) or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
         self.flags = flags
         self.encoder = Encoder(cfg)
         self.quant_conv = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
