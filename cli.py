@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 BENCH_SECTIONS = {
     "seedvr2": "seedvr2",
     "qwen": "qwen",
+    "qwen_layered": "qwen_layered",
     "tiling": "tiling",
     "engines": "engines",
     "gpu": "gpu",
@@ -30,7 +31,8 @@ def _bench(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     opts = BenchOptions(device=device, dtype=args.dtype, repeat=args.repeat, warmup=args.warmup, quick=args.quick,
                         checkpoint={k: v for k, v in (("seedvr2", args.seedvr2_checkpoint),
-                                                      ("qwen", args.qwen_checkpoint)) if v},
+                                                      ("qwen", args.qwen_checkpoint),
+                                                      ("qwen_layered", args.qwen_layered_checkpoint)) if v},
                         cases=tuple(c.strip() for c in (args.cases or "").split(",") if c.strip()),
                         ablation_engines=args.ablation_engines)
     sections = args.sections.split(",") if args.sections else list(DEFAULT_SECTIONS)
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seedvr2-checkpoint", "--checkpoint", dest="seedvr2_checkpoint",
                    help="real SeedVR2 VAE file (default: random weights)")
     b.add_argument("--qwen-checkpoint", help="real Qwen-Image/Wan 2.1 VAE file (default: random weights)")
+    b.add_argument("--qwen-layered-checkpoint",
+                   help="real Qwen-Image-Layered (RGBA) VAE file (default: random weights)")
     b.add_argument("--out", default="bench_results/bench.json")
     b.set_defaults(func=_bench)
 

@@ -16,14 +16,14 @@ from typing import Callable
 import torch
 
 from ..vae.api import load_vae, parse_dtype
-from ..vae.wan import WAN21, WanFlags, WanVAE, build
+from ..vae.wan import WAN21, WanConfig, WanFlags, WanVAE, build, expected_shapes
 from ..vae.wan.config import diffusers_kwargs
 from .common import BenchOptions, BenchRow, max_abs, measure, psnr
 
 SECTION = "qwen"
 
 
-def _reference_cls():
+def reference_cls():
     try:
         from diffusers import AutoencoderKLQwenImage
     except ImportError:  # diffusers is a test/bench dependency only
@@ -31,16 +31,15 @@ def _reference_cls():
     return AutoencoderKLQwenImage
 
 
-def _weights(opts: BenchOptions) -> dict[str, torch.Tensor]:
-    """A checkpoint's weights (diffusers names), or seeded random ones with randomised gammas."""
-    path = opts.checkpoint.get(SECTION)
+def weights(opts: BenchOptions, section: str = SECTION, cfg: WanConfig = WAN21) -> dict[str, torch.Tensor]:
+    """The section's checkpoint's weights (diffusers names), or seeded random ones of `cfg` with
+    randomised gammas."""
+    path = opts.checkpoint.get(section)
     if path:
         return load_vae(path, device="cpu", dtype="fp32").state_dict()
     g = torch.Generator().manual_seed(0)
     sd = {}
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in WanVAE(WAN21).state_dict().items()}
-    for k, shape in shapes.items():
+    for k, shape in expected_shapes(cfg).items():
         if k.endswith("gamma"):
             sd[k] = 1 + 0.2 * torch.randn(shape, generator=g)
         elif k.endswith("bias"):
@@ -86,9 +85,9 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
-    sd = _weights(opts)
+    sd = weights(opts)
     model = build(sd, source="bench").to(device=device, dtype=dtype).eval()
-    ref_cls = _reference_cls()
+    ref_cls = reference_cls()
     ref = None
     if ref_cls is not None:
         ref = ref_cls(**diffusers_kwargs(WAN21)).eval()

@@ -9,6 +9,9 @@ read is provided with the meaning core gives it.
 
 Layouts: IMAGE is [N, H, W, C] in 0..1 on the intermediate device; for these 3-D VAEs an IMAGE batch
 is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are raw latents.
+C is the VAE's image channels (`output_channels`, core's name): 3, or 4 (RGBA) for Qwen-Image-Layered,
+whose decode gives an RGBA IMAGE as core's does; encode fits the image to C channels as core does
+(extra channels dropped, a missing alpha filled with 1.0 = opaque).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
 # clip (core's habit) would evict every other model for no gain.
 RESERVED_LATENT_FRAMES = 4
+# Value of a missing alpha channel when an RGB image is encoded by an RGBA VAE: opaque, in 0..1 (core
+# pads its Qwen/Wan 2.1 VAE with the same `pad_channel_value`). RGB VAEs pad nothing.
+ALPHA_PAD_VALUE = 1.0
 OOM_RETRY_OVERLAP_PX = 64  # blend width if an out-of-memory retry ends up with fast tiles
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 log = logging.getLogger(__name__)
@@ -69,7 +75,8 @@ class ComfyTurboVAE:
         # VAEEncodeForInpaint use `downscale_ratio` as a number).
         self.latent_channels = fmt.channels
         self.latent_dim = 3
-        self.output_channels = 3
+        self.output_channels = fmt.image_channels
+        self.pad_channel_value = ALPHA_PAD_VALUE if fmt.image_channels == 4 else None
         self.downscale_ratio = fmt.spatial_factor
         self.upscale_ratio = fmt.spatial_factor
         self.downscale_index_formula = (fmt.temporal_factor, fmt.spatial_factor, fmt.spatial_factor)
@@ -123,7 +130,7 @@ class ComfyTurboVAE:
         return shape[0] * self._bytes(shape[-1] * shape[-2] * f * f, frames, dtype, True)
 
     def memory_used_encode(self, shape, dtype) -> int:
-        """Working set of encoding one slice of pixels `shape` ([B, 3, T, H, W] or [B, 3, H, W])."""
+        """Working set of encoding one slice of pixels `shape` ([B, C, T, H, W] or [B, C, H, W])."""
         t = shape[2] if len(shape) == 5 else 1
         return shape[0] * self._bytes(shape[-1] * shape[-2], self._reserved_frames(t), dtype, False)
 
@@ -132,28 +139,34 @@ class ComfyTurboVAE:
 
     # -- layout conversions -----------------------------------------------------------------
     def vae_encode_crop_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Centre-crop H and W down to multiples of the spatial factor (core's behaviour)."""
+        """Centre-crop H and W down to multiples of the spatial factor, and fit the channels to the
+        VAE's (core's behaviour: extra channels dropped, missing ones filled with `pad_channel_value`)."""
         f = self.turbo.spatial_factor
         for dim in (1, 2):
             size = pixels.shape[dim]
             keep = (size // f) * f
             if keep != size:
                 pixels = pixels.narrow(dim, (size % f) // 2, keep)
+        want, have = self.output_channels, pixels.shape[-1]
+        if have > want:
+            pixels = pixels[..., :want]
+        elif have < want and self.pad_channel_value is not None:
+            pixels = torch.nn.functional.pad(pixels, (0, want - have), value=self.pad_channel_value)
         return pixels
 
     def _image_to_clip(self, pixels: torch.Tensor) -> torch.Tensor:
-        """IMAGE [N, H, W, C] (0..1) -> one clip [1, 3, N, H, W] (-1..1)."""
+        """IMAGE [N, H, W, C] (0..1) -> one clip [1, C', N, H, W] (-1..1), C' the VAE's image channels."""
         if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4:
             raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels]; got "
                              f"{tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__}")
-        pixels = self.vae_encode_crop_pixels(pixels[..., :3])
+        pixels = self.vae_encode_crop_pixels(pixels)
         if pixels.shape[1] == 0 or pixels.shape[2] == 0:
             raise ValueError(f"image is smaller than {self.turbo.spatial_factor}x{self.turbo.spatial_factor} "
                              "pixels; nothing to encode")
         return self.process_input(pixels.movedim(-1, 0).unsqueeze(0).float())
 
     def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
-        """[B, 3, T, H, W] (-1..1) -> [B, T, H, W, 3] (0..1); 4-D latents give [B, H, W, 3]."""
+        """[B, C, T, H, W] (-1..1) -> [B, T, H, W, C] (0..1); 4-D latents give [B, H, W, C]."""
         out = self.process_output(pixels.to(self.output_device).float())
         if was_4d and out.ndim == 5 and out.shape[2] == 1:
             out = out[:, :, 0]

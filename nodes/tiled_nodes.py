@@ -61,7 +61,8 @@ class TurboVAETiledDecode(io.ComfyNode):
                     io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
                                                 "own tiled decode."),
                     *_tile_inputs("decoding (decode needs far more memory than encode)", 512)],
-            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, 3] in 0..1.")],
+            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, channels] in 0..1 "
+                                             "(RGB; RGBA from the Qwen-Image-Layered VAE).")],
             hidden=[io.Hidden.unique_id],
         )
 
@@ -94,8 +95,10 @@ class TurboVAETiledEncode(io.ComfyNode):
             description="Encodes an IMAGE batch tile by tile with per-tile progress; Cancel stops between "
                         "tiles. For video VAEs the batch is one clip (padded to 4n+1 frames by repeating "
                         "the last frame; no frame is dropped).",
-            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, 3] in 0..1; "
-                                                     "height and width are centre-cropped to multiples of 8."),
+            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, channels] in 0..1; "
+                                                     "height and width are centre-cropped to multiples of 8, "
+                                                     "channels fitted to the VAE's (an RGBA VAE given RGB "
+                                                     "gets an opaque alpha)."),
                     io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
                                                 "own tiled encode."),
                     *_tile_inputs("encoding", 1024)],
@@ -116,7 +119,8 @@ class TurboVAETiledEncode(io.ComfyNode):
                                        node_id=_node_id(cls))
         else:
             frames = slice_ * 4 if slice_ else None
-            latents = vae.encode_tiled(pixels[..., :3], tile_x=tile or 512, tile_y=tile or 512, overlap=overlap,
+            channels = getattr(vae, "output_channels", 3)  # core's name for a VAE's image channels
+            latents = vae.encode_tiled(pixels[..., :channels], tile_x=tile or 512, tile_y=tile or 512, overlap=overlap,
                                        tile_t=frames, overlap_t=8 if frames else None)
         return io.NodeOutput({"samples": latents})
 

@@ -109,7 +109,8 @@ def image_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, devi
     lf = vae.latent_format
     component = job.component
     module = vae.model.image_encoder() if component == "encoder" else vae.model.image_decoder()
-    profiles = component_profiles(component, table, job.entries, lf.channels, lf.spatial_factor)
+    profiles = component_profiles(component, table, job.entries, lf.channels, lf.spatial_factor,
+                                  image_channels=lf.image_channels)
     ins, outs = IO_NAMES[component]
     axis_factor = table.multiple // (1 if component == "encoder" else lf.spatial_factor)
     spec = BuildSpec(input_names=ins, output_names=outs, dtype=dtype, device=device, profiles=tuple(profiles),

@@ -28,10 +28,11 @@ IO_NAMES = {"encoder": (("pixels",), ("moments",)), "decoder": (("latents",), ("
 
 
 def component_profiles(component: str, table: BucketTable, entries: Sequence[int], channels: int,
-                       factor: int, batch: int = 1) -> list[dict[str, ShapeRange]]:
-    """Per engine profile, the (min, opt, max) shape of the graph input for the table entries it serves."""
+                       factor: int, batch: int = 1, image_channels: int = 3) -> list[dict[str, ShapeRange]]:
+    """Per engine profile, the (min, opt, max) shape of the graph input for the table entries it serves
+    (`channels`: latent channels, the decoder's input; `image_channels`: the encoder's, 4 for RGBA)."""
     div = 1 if component == "encoder" else factor
-    ch = 3 if component == "encoder" else channels
+    ch = image_channels if component == "encoder" else channels
     name = IO_NAMES[component][0][0]
     out = []
     for e in entries:
@@ -51,7 +52,8 @@ def engine_profiles(ident: EngineIdentity, table: BucketTable) -> list[dict[str,
     if ident.input_shapes:
         return [{name: (tuple(shape),) * 3 for name, shape in ident.input_shapes.items()}]
     lf = ident.latent_format
-    return component_profiles(ident.component, table, ident.entries, lf["channels"], lf["spatial_factor"])
+    return component_profiles(ident.component, table, ident.entries, lf["channels"], lf["spatial_factor"],
+                              image_channels=lf.get("image_channels", 3))
 
 
 def engine_files(path: Path) -> list[Path]:

@@ -41,7 +41,8 @@ def parse_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
 class TurboVAE:
     """A loaded VAE. `encode` returns raw posterior-mean latents, `decode` returns pixels in [-1, 1].
 
-    Pixels are [B, 3, T, H, W] (or [B, 3, H, W] for images; the output then has the same rank),
+    Pixels are [B, I, T, H, W] (or [B, I, H, W] for images; the output then has the same rank) with
+    I = `image_channels` (3 RGB; 4 RGBA for the Qwen-Image-Layered VAE, alpha last),
     latents [B, C, T', H/f, W/f]. Outputs are on the model's device in the model's dtype.
 
     Clip length policy: a clip of T frames with T != 4n+1 is padded at the end by repeating its last
@@ -66,6 +67,11 @@ class TurboVAE:
     @property
     def latent_channels(self) -> int:
         return self.latent_format.channels
+
+    @property
+    def image_channels(self) -> int:
+        """Channels of the pixels this VAE reads and writes: 3 (RGB), 4 (RGBA, Qwen-Image-Layered)."""
+        return self.latent_format.image_channels
 
     @property
     def spatial_factor(self) -> int:
@@ -145,6 +151,11 @@ class TurboVAE:
             hint = ""
             if x.shape[-1] == channels and x.shape[1] != channels:
                 hint = " (channels-last? permute to channels-first)"
+            elif what == "pixels" and (x.shape[1], channels) == (3, 4):
+                hint = (" (RGB into an RGBA VAE? append an opaque alpha channel of 1.0: "
+                        "torch.cat([x, torch.ones_like(x[:, :1])], dim=1))")
+            elif what == "pixels" and x.shape[1] > channels:
+                hint = f" (keep the first {channels}: x[:, :{channels}])"
             raise ValueError(f"{what} must have {channels} channels for a {self.kind} VAE; "
                              f"got shape {tuple(x.shape)}{hint}")
         if 0 in x.shape:
@@ -154,7 +165,8 @@ class TurboVAE:
         return x
 
     def check_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self._check_common(pixels, "pixels", 3, "[B, 3, T, H, W] in [-1, 1]")
+        i = self.image_channels
+        x = self._check_common(pixels, "pixels", i, f"[B, {i}, T, H, W] in [-1, 1]")
         f = self.spatial_factor
         h, w = x.shape[-2:]
         if h % f or w % f:
@@ -205,7 +217,7 @@ class TurboVAE:
 
     def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
                num_frames: Optional[int] = None) -> torch.Tensor:
-        """Pixels [B, 3, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
+        """Pixels [B, I, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
         z = self._prepare(self.check_latents(latents))
         with torch.inference_mode():

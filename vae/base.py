@@ -20,6 +20,9 @@ class LatentFormat:
 
     Latents produced and consumed by this package are always *raw* (ComfyUI's convention):
     callers that need normalised latents apply `scaling_factor`/`shift_factor` or `mean`/`std` themselves.
+    `image_channels` is what the latents map to and from: 3 (RGB), or 4 (RGBA) for the
+    Qwen-Image-Layered VAE; it is what tells the two Qwen-Image VAEs apart, so it lives with the rest
+    of the geometry (engine identities record it with it).
     """
 
     channels: int
@@ -29,6 +32,7 @@ class LatentFormat:
     shift_factor: float = 0.0
     mean: Optional[tuple[float, ...]] = None
     std: Optional[tuple[float, ...]] = None
+    image_channels: int = 3
 
     def latent_frames(self, frames: int) -> int:
         """Latent frames for a clip of `frames` pixel frames (4n+1 -> n+1)."""
@@ -94,11 +98,13 @@ class VAEModel(nn.Module, ABC):
     # -- whole-clip passes -------------------------------------------------------------------
     @abstractmethod
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
-        """[B, 3, T, H, W] in [-1, 1] -> posterior moments [B, 2C, T', h, w] (mean ‖ logvar)."""
+        """[B, I, T, H, W] in [-1, 1] -> posterior moments [B, 2C, T', h, w] (mean ‖ logvar).
+
+        I is `latent_format.image_channels` here and below."""
 
     @abstractmethod
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
-        """Raw latents [B, C, T', h, w] -> pixels [B, 3, 4(T'-1)+1, H, W] (clamped as the reference does)."""
+        """Raw latents [B, C, T', h, w] -> pixels [B, I, 4(T'-1)+1, H, W] (clamped as the reference does)."""
 
     # -- streaming (temporal slicing, tiling) ------------------------------------------------
     @abstractmethod
@@ -112,11 +118,11 @@ class VAEModel(nn.Module, ABC):
     # -- export (engines) --------------------------------------------------------------------
     @abstractmethod
     def image_encoder(self) -> nn.Module:
-        """Single-frame graph for export: [B, 3, H, W] -> moments [B, 2C, h, w]; no cache logic."""
+        """Single-frame graph for export: [B, I, H, W] -> moments [B, 2C, h, w]; no cache logic."""
 
     @abstractmethod
     def image_decoder(self) -> nn.Module:
-        """Single-frame graph for export: [B, C, h, w] -> pixels [B, 3, H, W]; no cache logic."""
+        """Single-frame graph for export: [B, C, h, w] -> pixels [B, I, H, W]; no cache logic."""
 
     # -- helpers shared by all architectures -------------------------------------------------
     @property

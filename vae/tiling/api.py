@@ -124,7 +124,8 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
         raise ValueError(f"exact tiled {what} is not available for a {vae.kind} VAE; use mode='fast'")
     exact = has_exact and mode in ("exact", "auto")
     in_scale, out_scale = (1, f) if decode else (f, 1)
-    geom = PassGeometry(in_scale, out_scale, 3 if decode else 2 * vae.latent_channels, decode, vae.temporal_factor)
+    out_channels = vae.image_channels if decode else 2 * vae.latent_channels
+    geom = PassGeometry(in_scale, out_scale, out_channels, decode, vae.temporal_factor)
     h_lat, w_lat, t_in = x.shape[-2] // in_scale, x.shape[-1] // in_scale, x.shape[2]
     latent_frames = t_in if decode else geom.out_frames(t_in)
     pixel_frames = geom.out_frames(t_in) if decode else t_in

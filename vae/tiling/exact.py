@@ -152,8 +152,8 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     h_lat, w_lat = grid.rows.length, grid.cols.length
     tile = max(grid.rows.tile, grid.cols.tile)
     cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
-    in_geom = PassGeometry(1 if decode else f, f if decode else 1, 3 if decode else 2 * lf.channels, decode,
-                           lf.temporal_factor)
+    out_channels = lf.image_channels if decode else 2 * lf.channels
+    in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
     slices = in_geom.slices(x.shape[2], temporal_slice)
     total = len(slices) * (len(cores) + 1)
     done = 0
@@ -168,7 +168,8 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     b, t_in = x.shape[0], x.shape[2]
     if decode:
         glob = _run_global(plan, x, slices, tick)
-        out = torch.empty(b, 3, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32, device=device)
+        out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32,
+                          device=device)
         _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick)
         return out
     # encode: local prefix per tile into a latent-resolution buffer, then the global part

@@ -1,25 +1,29 @@
-"""Qwen-Image / Wan 2.1 and Wan 2.2 VAEs: detection, strict loading, and the model.
+"""Qwen-Image / Wan 2.1 (RGB and the RGBA Qwen-Image-Layered) and Wan 2.2 VAEs: detection, strict
+loading, and the model.
 
 `kind` rule (Qwen-Image and Wan 2.1 share architecture and weights format, only the values differ):
-Wan 2.2 layout -> "wan2.2"; otherwise "wan2.1" when the source file/folder name contains "wan" or a
-diffusers config names `AutoencoderKLWan`, else "qwen_image".
+Wan 2.2 layout -> "wan2.2"; 4 image channels (read off the pixel convs) -> "qwen_image_layered";
+otherwise "wan2.1" when the source file/folder name contains "wan" or a diffusers config names
+`AutoencoderKLWan`, else "qwen_image". The channel part is the table `RELEASED_IMAGE_CHANNELS`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import torch
 
 from ..checkpoint import Architecture, CheckpointError, check_strict, register_architecture
-from .config import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig, config_from_diffusers
-from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers
+from .config import (QWEN_IMAGE_LAYERED, RELEASED_IMAGE_CHANNELS, TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig,
+                     config_from_diffusers, kind_from_channels)
+from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers, pixel_conv_channels
 from .layers import WanFlags
 from .model import WanVAE
 
-__all__ = ["WanVAE", "WanConfig", "WanFlags", "WAN21", "WAN22", "TINY_WAN21", "TINY_WAN22", "build",
-           "expected_shapes", "original_to_diffusers", "diffusers_to_original"]
+__all__ = ["WanVAE", "WanConfig", "WanFlags", "WAN21", "WAN22", "QWEN_IMAGE_LAYERED", "TINY_WAN21", "TINY_WAN22",
+           "build", "expected_shapes", "original_to_diffusers", "diffusers_to_original"]
 
 WAN21_NAME = "Qwen-Image / Wan 2.1 VAE"
 WAN22_NAME = "Wan 2.2 VAE"
@@ -40,9 +44,10 @@ def _detect_wan22(sd: Mapping[str, torch.Tensor]) -> bool:
     return key_format(sd) != "unknown" and is_wan22(sd)
 
 
-def _kind(family: str, source: Optional[str], config: Optional[Mapping[str, Any]]) -> str:
-    if family == "wan2.2":
-        return "wan2.2"
+def _kind(family: str, source: Optional[str], config: Optional[Mapping[str, Any]], image_channels: int = 3) -> str:
+    named = kind_from_channels(family, image_channels)
+    if named:
+        return named
     if config is not None and config.get("_class_name"):
         return "wan2.1" if config["_class_name"] == "AutoencoderKLWan" else "qwen_image"
     if not source:
@@ -53,6 +58,20 @@ def _kind(family: str, source: Optional[str], config: Optional[Mapping[str, Any]
         parent = path.parent.parent if path.parent.name == "vae" else path.parent
         name = parent.name
     return "wan2.1" if "wan" in name.lower() else "qwen_image"
+
+
+def _image_channels(sd: Mapping[str, torch.Tensor], base: WanConfig, name: str, source: str) -> int:
+    """Image channels read off the pixel convs (RGB 3, RGBA 4); the base config's where neither conv
+    is readable (the strict check then names the missing keys)."""
+    reads, writes = pixel_conv_channels(sd)
+    if reads is not None and writes is not None and reads != writes:
+        raise CheckpointError(f"{source}: the encoder reads {reads} channels but the decoder writes {writes}; "
+                              f"every released {name} reads and writes the same image channels")
+    io = reads if reads is not None else writes
+    p2 = base.patch_size ** 2
+    if io is None or io % p2:
+        return base.image_channels
+    return io // p2
 
 
 def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping[str, Any]] = None,
@@ -75,15 +94,20 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
         except ValueError as e:
             raise CheckpointError(f"{source}: unsupported diffusers config ({e})") from e
     else:
-        cfg = WAN22 if family == "wan2.2" else WAN21
+        base = WAN22 if family == "wan2.2" else WAN21
+        cfg = replace(base, image_channels=_image_channels(sd, base, name, source))
     if cfg.family != family:
         raise CheckpointError(f"{source}: the weights are a {name} but the config describes a {cfg.family} VAE; "
                               "pass the matching config.json (or none)")
+    released = RELEASED_IMAGE_CHANNELS[family]
+    if cfg.image_channels not in released:
+        raise CheckpointError(f"{source}: a {name} with {cfg.image_channels} image channels was never released "
+                              f"(known: {', '.join(map(str, released))}); check the file or its config.json")
     if fmt == "original":
         sd = original_to_diffusers(sd, cfg)
     check_strict(sd, expected_shapes(cfg), name, source)
     with torch.device("meta"):
-        model = WanVAE(cfg, kind=_kind(family, source, diffusers_cfg), flags=flags)
+        model = WanVAE(cfg, kind=_kind(family, source, diffusers_cfg, cfg.image_channels), flags=flags)
     dtypes = {v.dtype for v in sd.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32  # mixed files: widen; load_vae casts afterwards
     sd = {k: v.to(dtype) for k, v in sd.items()}

@@ -90,6 +90,10 @@ class WanConfig:
 WAN21 = WanConfig(family="wan2.1")
 """Qwen-Image and Wan 2.1 VAE (`qwen_image_vae.safetensors`, `wan_2.1_vae.safetensors`): 126,892,531 params."""
 
+QWEN_IMAGE_LAYERED = replace(WAN21, image_channels=4)
+"""Qwen-Image-Layered RGBA VAE (diffusers `AutoencoderKLQwenImage(input_channels=4)`): the Wan 2.1 layout
+reading and writing 4 channels, same latent statistics; 126,897,716 params."""
+
 WAN22 = WanConfig(family="wan2.2", base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, patch_size=2,
                   latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD)
 """Wan 2.2 TI2V-5B VAE (`wan2.2_vae.safetensors`): 704,688,668 params, 16x spatial, 48 latent channels."""
@@ -97,6 +101,19 @@ WAN22 = WanConfig(family="wan2.2", base_dim=160, decoder_base_dim=256, z_dim=48,
 # Tiny configs with the same topology, for fast behavioural tests (not loadable from real files).
 TINY_WAN21 = replace(WAN21, base_dim=8, decoder_base_dim=8, z_dim=4, latents_mean=None, latents_std=None)
 TINY_WAN22 = replace(WAN22, base_dim=8, decoder_base_dim=12, z_dim=6, latents_mean=None, latents_std=None)
+
+
+# The image channel counts each layout was released with, and the kind a count names when it names
+# one. None: RGB files of the Wan 2.1 layout are Qwen-Image or Wan 2.1, told apart by name (vae/wan `_kind`).
+RELEASED_IMAGE_CHANNELS: dict[str, dict[int, Optional[str]]] = {
+    "wan2.1": {3: None, 4: "qwen_image_layered"},
+    "wan2.2": {3: "wan2.2"},
+}
+
+
+def kind_from_channels(family: str, image_channels: int) -> Optional[str]:
+    """The kind a layout and image channel count name on their own (None: the file name decides)."""
+    return RELEASED_IMAGE_CHANNELS[family].get(image_channels)
 
 
 def config_from_diffusers(cfg: Mapping[str, Any]) -> WanConfig:
@@ -127,6 +144,8 @@ def diffusers_kwargs(cfg: WanConfig) -> dict:
     """Constructor kwargs of the matching diffusers class (used by tests and the benchmark)."""
     kw = dict(base_dim=cfg.base_dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
               attn_scales=[], temperal_downsample=list(cfg.temporal_downsample))
+    if cfg.image_channels != 3 and not cfg.is_residual:  # AutoencoderKLQwenImage's name (AutoencoderKLWan's below)
+        kw.update(input_channels=cfg.image_channels)
     if cfg.is_residual or cfg.patch_size != 1 or cfg.decoder_base_dim != cfg.base_dim:
         kw.update(decoder_base_dim=cfg.decoder_base_dim, is_residual=cfg.is_residual, in_channels=cfg.io_channels,
                   out_channels=cfg.io_channels, patch_size=cfg.patch_size if cfg.patch_size > 1 else None,

@@ -9,7 +9,7 @@ check reports them as unexpected instead of silently dropping them.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable, Mapping, TypeVar
+from typing import Iterable, Mapping, Optional, TypeVar
 
 from .config import WanConfig
 
@@ -27,6 +27,13 @@ ORIGINAL_SIGNATURE = "decoder.middle.0.residual.0.gamma"
 DIFFUSERS_SIGNATURE = "decoder.mid_block.resnets.0.norm1.gamma"
 ORIGINAL_WAN22_SIGNATURE = "decoder.upsamples.0.upsamples.0.residual.2.weight"
 DIFFUSERS_WAN22_SIGNATURE = "decoder.up_blocks.0.upsampler.resample.1.weight"
+
+# The convs that read and write pixels (encoder input, decoder output) in each key format: their
+# channel counts are the image channels after patchify (RGB 3, RGBA 4; times patch² for Wan 2.2).
+PIXEL_CONVS = {
+    "original": ("encoder.conv1.weight", "decoder.head.2.weight"),
+    "diffusers": ("encoder.conv_in.weight", "decoder.conv_out.weight"),
+}
 
 
 @lru_cache(maxsize=8)
@@ -120,3 +127,20 @@ def is_wan22(keys: Iterable[str]) -> bool:
     """Wan 2.2 layout (nested residual-of-residual blocks) in either key format."""
     ks = set(keys)
     return ORIGINAL_WAN22_SIGNATURE in ks or DIFFUSERS_WAN22_SIGNATURE in ks
+
+
+def pixel_conv_channels(sd: Mapping[str, object]) -> tuple[Optional[int], Optional[int]]:
+    """(channels the encoder reads, channels the decoder writes) off the pixel convs' weights.
+
+    None where the key is absent or its value is not a conv weight (the strict check then names it).
+    """
+    fmt = key_format(sd)
+    if fmt == "unknown":
+        return None, None
+    enc_key, dec_key = PIXEL_CONVS[fmt]
+    return _dim(sd.get(enc_key), 1), _dim(sd.get(dec_key), 0)
+
+
+def _dim(weight: object, axis: int) -> Optional[int]:
+    shape = getattr(weight, "shape", None)
+    return int(shape[axis]) if shape is not None and len(shape) >= 2 else None

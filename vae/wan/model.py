@@ -1,4 +1,6 @@
-"""The Wan-family VAE (Qwen-Image ≡ Wan 2.1, and Wan 2.2) behind the `VAEModel` contract.
+"""The Wan-family VAE (Qwen-Image ≡ Wan 2.1, its RGBA Qwen-Image-Layered variant, and Wan 2.2) behind
+the `VAEModel` contract. Pixels have `cfg.image_channels` channels (3, or 4 for the RGBA VAE); nothing
+below depends on the count except the two pixel convs.
 
 Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
 state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
-from .config import WanConfig
+from .config import WanConfig, kind_from_channels
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
                      UpBlock, UpResidualBlock, WanFlags)
 
@@ -168,7 +170,7 @@ class Decoder(nn.Module):
 
 
 class _ImageEncoder(nn.Module):
-    """[B, 3, H, W] -> moments [B, 2C, h, w] with no cache logic (export graph)."""
+    """[B, I, H, W] (I image channels) -> moments [B, 2C, h, w] with no cache logic (export graph)."""
 
     def __init__(self, vae: "WanVAE"):
         super().__init__()
@@ -179,7 +181,7 @@ class _ImageEncoder(nn.Module):
 
 
 class _ImageDecoder(nn.Module):
-    """[B, C, h, w] -> pixels [B, 3, H, W] clamped to [-1, 1] (export graph)."""
+    """[B, C, h, w] -> pixels [B, I, H, W] clamped to [-1, 1] (export graph)."""
 
     def __init__(self, vae: "WanVAE"):
         super().__init__()
@@ -221,12 +223,13 @@ class _DecodeStream(CausalStream):
 
 
 class WanVAE(VAEModel):
-    """Qwen-Image / Wan 2.1 (16 ch, 8x) or Wan 2.2 (48 ch, 16x) causal video VAE; raw latents in and out."""
+    """Qwen-Image / Wan 2.1 (16 ch, 8x; RGB, or RGBA for Qwen-Image-Layered) or Wan 2.2 (48 ch, 16x) causal
+    video VAE; raw latents in and out."""
 
     def __init__(self, cfg: WanConfig, kind: Optional[str] = None, flags: WanFlags = WanFlags()):
         super().__init__()
         self.config = cfg
-        self.kind = kind or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
+        self.kind = kind or kind_from_channels(cfg.family, cfg.image_channels) or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
         self.flags = flags
         self.encoder = Encoder(cfg)
         self.quant_conv = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
@@ -235,7 +238,8 @@ class WanVAE(VAEModel):
         self.encoder._quant = (self.quant_conv,)
         self.decoder._post_quant = (self.post_quant_conv,)
         self.latent_format = LatentFormat(cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor,
-                                          mean=cfg.latents_mean, std=cfg.latents_std)
+                                          mean=cfg.latents_mean, std=cfg.latents_std,
+                                          image_channels=cfg.image_channels)
         self.memory_model = memory_model(cfg)
 
     def context(self) -> StreamContext:
