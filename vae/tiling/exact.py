@@ -59,7 +59,9 @@ class ExactPlan:
 class LayerwisePlan:
     """For models whose every block needs whole-frame statistics (SeedVR2's GroupNorm): the model runs
     its own forward layer by layer with tile-bounded working memory. `run(x, tile_latent,
-    temporal_slice, progress)` returns the untiled pass's output (pixels or moments)."""
+    temporal_slice, progress)` returns the untiled pass's output (pixels or moments); with
+    `shard=` (a `layerwise.RowShard`) `x` is one band of rows of a frame split across devices and the
+    result is that band's rows of the output."""
 
     run: Callable[..., torch.Tensor]
 
@@ -125,9 +127,12 @@ class _TileChain:
             out.append((lo, hi))
         return out[0], out[1]
 
-    def run(self, x_full: torch.Tensor) -> torch.Tensor:
+    def run(self, x_full: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+        """`device`: where the chain runs, when `x_full` is elsewhere (only the crop moves)."""
         (y0, y1), (x0, x1) = self.window(0)
         x = x_full[..., y0:y1, x0:x1]
+        if device is not None:
+            x = x.to(device)
         origin = (y0, x0)
         for k, stream in enumerate(self.streams):
             x = stream.step(x)
@@ -190,13 +195,16 @@ def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick) -> torch.Tensor:
 
 
 def _run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
-               out_scale: int, tick) -> None:
+               out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None) -> None:
+    """Every core's local chain into `dst`, which holds the output rows from latent row `dst_row0` on;
+    `device`: where the chains run (default: `src`'s)."""
     for (ry, rx) in cores:
         with ExitStack() as stack:
             chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
             for t0, t1 in slices:
-                y = chain.run(src[:, :, t0:t1])
+                y = chain.run(src[:, :, t0:t1], device)
                 o0, o1 = geom.out_frame_range(t0, t1)
-                dst[:, :, o0:o1, ry[0] * out_scale:ry[1] * out_scale, rx[0] * out_scale:rx[1] * out_scale] = y
+                r0, r1 = (ry[0] - dst_row0) * out_scale, (ry[1] - dst_row0) * out_scale
+                dst[:, :, o0:o1, r0:r1, rx[0] * out_scale:rx[1] * out_scale] = y
                 del y
                 tick()
