@@ -141,7 +141,10 @@ def run_on_devices(devices: Sequence[torch.device], fn: Callable[[DeviceCollecti
                 torch.cuda.set_device(group.devices[rank])
             with torch.inference_mode():
                 return fn(group.member(rank))
-        except BaseException as e:  # noqa: BLE001 - any failure must stop the other threads
+        except ParallelPassError as e:  # a consequence: every rank saw the failure flag (or the abort)
+            errors[rank] = e
+            return None
+        except BaseException as e:  # noqa: BLE001 - any other failure must stop the other threads
             errors[rank] = e
             group.abort()
             return None
