@@ -167,3 +167,18 @@ def test_command_line_decodes_and_encodes_files_over_devices(tmp_path, capsys):
     assert cli.main(enc) == 0
     assert load_file(str(tmp_path / "lat.safetensors"))["latents"].shape == (1, 4, 2, 9, 7)
     assert "steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seedvr2", "qwen"])
+def test_real_configs_small_frame_equal_single_device(kind):
+    from turbovae import TurboVAE
+    from turbovae.bench.gpu import _seeded_init
+    from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+    from turbovae.vae.wan import WAN21, WanVAE
+
+    model = SeedVR2VAE(SeedVR2Config()) if kind == "seedvr2" else WanVAE(WAN21)
+    vae = TurboVAE(_seeded_init(model))
+    z = torch.randn(1, vae.latent_channels, 1, 5, 4, generator=torch.Generator().manual_seed(4))  # odd: 3 + 2 rows
+    out = decode_parallel(vae, z, devices=["cpu", "cpu"])
+    assert (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL
