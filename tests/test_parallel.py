@@ -182,3 +182,16 @@ def test_real_configs_small_frame_equal_single_device(kind):
     z = torch.randn(1, vae.latent_channels, 1, 5, 4, generator=torch.Generator().manual_seed(4))  # odd: 3 + 2 rows
     out = decode_parallel(vae, z, devices=["cpu", "cpu"])
     assert (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL
+
+
+@pytest.mark.gpu
+def test_devices_mode_mixing_cuda_and_cpu_equals_single_device():
+    """The devices= path on CUDA (model copied to the device, halos and sums moved between devices)."""
+    for kind in ("seedvr2", "wan2.1"):
+        vae = pw.build(kind)
+        z = torch.randn(1, vae.latent_channels, 2, 7, 5, generator=torch.Generator().manual_seed(5))
+        ref = _single(vae, z, True)
+        devices = ["cuda:0", "cpu"] if torch.cuda.device_count() < 2 else ["cuda:0", "cuda:1"]
+        out = decode_parallel(vae, z, devices=devices, tile=pw.TILE, temporal_slice=1)
+        assert out.device.type == "cpu"
+        _assert_equal(out, ref, vae, z, True, pw.TILE)
