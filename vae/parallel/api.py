@@ -93,6 +93,9 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device)
     if use_dist:
         comm = DistCollective(group, vae.device)
+        # sizes picked from this rank's free memory: every rank takes the smallest (None = whole clip)
+        tile_lat, ts = comm.agree_min([tile_lat, temporal_slice or latent_frames])
+        kwargs.update(tile_latent=tile_lat, temporal_slice=None if ts >= latent_frames else ts)
         with torch.inference_mode():
             out = sharded_pass(vae.model, x, comm, progress=progress, **kwargs)
         return out.to(vae.dtype)

@@ -238,6 +238,13 @@ class DistCollective:
                 out[:, :, t, r0:r0 + p.shape[-2]] = p
                 r0 += p.shape[-2]
 
+    def agree_min(self, values: Sequence[int]) -> list[int]:
+        """The element-wise minimum over ranks: sizes each rank chose from its own free memory (tile, temporal
+        slice) must be the same on every rank, or the ranks would run different collectives."""
+        t = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        self._call("size agreement", lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
+        return [int(v) for v in t.tolist()]
+
     def any_failed(self, failed: bool) -> bool:
         flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=self.device)
         self._call("failure check", lambda: dist.all_reduce(flag, group=self.group))
