@@ -10,8 +10,8 @@ Per rank (interior band, the busiest):
   received bytes = Σ over k×k convs of (k - stride) rows × width × C_in × frames, GroupNorm sums, the
   gathered latent frame for attention, and the all-gathered result (every rank returns it).
 - Wan/Qwen (overlap recomputed, as implemented): no halo bytes; each local stage runs on H/N + 2·halo rows
-  of its input (halos from the exact plan), the global part (mid block) on every rank; bytes = the result
-  gather (decode) or the mid-features gather + result (encode). `exchange` rows give the same pass with
+  of its input (halos from the exact plan), the global part (mid block) on every rank except its attention
+  queries (/ N); bytes = the attention output gather and the result gather (+ the mid features for encode). `exchange` rows give the same pass with
   halos exchanged instead, for comparison.
 Time per rank = FLOPs / R + bytes / B + collectives × α, no overlap of communication with compute;
 efficiency = T(1) / (N · T(N)) with T(1) the unsplit pass.
@@ -94,7 +94,7 @@ def trace_layers(build: Callable[[], nn.Module], run: Callable[[nn.Module, torch
                 lambda m, a, out, name=name: layers.append(_conv_record(name, m, a[0], out))))
         elif cls in ("MidAttention", "AttentionBlock"):
             hooks.append(mod.register_forward_hook(
-                lambda m, a, out, name=name, kv=cls == "MidAttention": layers.append(_attention_record(name, a[0], kv))))
+                lambda m, a, out, name=name: layers.append(_attention_record(name, a[0], True))))
         elif cls == "Upsample3D":  # its 1×1 conv runs as a functional call: count it here
             def up(m, a, out, name=name):
                 x = a[0]
@@ -204,13 +204,15 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
     glob = 0.0
     for l in layers:
         k = stage_of(l.name)
-        if k is None:
-            glob += l.flops
+        if k is None:  # the global part; its attention divides the queries (keys/values on every rank)
+            glob += (l.flops - l.kv_flops) / n + l.kv_flops if l.attention else l.flops
         else:
             local[k] += l.flops
     recompute = glob + sum(fk * min(1.0, 1 / n + 2 * halos[k] / float(h_lat * res[k])) for k, fk in enumerate(local))
-    mid_bytes = 0.0 if decode else sum(l.frame_bytes for l in layers if l.attention) * (n - 1) / n
-    ticks = 3  # one band tile + the global part per slice (progress ticks), and the result gather
+    attention = [l for l in layers if l.attention]
+    # the attention output gathered back, and for encode the latent-resolution features gathered first
+    mid_bytes = sum(l.frame_bytes for l in attention) * (n - 1) / n * (1 if decode else 2)
+    ticks = 3 + len(attention)  # band tile + global part per slice (progress ticks), result gather, attention
     exchanged = [l for l in layers if l.halo_bytes > 0 and stage_of(l.name) is not None]
     return [
         _predict(arch, "decode" if decode else "encode", size, n, "overlap recomputed (implemented)", total,

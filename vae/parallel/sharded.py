@@ -6,8 +6,9 @@ Two ways of getting the rows a band's convolutions read beyond its border, one p
   sums all-reduced, and the latent-resolution frame gathered for mid-block attention (queries stay local).
 - `ExactPlan` (Wan 2.1/2.2, Qwen-Image: only the mid block is global): the local stages *recompute the
   overlap*, exactly as exact tiles do (each band's tiles read their halo from the input, which every rank
-  holds); the global part runs at latent resolution on every rank — decode: on the whole latent clip
-  (redundant but small); encode: on the latent-resolution frame all-gathered from the bands.
+  holds); the global part runs at latent resolution on every rank — decode: on the whole latent clip; encode:
+  on the latent-resolution frame all-gathered from the bands — except the mid-block attention, whose query
+  rows are divided between the bands and whose output is gathered back.
 Causal temporal memory stays with the band, so a clip streams slice by slice on every rank.
 """
 
@@ -72,7 +73,7 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
     batch, device = x.shape[0], comm.device
     if geom.decode:
         f = geom.out_scale
-        glob = _run_global(plan, x.to(device), slices, tick)
+        glob = _run_global(plan, x.to(device), slices, tick, shard=Band(bands, comm))
         out = torch.empty(batch, 3, geom.out_frames(x.shape[2]), (b - a) * f, w_lat * f, dtype=torch.float32,
                           device=device)
         _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, geom, f, tick, dst_row0=a)
@@ -83,5 +84,6 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
                device=device)
     whole = comm.all_gather_rows(mid, bands.counts())
     del mid
-    moments = _run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick)
+    moments = _run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick,
+                          shard=Band(bands, comm))
     return moments[..., a:b, :]

@@ -185,9 +185,10 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     return moments.to(device=device, dtype=torch.float32)
 
 
-def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick) -> torch.Tensor:
+def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:
+    """The global part over the whole latent clip; `shard` (multi-device passes) is handed to the plan."""
     parts = []
-    with plan.open_global() as stream:
+    with (plan.open_global() if shard is None else plan.open_global(shard)) as stream:
         for t0, t1 in slices:
             parts.append(stream.step(x[:, :, t0:t1]))
             tick()
