@@ -195,3 +195,18 @@ def test_devices_mode_mixing_cuda_and_cpu_equals_single_device():
         out = decode_parallel(vae, z, devices=devices, tile=pw.TILE, temporal_slice=1)
         assert out.device.type == "cpu"
         _assert_equal(out, ref, vae, z, True, pw.TILE)
+
+
+def test_cost_model_reads_the_layer_shapes_and_predicts_falling_efficiency():
+    from turbovae.vae.parallel import cost
+
+    seed = cost.predict("seedvr2", True, "1080p image")
+    assert [p.ranks for p in seed] == [2, 4, 8]
+    for p in seed:  # SeedVR2 divides all but the attention keys/values; its halos are a few rows per conv
+        assert p.total_tflop / p.ranks <= p.rank_tflop < 1.02 * p.total_tflop / p.ranks
+        assert p.efficiency["PCIe 5"] < p.efficiency["NVLink"] <= 1.0
+    assert seed[0].efficiency["NVLink"] > seed[1].efficiency["NVLink"] > seed[2].efficiency["NVLink"]
+    assert seed[0].rank_mbytes < seed[2].rank_mbytes
+    wan = cost.predict("wan2.1", True, "1080p image", ranks=(2,))
+    recompute, exchange = wan  # recomputing the overlap costs FLOPs, exchanging it costs bytes
+    assert recompute.rank_tflop > exchange.rank_tflop and recompute.rank_mbytes < exchange.rank_mbytes
