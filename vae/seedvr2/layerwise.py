@@ -12,8 +12,9 @@ independent. Instead the forward pass runs layer by layer on whole-frame tensors
 - mid-block attention runs on the whole frame at latent resolution.
 The causal memory handed between temporal slices has exactly the layout of the normal path.
 
-The same decomposition splits a frame across devices: statistics become an all-reduce of (sum,
-sum of squares, count) and the conv crops become halo exchanges.
+The same decomposition splits a frame across devices (vae/parallel, `SplitPolicy.shard`): statistics
+become an all-reduce of the fp64 (sum, sum of squares), the conv crops read halo rows exchanged with the
+neighbouring bands, and mid-block attention gathers the latent-resolution frame.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ Decode = global part on the whole latent clip, then the local suffix stage by st
 the remaining stages still need, so the redundant halo work shrinks as resolution grows. Every stage
 is a causal stream, so video tiles carry their own temporal memory through the slices.
 
-Each tile only exchanges halos with its neighbours and the global part only needs the assembled
-latent-resolution frame, which is the split a multi-GPU version needs (halo exchange between ranks,
-global part on one rank or with all-reduced statistics).
+Each tile only needs halos from its neighbours and the global part only the assembled
+latent-resolution frame: vae/parallel splits a frame across devices along exactly these lines.
 """
 
 from __future__ import annotations
