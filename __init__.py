@@ -8,11 +8,13 @@ loaded when ComfyUI calls `comfy_entrypoint()`.
 from .vae.api import TurboVAE, load_vae, moments_to_latents, pad_to_multiple
 from .vae.base import LatentFormat
 from .vae.checkpoint import CheckpointError
+from .vae.parallel import ParallelPassError, decode_parallel, encode_parallel
 from .vae.tiling import decode_tiled, encode_tiled
 
 __all__ = [
     "TurboVAE", "load_vae", "decode_tiled", "encode_tiled", "moments_to_latents", "pad_to_multiple",
-    "LatentFormat", "CheckpointError", "comfy_entrypoint",
+    "LatentFormat", "CheckpointError", "decode_parallel", "encode_parallel", "ParallelPassError",
+    "comfy_entrypoint",
 ]
 __version__ = "0.1.0"
 

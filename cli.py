@@ -1,4 +1,4 @@
-"""Command line: `python -m turbovae bench …` and `python -m turbovae build-engines …`."""
+"""Command line: `python -m turbovae bench …`, `decode …` / `encode …` (cli_parallel.py) and `build-engines …`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ BENCH_SECTIONS = {
     "engines": "engines",
     "gpu": "gpu",
     "slices": "slices",
+    "parallel": "parallel",
 }
 DEFAULT_SECTIONS = ("seedvr2", "qwen")
 
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="real Qwen-Image-Layered (RGBA) VAE file (default: random weights)")
     b.add_argument("--out", default="bench_results/bench.json")
     b.set_defaults(func=_bench)
+
+    from . import cli_parallel  # exact decode/encode of files over several devices or torchrun ranks
+
+    for name, decode in (("decode", True), ("encode", False)):
+        cli_parallel.add_arguments(sub.add_parser(name, help=f"exact {name} of files, frame split across devices "
+                                                             "(torchrun: one rank per GPU)"), decode=decode)
 
     e = sub.add_parser("build-engines", help="export and build engines for a VAE checkpoint")
     try:

@@ -16,6 +16,7 @@ import logging
 from comfy_api.latest import ComfyExtension, io
 
 from .loader_nodes import LOADER_NODES
+from .parallel_nodes import PARALLEL_NODES
 from .paths import register_tensorrt_folder
 from .tiled_nodes import TILED_NODES
 
@@ -33,7 +34,7 @@ def _engine_nodes() -> list[type[io.ComfyNode]]:
 
 
 def all_nodes() -> list[type[io.ComfyNode]]:
-    return [*LOADER_NODES, *TILED_NODES, *_engine_nodes()]
+    return [*LOADER_NODES, *TILED_NODES, *PARALLEL_NODES, *_engine_nodes()]
 
 
 class TurboVAEExtension(ComfyExtension):

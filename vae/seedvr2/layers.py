@@ -252,8 +252,18 @@ class MidAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         b, c, t, h, w = x.shape
         frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
-        tokens = norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
-        q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
+        shard = ctx.split.shard if ctx.split is not None else None
+        if shard is None:
+            tokens = norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
+            queries = tokens
+        else:  # a band of a split frame: keys/values from the gathered frame, queries from the band's rows
+            lo, hi, _ = shard.rows(x)
+            whole = shard.gather_rows(x)
+            whole = whole[:, :, 0] if t == 1 else whole.transpose(1, 2).reshape(b * t, c, -1, w)
+            tokens = norm_silu(self.group_norm, whole, silu=False).flatten(2).transpose(1, 2)
+            del whole
+            queries = tokens[:, lo * w:hi * w]
+        q, k, v = self.to_q(queries), self.to_k(tokens), self.to_v(tokens)
         if ctx.fast.sdpa:
             o = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
         else:  # explicit attention, softmax in fp32 (the reference's upcast_softmax)

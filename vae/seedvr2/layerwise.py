@@ -12,15 +12,16 @@ independent. Instead the forward pass runs layer by layer on whole-frame tensors
 - mid-block attention runs on the whole frame at latent resolution.
 The causal memory handed between temporal slices has exactly the layout of the normal path.
 
-The same decomposition splits a frame across devices: statistics become an all-reduce of (sum,
-sum of squares, count) and the conv crops become halo exchanges.
+The same decomposition splits a frame across devices (vae/parallel, `SplitPolicy.shard`): statistics
+become an all-reduce of the fp64 (sum, sum of squares), the conv crops read halo rows exchanged with the
+neighbouring bands, and mid-block attention gathers the latent-resolution frame.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +32,32 @@ from ..kernels.conv_guard import conv3d as guarded_conv3d
 Pre = Optional[Callable[[torch.Tensor, int], torch.Tensor]]
 
 
+class RowShard(Protocol):
+    """This device's band of rows of every activation when a frame is split across devices
+    (vae/parallel/bands.py implements it): tensors hold only the band's rows (full width)."""
+
+    def rows(self, x: torch.Tensor) -> tuple[int, int, int]:
+        """(first row, end row, frame height) of `x`'s band at `x`'s resolution (read off its width)."""
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
+
+    def halo(self, x: torch.Tensor, top: int, bottom: int) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The `top` rows above the band (upper neighbour's last rows) and `bottom` rows below; None at frame borders."""
+
+    def gather_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole frame assembled from every band (for whole-frame attention at latent resolution)."""
+
+
 @dataclass(frozen=True)
 class SplitPolicy:
-    """Bound on one tile's working tensors, in elements (channels × frames × pixels)."""
+    """Bound on one tile's working tensors, in elements (channels × frames × pixels).
+
+    `shard`: set when the frame is split across devices: statistics are all-reduced, conv inputs get
+    their halo rows from the neighbouring bands, and attention gathers the latent-resolution frame.
+    """
 
     budget_elems: int
+    shard: Optional[RowShard] = None
 
     def tile_side(self, channels: int, frames: int) -> int:
         return max(8, math.isqrt(max(1, self.budget_elems // max(1, channels * frames))))
@@ -61,6 +83,9 @@ def frame_group_stats(x: torch.Tensor, groups: int, eps: float, policy: SplitPol
         s1 += chunk.sum(dim=(2, 4, 5))
         s2 += chunk.square().sum(dim=(2, 4, 5))
         del chunk
+    if policy.shard is not None:  # sums over every band's rows: one all-reduce of (sum, sum of squares)
+        s1, s2 = policy.shard.all_reduce_sum(torch.stack([s1, s2])).unbind(0)
+        h = policy.shard.rows(x)[2]
     n = (c // groups) * h * w
     mean = s1 / n
     var = (s2 / n - mean.square()).clamp_min_(0)
@@ -91,14 +116,21 @@ def norm_silu_pre(norm: nn.GroupNorm, x: torch.Tensor, policy: SplitPolicy) -> C
 # ------------------------------------------------------------------------------------------------
 # Causal conv, tile by tile
 # ------------------------------------------------------------------------------------------------
-def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], pre: Pre) -> torch.Tensor:
-    """x[..., rows, cols] with out-of-frame rows/cols as zeros (after `pre`, like conv zero padding)."""
+def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], pre: Pre,
+                 row0: int = 0, frame_rows: Optional[int] = None) -> torch.Tensor:
+    """Frame rows `rows` × cols `cols` with out-of-frame rows/cols as zeros (after `pre`, like conv zero
+    padding). `x` holds the frame's rows from `row0` on (a band with its halo); the frame has
+    `frame_rows` rows (default: x's)."""
     h, w = x.shape[-2:]
+    frame_rows = row0 + h if frame_rows is None else frame_rows
     (a, b), (c, d) = rows, cols
-    crop = x[..., max(0, a):min(h, b), max(0, c):min(w, d)]
+    a0, b0 = max(0, a), min(frame_rows, b)
+    if a0 < row0 or b0 > row0 + h:
+        raise RuntimeError(f"rows {a0}..{b0} are outside the band's rows {row0}..{row0 + h} (halo too small)")
+    crop = x[..., a0 - row0:b0 - row0, max(0, c):min(w, d)]
     if pre is not None:
         crop = pre(crop, 0)
-    pads = (max(0, -c), max(0, d - w), max(0, -a), max(0, b - h))
+    pads = (max(0, -c), max(0, d - w), a0 - a, b - b0)
     return F.pad(crop, pads) if any(pads) else crop
 
 
@@ -117,11 +149,14 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     ph, pw = conv.padding[1:]
     e = 1 if conv.pad_right_bottom else 0
     b, _, t, h, w = x.shape
+    h_out = (h + e + 2 * ph - kh) // sh + 1
+    row0, frame_rows, out_row0 = 0, h, 0
+    if policy.shard is not None:  # x is a band: add the neighbours' halo rows, compute the band's output rows
+        x, row0, frame_rows, out_row0, h_out = _with_halo(policy.shard, x, kh, sh, ph, e)
     image = ctx.image(x) and conv.head_frames == kt - 1
     prev = None if image or not conv.memory_frames else ctx.take()
     head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
     t_out = 1 if image else (head + t - kt) // st + 1
-    h_out = (h + e + 2 * ph - kh) // sh + 1
     w_out = (w + e + 2 * pw - kw) // sw + 1
     shape = (b, conv.out_channels, t_out, h_out, w_out)
     if out is None:
@@ -132,9 +167,9 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     weight2d = conv.folded_weight() if image else None
     for oy0, oy1 in _spans(h_out, side):
         for ox0, ox1 in _spans(w_out, side):
-            rows = (oy0 * sh - ph, (oy1 - 1) * sh - ph + kh)
+            rows = ((out_row0 + oy0) * sh - ph, (out_row0 + oy1 - 1) * sh - ph + kh)
             cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
-            xin = _crop_padded(x, rows, cols, pre)
+            xin = _crop_padded(x, rows, cols, pre, row0, frame_rows)
             if image:
                 y = F.conv2d(xin[:, :, 0], weight2d, conv.bias, (sh, sw)).unsqueeze(2)
                 if residual is not None:
@@ -142,7 +177,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 out[:, :, :, oy0:oy1, ox0:ox1] = y
                 continue
             if prev is not None:
-                hist = _crop_padded(prev, rows, cols, None)
+                hist = _crop_padded(prev, rows, cols, None, row0, frame_rows)
             elif head:
                 hist = xin[:, :, :1].expand(-1, -1, head, -1, -1)
             else:
@@ -156,6 +191,22 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     if conv.memory_frames and ctx.collect:
         ctx.put(_memory(conv, x, prev, pre, image, e))
     return out
+
+
+def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
+               e: int) -> tuple[torch.Tensor, int, int, int, int]:
+    """A band with the halo rows its conv outputs read: (band + halo, its first frame row, frame rows,
+    first output row, output rows). Band borders sit on multiples of every stride, so an output band
+    [lo/sh, hi/sh) reads input rows lo - ph … hi - sh - ph + kh: the same halo for every band (zero
+    padding only at the true frame border, which `_crop_padded` adds)."""
+    lo, hi, frame = shard.rows(x)
+    frame_out = (frame + e + 2 * ph - kh) // sh + 1
+    out_lo = lo // sh
+    out_hi = frame_out if hi == frame else hi // sh
+    above, below = shard.halo(x, ph, max(0, kh - ph - sh))
+    parts = [p for p in (above, x, below) if p is not None]
+    ext = torch.cat(parts, dim=-2) if len(parts) > 1 else x
+    return ext, lo - (above.shape[-2] if above is not None else 0), frame, out_lo, out_hi - out_lo
 
 
 def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image: bool, e: int) -> torch.Tensor:

@@ -195,9 +195,11 @@ class SeedVR2VAE(VAEModel):
         (GroupNorm statistics span the frame, so no tile of the network is independent)."""
         from ..tiling.exact import LayerwisePlan
 
-        def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress) -> torch.Tensor:
+        def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress,
+                shard=None) -> torch.Tensor:
             f = self.latent_format.spatial_factor
-            policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0])
+            policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0],
+                                 shard=shard)
             bounds = self._slice_bounds(x.shape[2], temporal_slice, decode=decode)
             total = len(bounds) * normalised_convs(self.decoder if decode else self.encoder)
             done = 0

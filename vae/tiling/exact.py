@@ -11,9 +11,8 @@ Decode = global part on the whole latent clip, then the local suffix stage by st
 the remaining stages still need, so the redundant halo work shrinks as resolution grows. Every stage
 is a causal stream, so video tiles carry their own temporal memory through the slices.
 
-Each tile only exchanges halos with its neighbours and the global part only needs the assembled
-latent-resolution frame, which is the split a multi-GPU version needs (halo exchange between ranks,
-global part on one rank or with all-reduced statistics).
+Each tile only needs halos from its neighbours and the global part only the assembled
+latent-resolution frame: vae/parallel splits a frame across devices along exactly these lines.
 """
 
 from __future__ import annotations
@@ -59,7 +58,9 @@ class ExactPlan:
 class LayerwisePlan:
     """For models whose every block needs whole-frame statistics (SeedVR2's GroupNorm): the model runs
     its own forward layer by layer with tile-bounded working memory. `run(x, tile_latent,
-    temporal_slice, progress)` returns the untiled pass's output (pixels or moments)."""
+    temporal_slice, progress)` returns the untiled pass's output (pixels or moments); with
+    `shard=` (a `layerwise.RowShard`) `x` is one band of rows of a frame split across devices and the
+    result is that band's rows of the output."""
 
     run: Callable[..., torch.Tensor]
 
@@ -125,9 +126,12 @@ class _TileChain:
             out.append((lo, hi))
         return out[0], out[1]
 
-    def run(self, x_full: torch.Tensor) -> torch.Tensor:
+    def run(self, x_full: torch.Tensor, device: Optional[torch.device] = None) -> torch.Tensor:
+        """`device`: where the chain runs, when `x_full` is elsewhere (only the crop moves)."""
         (y0, y1), (x0, x1) = self.window(0)
         x = x_full[..., y0:y1, x0:x1]
+        if device is not None:
+            x = x.to(device)
         origin = (y0, x0)
         for k, stream in enumerate(self.streams):
             x = stream.step(x)
@@ -181,9 +185,10 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     return moments.to(device=device, dtype=torch.float32)
 
 
-def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick) -> torch.Tensor:
+def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:
+    """The global part over the whole latent clip; `shard` (multi-device passes) is handed to the plan."""
     parts = []
-    with plan.open_global() as stream:
+    with (plan.open_global() if shard is None else plan.open_global(shard)) as stream:
         for t0, t1 in slices:
             parts.append(stream.step(x[:, :, t0:t1]))
             tick()
@@ -191,13 +196,16 @@ def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick) -> torch.Tensor:
 
 
 def _run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
-               out_scale: int, tick) -> None:
+               out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None) -> None:
+    """Every core's local chain into `dst`, which holds the output rows from latent row `dst_row0` on;
+    `device`: where the chains run (default: `src`'s)."""
     for (ry, rx) in cores:
         with ExitStack() as stack:
             chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
             for t0, t1 in slices:
-                y = chain.run(src[:, :, t0:t1])
+                y = chain.run(src[:, :, t0:t1], device)
                 o0, o1 = geom.out_frame_range(t0, t1)
-                dst[:, :, o0:o1, ry[0] * out_scale:ry[1] * out_scale, rx[0] * out_scale:rx[1] * out_scale] = y
+                r0, r1 = (ry[0] - dst_row0) * out_scale, (ry[1] - dst_row0) * out_scale
+                dst[:, :, o0:o1, r0:r1, rx[0] * out_scale:rx[1] * out_scale] = y
                 del y
                 tick()

@@ -94,8 +94,11 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
         session = _Session(vae)
         return [_StageStream(session, fn, last=i == len(fns) - 1) for i, fn in enumerate(fns)]
 
-    def open_global() -> CausalStream:
-        return _StageStream(_Session(vae), global_fn, last=True)
+    def open_global(shard=None) -> CausalStream:
+        """`shard`: the frame is split across devices (vae/parallel); the mid-block attention divides its queries."""
+        session = _Session(vae)
+        session.ctx.shard = shard
+        return _StageStream(session, global_fn, last=True)
 
     # the tensor between the local and global parts has the mid block's width
     channels = (vae.decoder if decode else vae.encoder).mid_block.resnets[0].norm1.gamma.shape[0]

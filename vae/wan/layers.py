@@ -40,6 +40,8 @@ class StreamContext:
     flags: WanFlags
     cache: dict = field(default_factory=dict)
     first: bool = True  # True during the first step of a stream
+    # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
+    shard: Optional[object] = None
 
     def clear(self) -> None:
         self.cache.clear()
@@ -184,6 +186,8 @@ class AttentionBlock(nn.Module):
     def _attend(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         n, c, h, w = x.shape
         tokens = self.norm(x, silu=False).flatten(2).transpose(1, 2)  # [N, HW, C]
+        if ctx.shard is not None:
+            return self._attend_band(x, tokens, ctx)
         qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
         q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
         if ctx.flags.sdpa:
@@ -197,6 +201,24 @@ class AttentionBlock(nn.Module):
         else:
             out = out.transpose(1, 2).reshape(n, c, h, w)
         return add_residual(out, x, ctx.flags)
+
+
+    def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        """Every rank holds the whole latent frame: keys/values from all of it, queries from this band's rows
+        only (the attention work divides), then the bands' outputs are gathered back into the whole frame."""
+        n, c, h, w = x.shape
+        lo, hi, _ = ctx.shard.rows(x)
+        weight, bias = self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias
+        q = F.linear(tokens[:, lo * w:hi * w], weight[:c], bias[:c]).unsqueeze(1)
+        k, v = F.linear(tokens, weight[c:], bias[c:]).unsqueeze(1).chunk(2, dim=-1)
+        if ctx.flags.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v)
+        else:
+            a = torch.matmul(torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c)).softmax(dim=-1), v)
+        out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, band HW, C]
+        out = out.transpose(1, 2).reshape(n, c, hi - lo, w) + x[:, :, lo:hi]
+        whole = ctx.shard.gather_rows(out)
+        return whole.contiguous(memory_format=torch.channels_last) if ctx.flags.channels_last else whole
 
 
 class MidBlock(nn.Module):

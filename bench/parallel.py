@@ -1,0 +1,170 @@
+"""Sharded exact passes: a gloo group of 2 processes on CPU vs the single-device exact pass, same run.
+
+Shows correctness (max abs error against `decode_tiled(mode="exact")`) and what splitting costs: both ranks
+and the single-device pass get 1 torch thread each, so with 2 free cores the ratio is the 2-rank scaling
+(ideal 2×) less the halo/statistics/gather overhead and the work the split repeats; on a machine whose cores
+are busy with other work the ratio is noise (read the per-run times in the note). On a CUDA machine with 2+ GPUs a `devices=` row per case
+runs the same pass on cuda:0 and cuda:1 in one process against cuda:0 alone.
+
+Peak memory: the RSS high-water increase of one pass (Linux), per rank (the larger of the two) and for the
+single-device pass in a fresh subprocess, both with glibc's fixed mmap threshold (bench/peak_rss.py).
+
+Cases: SeedVR2 and Qwen-Image/Wan 2.1 decode and encode at 128×256 px with seeded real-size weights;
+`--quick`: tiny configs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..vae.api import TurboVAE
+from ..vae.parallel import decode_parallel, encode_parallel
+from ..vae.tiling import decode_tiled, encode_tiled
+from .common import BenchOptions, BenchRow, max_abs, sync
+from .gpu import _seeded_init
+from .peak_rss import CHILD_ENV, peak_increase_mb, reset_peak, run_child, supported
+
+SECTION = "parallel"
+WORLD = 2
+LATENT_HW = (16, 32)  # 128×256 px at 8× (odd band split is covered by the tests)
+
+
+def _vae(arch: str, quick: bool) -> TurboVAE:
+    if arch == "seedvr2":
+        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+
+        model = SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())
+    else:
+        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
+
+        model = WanVAE(TINY_WAN21 if quick else WAN21)
+    return TurboVAE(_seeded_init(model))
+
+
+def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    h, w = LATENT_HW
+    if decode:
+        return torch.randn(1, vae.latent_channels, 1, h, w, generator=g)
+    f = vae.spatial_factor
+    return torch.rand(1, 3, 1, h * f, w * f, generator=g) * 2 - 1
+
+
+CASES = [("seedvr2", True), ("seedvr2", False), ("wan2.1", True), ("wan2.1", False)]
+
+
+def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:
+    """One gloo rank: every case, one warm-up, then `repeat` timed runs (each after a barrier)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), WORLD), rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=600))
+    results = {}
+    for arch, decode in CASES:
+        vae = _vae(arch, quick)
+        x = _input(vae, decode)
+        run = decode_parallel if decode else encode_parallel
+        dist.barrier()
+        base = reset_peak() if supported() else None
+        out = run(vae, x)
+        peak = peak_increase_mb(base) if base is not None else -1.0
+        times = []
+        for _ in range(repeat):
+            dist.barrier()
+            t0 = time.perf_counter()
+            out = run(vae, x)
+            times.append((time.perf_counter() - t0) * 1e3)
+        results[f"{arch}-{decode}"] = (times, out, peak)
+    torch.save(results if rank == 0 else {k: ([], None, v[2]) for k, v in results.items()},
+               os.path.join(folder, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _time(fn, repeat: int, device: torch.device) -> tuple[list[float], torch.Tensor]:
+    out = fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times, out
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    repeat = max(1, opts.repeat)
+    rows: list[BenchRow] = []
+    threads = torch.get_num_threads()
+    saved = {k: os.environ.get(k) for k in CHILD_ENV}
+    os.environ.update(CHILD_ENV)  # the spawned ranks measure memory like the single-device child
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            mp.start_processes(_rank, args=(folder, opts.quick, repeat), nprocs=WORLD, start_method="spawn")
+            gloo = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=True) for r in range(WORLD)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    torch.set_num_threads(1)
+    try:
+        for arch, decode in CASES:
+            vae = _vae(arch, opts.quick)
+            x = _input(vae, decode)
+            single = (lambda: decode_tiled(vae, x, mode="exact")) if decode else (lambda: encode_tiled(vae, x, mode="exact"))
+            base_times, ref = _time(single, repeat, vae.device)
+            times, out, _ = gloo[0][f"{arch}-{decode}"]
+            rank_peak = max(g[f"{arch}-{decode}"][2] for g in gloo)
+            single_peak = (run_child(f"{__package__}.parallel", {"arch": arch, "decode": decode, "quick": opts.quick})
+                           ["peak_mb"] if supported() else None)
+            what = "decode" if decode else "encode"
+            case = f"{arch} {what} 1×{LATENT_HW[0] * 8}×{LATENT_HW[1] * 8}{' (tiny)' if opts.quick else ''}"
+            base = min(base_times)
+            rows.append(BenchRow(SECTION, case, "single-device exact (1 thread)", base, base, peak_mb=single_peak,
+                                 note="decode_tiled/encode_tiled mode=exact, fp32"))
+            rows.append(BenchRow(SECTION, case, f"gloo {WORLD} ranks × 1 thread", min(times), base,
+                                 peak_mb=rank_peak if rank_peak >= 0 else None, max_abs_err=max_abs(out, ref),
+                                 note=f"min of {len(times)} (ms: {'/'.join(f'{t:.0f}' for t in times)}); "
+                                      f"single: {'/'.join(f'{t:.0f}' for t in base_times)}"))
+            if torch.cuda.is_available() and torch.cuda.device_count() >= 2 and opts.device.startswith("cuda"):
+                rows.extend(_cuda_rows(arch, decode, case, opts, repeat))
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def _cuda_rows(arch: str, decode: bool, case: str, opts: BenchOptions, repeat: int) -> list[BenchRow]:
+    dev = torch.device("cuda:0")
+    vae = _vae(arch, opts.quick).to(device=dev)
+    x = _input(vae, decode).to(dev)
+    run = decode_parallel if decode else encode_parallel
+    tiled = decode_tiled if decode else encode_tiled
+    base_times, ref = _time(lambda: tiled(vae, x, mode="exact"), repeat, dev)
+    times, out = _time(lambda: run(vae, x, devices=["cuda:0", "cuda:1"]), repeat, dev)
+    return [BenchRow(SECTION, case, "cuda:0 exact", min(base_times), min(base_times)),
+            BenchRow(SECTION, case, "devices=cuda:0,cuda:1", min(times), min(base_times),
+                     max_abs_err=max_abs(out, ref), note="fp32")]
+
+
+def _single_peak_child(args: dict) -> dict:
+    """Fresh-process peak RSS increase of the single-device exact pass (what the ranks are compared with)."""
+    torch.set_num_threads(1)
+    vae = _vae(args["arch"], args["quick"])
+    x = _input(vae, args["decode"])
+    base = reset_peak()
+    (decode_tiled(vae, x, mode="exact") if args["decode"] else encode_tiled(vae, x, mode="exact"))
+    return {"peak_mb": peak_increase_mb(base)}
+
+
+if __name__ == "__main__":  # the child of run_child
+    print(json.dumps(_single_peak_child(json.loads(sys.argv[1]))))

@@ -1,0 +1,114 @@
+"""Multi-GPU Decode / Encode: the exact pass with the frame split into row bands over several GPUs of this
+ComfyUI process (turbovae.decode_parallel / encode_parallel, `devices=` mode), with the same per-step
+progress bar and Cancel as the tiled nodes. With one GPU it says so and runs on that one."""
+
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import io
+
+from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
+from .comfy_vae import _progress_callback, is_turbovae
+from .tiled_nodes import CATEGORY, MIN_TILE, _node_id
+
+log = logging.getLogger(__name__)
+
+DEVICES_HELP = ('"all" = every visible GPU, or a comma list such as "cuda:0,cuda:1". Each device decodes a '
+                'band of rows; the result equals the single-GPU exact tiled pass.')
+
+
+def _inputs(default_tile: int) -> list:
+    return [
+        io.String.Input("devices", default="all", tooltip=DEVICES_HELP),
+        io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
+                     tooltip="Tile side in pixels inside each device's band; 0 = choose from free memory. "
+                             f"Minimum {MIN_TILE}."),
+        io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
+                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = choose from "
+                             "free memory. Slices carry the causal cache, so slicing never changes the result."),
+    ]
+
+
+def _prepare(vae, devices: str, tile_size: int, temporal_slice: int):
+    if not is_turbovae(vae):
+        raise ValueError("Multi-GPU decode/encode needs a VAE from the TurboVAE Loader (it splits our exact pass "
+                         "across GPUs); use Optimized Tiled Decode/Encode for other VAEs")
+    if tile_size and tile_size < MIN_TILE:
+        raise ValueError(f"tile_size={tile_size} is too small; use at least {MIN_TILE} pixels, or 0 for automatic")
+    if temporal_slice < 0:
+        raise ValueError("temporal_slice must be 0 or more")
+    devs = parse_devices(devices)
+    if len(devs) == 1:
+        log.warning("TurboVAE Multi-GPU: only one device (%s) available or listed; running on it alone", devs[0])
+    return devs, tile_size, (temporal_slice or None)
+
+
+class TurboVAEMultiGPUDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAEMultiGPUDecode",
+            display_name="Multi-GPU Decode (TurboVAE)",
+            category=CATEGORY,
+            description="Exact decode with the frame split into row bands, one per GPU (halo rows and norm "
+                        "statistics exchanged between GPUs). Cancel stops all GPUs at the next step.",
+            inputs=[io.Latent.Input("samples", tooltip="Latents to decode (from a sampler or an encode)."),
+                    io.Vae.Input("vae", tooltip="A VAE from the TurboVAE Loader."),
+                    *_inputs(512)],
+            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, 3] in 0..1.")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
+                temporal_slice: int = 0) -> io.NodeOutput:
+        devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
+        vae.throw_exception_if_invalid()
+        z = samples["samples"]
+        was_4d = z.ndim == 4
+        z = vae.turbo.check_latents(z)
+        f = vae.turbo.spatial_factor
+        side = tile or max(z.shape[-1], z.shape[-2]) * f
+        frames = vae.turbo.latent_format.pixel_frames(slice_ or z.shape[2])
+        vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, True))
+        out = decode_parallel(vae.turbo, z, devices=devs, tile=tile, temporal_slice=slice_,
+                              progress=_progress_callback(_node_id(cls)), output_device=vae.output_device)
+        images = vae._clip_to_image(out, was_4d)
+        if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
+            images = images.reshape(-1, *images.shape[-3:])
+        return io.NodeOutput(images)
+
+
+class TurboVAEMultiGPUEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="TurboVAEMultiGPUEncode",
+            display_name="Multi-GPU Encode (TurboVAE)",
+            category=CATEGORY,
+            description="Exact encode with the frame split into row bands, one per GPU. For video VAEs the "
+                        "batch is one clip (padded to 4n+1 frames by repeating the last frame).",
+            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, 3] in 0..1; "
+                                                     "height and width are centre-cropped to multiples of 8."),
+                    io.Vae.Input("vae", tooltip="A VAE from the TurboVAE Loader."),
+                    *_inputs(1024)],
+            outputs=[io.Latent.Output(tooltip="Raw latents (what samplers and VAE Decode expect).")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,
+                temporal_slice: int = 0) -> io.NodeOutput:
+        devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
+        vae.throw_exception_if_invalid()
+        clip = vae._image_to_clip(pixels)
+        side = tile or max(clip.shape[-1], clip.shape[-2])
+        frames = vae.turbo.latent_format.pixel_frames(slice_) if slice_ else clip.shape[2]
+        vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, False))
+        latents = encode_parallel(vae.turbo, clip, devices=devs, tile=tile, temporal_slice=slice_,
+                                  progress=_progress_callback(_node_id(cls)), output_device=vae.output_device)
+        return io.NodeOutput({"samples": latents.float()})
+
+
+PARALLEL_NODES = [TurboVAEMultiGPUDecode, TurboVAEMultiGPUEncode]

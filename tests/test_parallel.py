@@ -1,0 +1,213 @@
+"""Sharded exact passes (turbovae.decode_parallel / encode_parallel) equal the single-device exact pass:
+both architectures, decode and encode, images and clips, odd heights, N = 2 and 3, through both entry
+points (several CPU `devices` in one process; a gloo group of spawned processes); cancel and failure stop
+every rank without a hang."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from turbovae import ParallelPassError, decode_parallel, decode_tiled, encode_parallel, encode_tiled
+from turbovae.vae.parallel.bands import BandPlan
+from turbovae.vae.parallel.collectives import run_on_devices
+
+sys.path.insert(0, os.path.dirname(__file__))
+import parallel_worker as pw  # noqa: E402
+
+TOL = 1e-5
+
+
+def _single(vae, x, decode: bool, tile: int = pw.TILE):
+    run = decode_tiled if decode else encode_tiled
+    return run(vae, x, mode="exact", tile=tile, temporal_slice=1)
+
+
+def _assert_equal(out, ref, vae, x, decode: bool, tile: int):
+    """≤ 1e-5, or — for the tiny random SeedVR2, whose stacked GroupNorms amplify fp32 rounding — within 2×
+    the difference between two single-device exact passes that only differ in tile size (the fp32 floor
+    of "exact"; a wrong halo or statistic is orders of magnitude above it)."""
+    assert out.shape == ref.shape
+    err = (out - ref).abs().max().item()
+    if err <= TOL:
+        return
+    floor = (_single(vae, x, decode, 2 * tile) - ref).abs().max().item()
+    assert err <= 2 * floor and err <= 1e-4, (err, floor)
+
+
+@pytest.mark.parametrize("kind,n,frames,hw", [
+    ("seedvr2", 2, 1, (9, 6)), ("seedvr2", 3, 2, (7, 5)),
+    ("wan2.1", 3, 1, (19, 10)), ("wan2.1", 2, 3, (7, 5)),  # 19 rows: several tiles per band
+    ("wan2.2", 3, 2, (5, 7)), ("wan2.2", 2, 1, (5, 7)),
+    ("qwen_image_layered", 2, 1, (7, 5)),  # RGBA in and out
+])
+def test_devices_mode_equals_single_device_exact(kind, n, frames, hw):
+    vae = pw.build(kind)
+    tile = 128 if kind == "wan2.2" else pw.TILE  # ≥ 8 latents; Wan 2.2 is 16 px per latent
+    h, w = hw
+    z = torch.randn(1, vae.latent_channels, frames, h, w, generator=torch.Generator().manual_seed(1))
+    out = decode_parallel(vae, z, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    _assert_equal(out, _single(vae, z, True, tile), vae, z, True, tile)
+    f = vae.spatial_factor
+    x = torch.rand(1, vae.image_channels, 4 * frames - 3, h * f, w * f, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    lat = encode_parallel(vae, x, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    _assert_equal(lat, _single(vae, x, False, tile), vae, x, False, tile)
+
+
+def test_four_d_input_and_auto_slices_and_progress_ticks_to_total():
+    vae = pw.build("seedvr2")
+    z = torch.randn(1, vae.latent_channels, 6, 8)
+    calls = []
+    out = decode_parallel(vae, z, devices=["cpu", "cpu"], progress=lambda d, t: calls.append((d, t)))
+    assert out.ndim == 4 and (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL
+    assert calls and calls[-1][0] == calls[-1][1] and [d for d, _ in calls] == list(range(1, len(calls) + 1))
+
+
+def test_band_plan_splits_evenly_and_gives_every_rank_the_same_tile_count():
+    plan = BandPlan.split(11, 9, 3)
+    assert plan.bounds == (0, 4, 7, 11) and plan.counts() == [4, 3, 4]
+    assert {len(plan.cores(r, 2)) for r in range(3)} == {2}
+    assert [c for r in range(3) for c in plan.cores(r, 2)][-1] == (9, 11)
+    with pytest.raises(ValueError, match="at most 4 devices"):
+        BandPlan.split(4, 9, 5)
+
+
+def test_bad_arguments_are_clear_errors():
+    vae = pw.build("wan2.1")
+    z = torch.randn(1, vae.latent_channels, 1, 3, 4)
+    with pytest.raises(ValueError, match="not both"):
+        decode_parallel(vae, z, devices=["cpu"], group=object())
+    with pytest.raises(ValueError, match="at most 3 devices"):
+        decode_parallel(vae, z, devices=["cpu"] * 4)
+    with pytest.raises(ValueError, match="does not exist|only CUDA and CPU|torch devices"):
+        decode_parallel(vae, z, devices=["cuda:7"] if not torch.cuda.is_available() else ["meta"])
+
+
+def test_cancel_on_rank_0_stops_every_device_thread():
+    vae = pw.build("seedvr2")
+    z = torch.randn(1, vae.latent_channels, 2, 7, 9)
+
+    def cancel(done, total):
+        if done == 2:
+            raise KeyboardInterrupt("user pressed cancel")
+
+    before = threading.active_count()
+    with pytest.raises(KeyboardInterrupt, match="user pressed cancel"):
+        decode_parallel(vae, z, devices=["cpu"] * 3, tile=pw.TILE, temporal_slice=1, progress=cancel)
+    assert threading.active_count() == before  # no band thread left waiting
+
+
+def test_a_failing_band_stops_the_others_with_its_own_error():
+    def body(comm):
+        comm.any_failed(False)
+        if comm.rank == 1:
+            raise ValueError("band 1 failed")
+        comm.all_reduce_sum(torch.ones(2))  # ranks 0 and 2 wait here for rank 1, which never comes
+        return "unreachable"
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="band 1 failed") as info:
+        run_on_devices([torch.device("cpu")] * 3, body)
+    assert time.monotonic() - t0 < 5
+    assert any("rank 1" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_gloo_group_of_spawned_processes_equals_single_device(tmp_path):
+    world = 3
+    mp.start_processes(pw.rank_main, args=(world, str(tmp_path)), nprocs=world, start_method="spawn")
+    reports = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    for kind, decode, frames in pw.CASES:
+        vae = pw.build(kind)
+        x = pw.case_input(vae, decode, frames)
+        ref = _single(vae, x, decode)
+        for rep in reports:  # every rank returns the whole result
+            _assert_equal(rep[f"{kind}-{decode}-{frames}"], ref, vae, x, decode, pw.TILE)
+    assert reports[1]["cancel"] == "KeyboardInterrupt"
+    assert reports[0]["cancel"] == reports[2]["cancel"] == "ParallelPassError"
+    assert reports[1]["failure"] == "ValueError"  # its own input check
+    assert reports[0]["failure"] == reports[2]["failure"] == "ParallelPassError"
+    assert all(rep["failure_seconds"] < 30 for rep in reports)  # the group's 4 s timeout, not a hang
+
+
+def test_command_line_decodes_and_encodes_files_over_devices(tmp_path, capsys):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from turbovae import cli, load_vae
+    from turbovae.vae.wan.config import TINY_WAN21, diffusers_kwargs
+
+    folder = tmp_path / "vae"
+    folder.mkdir()
+    model = pw.build("wan2.1").model
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLQwenImage",
+                                                    **diffusers_kwargs(TINY_WAN21)}))
+    z = torch.randn(1, 4, 2, 9, 7, generator=torch.Generator().manual_seed(3))
+    save_file({"latents": z}, str(tmp_path / "in.safetensors"))
+    args = ["decode", "--vae", str(folder), "--input", str(tmp_path / "in.safetensors"), "--devices", "cpu,cpu",
+            "--tile", "64"]
+    assert cli.main(args + ["--output", str(tmp_path / "out.safetensors")]) == 0
+    vae = load_vae(str(folder), device="cpu")
+    out = load_file(str(tmp_path / "out.safetensors"))["pixels"]
+    assert (out - decode_tiled(vae, z, mode="exact", tile=64)).abs().max().item() <= TOL
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        cli.main(args + ["--output", str(tmp_path / "out.safetensors")])
+    assert cli.main(args + ["--output", str(tmp_path / "frame.png")]) == 0
+    frames = sorted(tmp_path.glob("frame_*.png"))
+    assert len(frames) == 5
+    enc = ["encode", "--vae", str(folder), "--input", *map(str, frames), "--devices", "cpu,cpu", "--tile", "64",
+           "--output", str(tmp_path / "lat.safetensors")]
+    assert cli.main(enc) == 0
+    assert load_file(str(tmp_path / "lat.safetensors"))["latents"].shape == (1, 4, 2, 9, 7)
+    assert "steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["seedvr2", "qwen"])
+def test_real_configs_small_frame_equal_single_device(kind):
+    from turbovae import TurboVAE
+    from turbovae.bench.gpu import _seeded_init
+    from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+    from turbovae.vae.wan import WAN21, WanVAE
+
+    model = SeedVR2VAE(SeedVR2Config()) if kind == "seedvr2" else WanVAE(WAN21)
+    vae = TurboVAE(_seeded_init(model))
+    z = torch.randn(1, vae.latent_channels, 1, 5, 4, generator=torch.Generator().manual_seed(4))  # odd: 3 + 2 rows
+    out = decode_parallel(vae, z, devices=["cpu", "cpu"])
+    assert (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL
+
+
+@pytest.mark.gpu
+def test_devices_mode_mixing_cuda_and_cpu_equals_single_device():
+    """The devices= path on CUDA (model copied to the device, halos and sums moved between devices)."""
+    for kind in ("seedvr2", "wan2.1"):
+        vae = pw.build(kind)
+        z = torch.randn(1, vae.latent_channels, 2, 7, 5, generator=torch.Generator().manual_seed(5))
+        ref = _single(vae, z, True)
+        devices = ["cuda:0", "cpu"] if torch.cuda.device_count() < 2 else ["cuda:0", "cuda:1"]
+        out = decode_parallel(vae, z, devices=devices, tile=pw.TILE, temporal_slice=1)
+        assert out.device.type == "cpu"
+        _assert_equal(out, ref, vae, z, True, pw.TILE)
+
+
+def test_cost_model_reads_the_layer_shapes_and_predicts_falling_efficiency():
+    from turbovae.vae.parallel import cost
+
+    seed = cost.predict("seedvr2", True, "1080p image")
+    assert [p.ranks for p in seed] == [2, 4, 8]
+    for p in seed:  # SeedVR2 divides all but the attention keys/values; its halos are a few rows per conv
+        assert p.total_tflop / p.ranks <= p.rank_tflop < 1.02 * p.total_tflop / p.ranks
+        assert p.efficiency["PCIe 5"] < p.efficiency["NVLink"] <= 1.0
+    assert seed[0].efficiency["NVLink"] > seed[1].efficiency["NVLink"] > seed[2].efficiency["NVLink"]
+    assert seed[0].rank_mbytes < seed[2].rank_mbytes
+    wan = cost.predict("wan2.1", True, "1080p image", ranks=(2,))
+    recompute, exchange = wan  # recomputing the overlap costs FLOPs, exchanging it costs bytes
+    assert recompute.rank_tflop > exchange.rank_tflop and recompute.rank_mbytes < exchange.rank_mbytes

@@ -1,0 +1,90 @@
+"""One rank's share of an exact pass whose frame is split into row bands (run on every rank, SPMD).
+
+Two ways of getting the rows a band's convolutions read beyond its border, one per plan kind:
+- `LayerwisePlan` (SeedVR2: every GroupNorm spans the frame): the model's own layer-by-layer forward on
+  the band's rows, with halo rows *exchanged* with the neighbouring bands before every conv, GroupNorm
+  sums all-reduced, and the latent-resolution frame gathered for mid-block attention (queries stay local).
+- `ExactPlan` (Wan 2.1/2.2, Qwen-Image: only the mid block is global): the local stages *recompute the
+  overlap*, exactly as exact tiles do (each band's tiles read their halo from the input, which every rank
+  holds); the global part runs at latent resolution on every rank — decode: on the whole latent clip; encode:
+  on the latent-resolution frame all-gathered from the bands — except the mid-block attention, whose query
+  rows are divided between the bands and whose output is gathered back.
+Causal temporal memory stays with the band, so a clip streams slice by slice on every rank.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, Optional
+
+import torch
+
+from ..tiling.exact import ExactPlan, LayerwisePlan, _run_global, _run_tiles, partition
+from ..tiling.fast import PassGeometry
+from .bands import Band, BandPlan
+from .collectives import Collective, Lockstep
+
+Progress = Optional[Callable[[int, int], None]]
+
+
+def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile_latent: int,
+                 temporal_slice: Optional[int], progress: Progress,
+                 output_device: torch.device) -> Optional[torch.Tensor]:
+    """`x`: the whole validated input (any device). Returns the whole fp32 output (pixels or moments) on the
+    ranks that return a result (`comm.returns_result`), else None."""
+    lf = model.latent_format
+    f = lf.spatial_factor
+    in_scale, out_scale = (1, f) if decode else (f, 1)
+    h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
+    bands = BandPlan.split(h_lat, w_lat, comm.size)
+    geom = PassGeometry(in_scale, out_scale, lf.image_channels if decode else 2 * lf.channels, decode,
+                        lf.temporal_factor)
+    tick = Lockstep(comm, progress)
+    plan = model.exact_plan(decode=decode)
+    a, b = bands.rows(comm.rank)
+    if isinstance(plan, LayerwisePlan):
+        x_band = x[..., a * in_scale:b * in_scale, :].to(comm.device)
+        band_out = plan.run(x_band, tile_latent, temporal_slice, tick, shard=Band(bands, comm))
+        del x_band
+    else:
+        band_out = _exact_plan_band(plan, x, bands, comm, geom, tile_latent, temporal_slice, tick)
+    out = None
+    if comm.returns_result:
+        out = torch.empty(x.shape[0], geom.out_channels, geom.out_frames(x.shape[2]), h_lat * out_scale,
+                          w_lat * out_scale, dtype=torch.float32, device=output_device)
+    comm.collect_rows(band_out.float(), bands.counts(Fraction(out_scale)), out)
+    return out
+
+
+def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Collective, geom: PassGeometry,
+                     tile: int, temporal_slice: Optional[int], progress: Lockstep) -> torch.Tensor:
+    """This band's rows of the output, from tiles covering the band (the same tile count on every rank)."""
+    h_lat, w_lat = bands.h_lat, bands.w_lat
+    a, b = bands.rows(comm.rank)
+    cores = [(r, c) for r in bands.cores(comm.rank, tile) for c in partition(w_lat, tile)]
+    slices = geom.slices(x.shape[2], temporal_slice)
+    total = len(slices) * (len(cores) + 1)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        progress(done, total)
+
+    batch, device = x.shape[0], comm.device
+    if geom.decode:
+        f = geom.out_scale
+        glob = _run_global(plan, x.to(device), slices, tick, shard=Band(bands, comm))
+        out = torch.empty(batch, geom.out_channels, geom.out_frames(x.shape[2]), (b - a) * f, w_lat * f,
+                          dtype=torch.float32, device=device)
+        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, geom, f, tick, dst_row0=a)
+        return out
+    mid = torch.empty(batch, plan.global_channels, geom.out_frames(x.shape[2]), b - a, w_lat, dtype=x.dtype,
+                      device=device)
+    _run_tiles(plan, x, mid, cores, Fraction(geom.in_scale), (h_lat, w_lat), slices, geom, 1, tick, dst_row0=a,
+               device=device)
+    whole = comm.all_gather_rows(mid, bands.counts())
+    del mid
+    moments = _run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick,
+                          shard=Band(bands, comm))
+    return moments[..., a:b, :]
