@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .files import write_atomic
+
 
 @dataclass
 class BenchOptions:
@@ -40,6 +42,7 @@ class BenchRow:
     max_abs_err: Optional[float] = None
     psnr_db: Optional[float] = None
     note: str = ""
+    reference: bool = False  # the case's reference row (what `speedup` of the other rows divides by)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -153,8 +156,15 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(out)
 
 
-def write_json(rows: list[BenchRow], path: Path) -> None:
+def row_dict(row: BenchRow) -> dict:
+    return dict(asdict(row), speedup=row.speedup)
+
+
+def write_json(rows: list[BenchRow], path: Path, env: Optional[dict] = None, complete: bool = True) -> None:
+    """The results file, rewritten whole after every case: complete or absent, never half-written.
+
+    `complete` is False while a run is in progress or after it was interrupted."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment(),
-               "rows": [dict(asdict(r), speedup=r.speedup) for r in rows]}
-    path.write_text(json.dumps(payload, indent=2))
+    payload = {"environment": env if env is not None else environment(), "complete": complete,
+               "rows": [row_dict(r) for r in rows]}
+    write_atomic(path, json.dumps(payload, indent=2))
