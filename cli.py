@@ -162,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--full", action="store_true",
                    help=f"the long run instead: sections {','.join(FULL_SECTIONS)} at several sizes with ablations; "
                         f"{FULL_DURATION}")
-    b.add_argument("--sections", help=f"run these sections instead of the default job (comma list of {', '.join(BENCH_SECTIONS)}; "
-                   "default: none)")
+    b.add_argument("--sections", help="run these sections instead of the default job (comma list of "
+                   f"{', '.join(BENCH_SECTIONS)}; default: none)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available, else cpu)")
     b.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
     b.add_argument("--repeat", type=_positive_int, help="timed runs per path; the median is reported (default: "

@@ -29,7 +29,7 @@ from ..vae.api import TurboVAE, parse_dtype
 from .common import BenchOptions, BenchRow, max_abs, psnr, sync
 
 SECTION = "main"
-SEEDVR2_REFERENCE = "plain path (ours, fast paths off; original SeedVR2 not installable)"
+SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
                 return ours(x)
             finally:
                 model.flags = WanFlags()
-        return Pair("ours, fast paths off (diffusers not installed: pip install -e .[bench])", plain,
+        return Pair("plain path (diffusers missing: pip install -e .[bench])", plain,
                     "turbovae", ours, keep=[model], **layout)
     cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
     ref = cls(**diffusers_kwargs(cfg)).eval()
