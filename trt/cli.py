@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
     parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt",
-                        help="tensorrt (needs the tensorrt package and a GPU) or aoti (AOTInductor, PyTorch only) "
-                             "(default: tensorrt)")
+                        help="tensorrt (needs the tensorrt package and a GPU) or aoti (AOTInductor, PyTorch only; "
+                             "on CPU it can be slower than eager PyTorch at small sizes, so time it with "
+                             "`bench --sections engines`) (default: tensorrt)")
     parser.add_argument("--dtype", choices=DTYPES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
