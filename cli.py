@@ -6,6 +6,7 @@ import argparse
 import importlib
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -98,6 +99,9 @@ def _bench_main(opts, env: dict, out: Path) -> int:
         print(job.needs_reference_package(), file=sys.stderr)
     rows: list = []
     cases = job.cases(opts)
+    if not cases:
+        raise UsageError(f"no case name contains any of {', '.join(opts.cases)}; the cases are: "
+                         + "; ".join(c.name for c in job.cases(replace(opts, cases=()))))
     bar: list = []  # the running case's bar
 
     def start(case) -> None:

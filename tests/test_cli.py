@@ -48,6 +48,8 @@ def test_bad_numbers_and_sections_are_usage_errors(capsys):
     assert e.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
     code, err = _run(["bench", "--sections", "seedvr2,nonsense"], capsys)
     assert code == 2 and "nonsense" in err
+    code, err = _run(["bench", "--quick", "--device", "cpu", "--cases", "nothing-like-this"], capsys)
+    assert code == 2 and "Qwen-Image image decode 64²" in err  # names the cases there are
     code, err = _run(["bench", "--qwen-checkpoint", "/nonexistent/q.safetensors"], capsys)
     assert code == 2 and "/nonexistent/q.safetensors" in err
 
