@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import statistics
 import time
@@ -106,6 +107,8 @@ def environment() -> dict:
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        # Other jobs on the machine inflate CPU times; the load at the start says whether it was idle.
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     try:
         import triton
