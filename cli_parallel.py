@@ -33,12 +33,13 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="latents .safetensors" if decode else "pixels .safetensors, or image files (one per frame)")
     p.add_argument("--output", required=True,
                    help="pixels .safetensors or .png/.jpg (one image per frame)" if decode else "latents .safetensors")
-    p.add_argument("--devices", default="all", help='without torchrun: "all" or e.g. "cuda:0,cuda:1" / "cpu,cpu"')
+    p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or e.g. "cuda:0,cuda:1" / '
+                                                  '"cpu,cpu" (default: all)')
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--tile", type=int, default=None, help="tile side in pixels inside each band (0 = from free memory)")
+    p.add_argument("--tile", type=int, default=None, help="tile side in pixels inside each band (0 = from free memory; default: 512)")
     p.add_argument("--temporal-slice", type=int, default=None, help="latent frames per step (default: automatic)")
     p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a rank waits for the others before the pass fails (torchrun only)")
+                   help="seconds a rank waits for the others before the pass fails (torchrun only; default: 600)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.set_defaults(func=run, decode=decode)
 

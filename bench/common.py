@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import statistics
 import time
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+
+from .files import write_atomic
 
 
 @dataclass
@@ -40,6 +43,7 @@ class BenchRow:
     max_abs_err: Optional[float] = None
     psnr_db: Optional[float] = None
     note: str = ""
+    reference: bool = False  # the case's reference row (what `speedup` of the other rows divides by)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -103,6 +107,8 @@ def environment() -> dict:
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        # Other jobs on the machine inflate CPU times; the load at the start says whether it was idle.
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     try:
         import triton
@@ -153,8 +159,15 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(out)
 
 
-def write_json(rows: list[BenchRow], path: Path) -> None:
+def row_dict(row: BenchRow) -> dict:
+    return dict(asdict(row), speedup=row.speedup)
+
+
+def write_json(rows: list[BenchRow], path: Path, env: Optional[dict] = None, complete: bool = True) -> None:
+    """The results file, rewritten whole after every case: complete or absent, never half-written.
+
+    `complete` is False while a run is in progress or after it was interrupted."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment(),
-               "rows": [dict(asdict(r), speedup=r.speedup) for r in rows]}
-    path.write_text(json.dumps(payload, indent=2))
+    payload = {"environment": env if env is not None else environment(), "complete": complete,
+               "rows": [row_dict(r) for r in rows]}
+    write_atomic(path, json.dumps(payload, indent=2))

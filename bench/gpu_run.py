@@ -28,6 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .files import write_atomic
+
 # Case keys in priority order: bench/gpu.py's CUDA cases in the same order (a test checks they agree).
 CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "seedvr2-decode-720p21",
              "wan21-decode-720p81", "qwen-decode-1328", "qwen-encode-1328")
@@ -131,23 +133,6 @@ def results_name(environment: dict, dry_run: bool) -> str:
     return f"{date}-{slug}.json"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Complete or absent: a temporary file in the same folder, then a rename over the old state."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def markdown(state: RunState) -> str:

@@ -51,3 +51,20 @@ def run_child(module: str, args: dict, timeout: Optional[float] = None) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def return_freed_memory() -> None:
+    """Make glibc return every freed block above 64 KiB to the OS in this process (as CHILD_ENV does for
+    children), so peak-RSS increases measured in-process count live memory, not allocator retention.
+    A no-op where glibc's `mallopt` is not available."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD; a fixed value also disables glibc's dynamic raise
+    except (OSError, AttributeError):
+        return

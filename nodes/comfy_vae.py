@@ -28,6 +28,8 @@ from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+from ..vae.tiling.plan import plan_tiling
+from .pass_report import PassReport, reported
 
 # Latent frames per slice whose working set we ask model management to free before a pass. Our
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
@@ -89,6 +91,7 @@ class ComfyTurboVAE:
         self.extra_1d_channel = None
         self.process_input = lambda image: image * 2.0 - 1.0
         self.process_output = lambda image: torch.clamp((image + 1.0) / 2.0, min=0.0, max=1.0)
+        self.last_report: Optional[PassReport] = None  # what the last pass did (the nodes show it)
 
     # -- what core nodes query --------------------------------------------------------------
     @property
@@ -181,8 +184,15 @@ class ComfyTurboVAE:
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
+        bar = comfy.utils.ProgressBar(z.shape[0])  # core VAE Decode: progress and Cancel per batch item
         try:
-            out = torch.cat([self.turbo.decode(z[i:i + 1]).to(self.output_device) for i in range(z.shape[0])])
+            with reported(self.turbo, "decode", "untiled", None, self._keep):
+                out = []
+                for i in range(z.shape[0]):
+                    mm.throw_exception_if_processing_interrupted()
+                    out.append(self.turbo.decode(z[i:i + 1]).to(self.output_device))
+                    bar.update_absolute(i + 1, z.shape[0])
+                out = torch.cat(out)
         except mm.OOM_EXCEPTION:
             out = None  # leave the except block first so the failed pass's tensors can be freed
         if out is None:
@@ -195,8 +205,12 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
         self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
+        bar = comfy.utils.ProgressBar(1)
+        mm.throw_exception_if_processing_interrupted()
         try:
-            out = self.turbo.encode(clip)
+            with reported(self.turbo, "encode", "untiled", None, self._keep):
+                out = self.turbo.encode(clip)
+            bar.update_absolute(1, 1)
         except mm.OOM_EXCEPTION:
             out = None
         if out is None:
@@ -217,8 +231,11 @@ class ComfyTurboVAE:
         frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
         self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
         mm.throw_exception_if_processing_interrupted()
-        out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                            progress=_progress_callback(node_id), output_device=self.output_device)
+        plan = plan_tiling(self.turbo, tuple(z.shape), tile=tile, overlap=overlap, mode=mode, decode=True)
+        how = f"{mode}: {plan.describe()}"
+        with reported(self.turbo, "decode", how, temporal_slice, self._keep):
+            out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
+                                progress=_progress_callback(node_id), output_device=self.output_device)
         return self._clip_to_image(out, was_4d)
 
     def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
@@ -229,9 +246,15 @@ class ComfyTurboVAE:
         frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
         self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
         mm.throw_exception_if_processing_interrupted()
-        out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                            progress=_progress_callback(node_id), output_device=self.output_device)
+        plan = plan_tiling(self.turbo, tuple(clip.shape), tile=tile, overlap=overlap, mode=mode, decode=False)
+        how = f"{mode}: {plan.describe()}"
+        with reported(self.turbo, "encode", how, temporal_slice, self._keep):
+            out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
+                                progress=_progress_callback(node_id), output_device=self.output_device)
         return out.to(self.output_device).float()
+
+    def _keep(self, report: PassReport) -> None:
+        self.last_report = report
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our

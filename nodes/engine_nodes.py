@@ -7,6 +7,7 @@ missing TensorRT shows up as a fallback warning (load) or an error naming the fi
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 
@@ -94,6 +95,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
         device = mm.get_torch_device()
         # Backend, table and existing files are checked before anything is evicted or loaded.
         preflight(out, table, backend=backend, device=device, video=video, overwrite=overwrite)
+        if backend == "tensorrt":
+            _require_onnx_export()
         mm.unload_all_models()  # builders size their workspace from free memory
         mm.soft_empty_cache()
         vae = load_vae(resolve_model_file(VAE_KEY, vae_name), dtype=torch.float32, device=device)
@@ -163,3 +166,11 @@ class TurboVAELoadEngine(io.ComfyNode):
 
 
 ENGINE_NODES = [TurboVAEBuildEngine, TurboVAELoadEngine]
+
+
+def _require_onnx_export() -> None:
+    """TensorRT engines are built from an ONNX export; onnx/onnxscript are optional (not in requirements.txt)."""
+    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"the tensorrt backend exports ONNX first and needs {' and '.join(missing)}: run "
+                          "`pip install onnx onnxscript` with ComfyUI's Python, or choose backend aoti")

@@ -10,18 +10,19 @@ from typing import Optional
 
 from comfy_api.latest import io
 
+from ..vae.tiling.api import MIN_TILE_LATENT
 from .choices import TILE_MODE_HELP, TILE_MODES, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
 
 CATEGORY = "TurboVAE"
-MIN_TILE = 64  # pixels; also the tiling engine's floor (8 latents at 8x)
+MIN_TILE = 64  # pixels: the tiling engine's floor of 8 latents at 8x (128 px for Wan 2.2's 16x)
 
 
 def _tile_inputs(what: str, default_tile: int) -> list:
     return [
         io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
                      tooltip=f"Tile side in pixels for {what}; 0 = choose from free memory. Smaller tiles use "
-                             f"less memory and run slower. Minimum {MIN_TILE}."),
+                             f"less memory and run slower. Minimum {MIN_TILE} px ({2 * MIN_TILE} px for Wan 2.2)."),
         io.Int.Input("overlap", default=64, min=0, max=1024, step=8,
                      tooltip="Overlap between neighbouring tiles in pixels (fast mode blends across it; "
                              "exact mode uses it as extra context)."),
@@ -32,10 +33,17 @@ def _tile_inputs(what: str, default_tile: int) -> list:
     ]
 
 
-def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str) -> tuple[Optional[int], Optional[int]]:
+def _min_tile(vae) -> int:
+    """The tiler's floor for this VAE in pixels (8 latents × its spatial factor); core VAEs: MIN_TILE."""
+    return MIN_TILE_LATENT * vae.turbo.spatial_factor if is_turbovae(vae) else MIN_TILE
+
+
+def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
+           min_tile: int = MIN_TILE) -> tuple[Optional[int], Optional[int]]:
     check_choice("mode", mode, TILE_MODES)
-    if tile_size and tile_size < MIN_TILE:
-        raise ValueError(f"tile_size={tile_size} is too small; use at least {MIN_TILE} pixels, or 0 for automatic")
+    if tile_size and tile_size < min_tile:
+        raise ValueError(f"tile_size={tile_size} is too small for this VAE; use at least {min_tile} pixels, "
+                         "or 0 for automatic")
     if overlap < 0 or temporal_slice < 0:
         raise ValueError("overlap and temporal_slice must be 0 or more")
     if tile_size and overlap * 2 >= tile_size:
@@ -73,7 +81,7 @@ class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode)
+        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         z = samples["samples"]
         if is_turbovae(vae):
             images = vae.decode_tiles(z, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
@@ -82,7 +90,7 @@ class TurboVAETiledDecode(io.ComfyNode):
             images = _core_decode_tiled(vae, z, tile or 512, overlap, slice_)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
-        return io.NodeOutput(images)
+        return io.NodeOutput(images, ui=_report_text(vae))
 
 
 class TurboVAETiledEncode(io.ComfyNode):
@@ -113,7 +121,7 @@ class TurboVAETiledEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode)
+        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         if is_turbovae(vae):
             latents = vae.encode_tiles(pixels, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
                                        node_id=_node_id(cls))
@@ -122,7 +130,14 @@ class TurboVAETiledEncode(io.ComfyNode):
             channels = getattr(vae, "output_channels", 3)  # core's name for a VAE's image channels
             latents = vae.encode_tiled(pixels[..., :channels], tile_x=tile or 512, tile_y=tile or 512, overlap=overlap,
                                        tile_t=frames, overlap_t=8 if frames else None)
-        return io.NodeOutput({"samples": latents})
+        return io.NodeOutput({"samples": latents}, ui=_report_text(vae))
+
+
+def _report_text(vae) -> Optional[dict]:
+    """The pass's report line as the node's UI text output (in the prompt history and the executed
+    message; the log has it too)."""
+    report = getattr(vae, "last_report", None) if is_turbovae(vae) else None
+    return {"text": [report.line()]} if report is not None else None
 
 
 def _core_decode_tiled(vae, z, tile: int, overlap: int, slice_: Optional[int]):

@@ -147,3 +147,19 @@ def test_model_management_counts_engine_memory_and_unloading_releases_engines(co
     plain = ComfyTurboVAE(load_vae(ckpt, config=cfg, device="cpu"))
     assert plain.patcher.model_size() == weights
     plain.patcher.detach()  # no engines: nothing to release, nothing breaks
+
+
+def test_missing_onnx_export_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    with pytest.raises(ImportError, match="pip install onnx onnxscript.*backend aoti"):
+        engine_nodes._require_onnx_export()
+
+
+def test_requirements_install_only_what_the_nodes_need():
+    lines = (Path(__file__).resolve().parents[1] / "requirements.txt").read_text().splitlines()
+    names = {line.split(">")[0].split("=")[0].split("!")[0].strip() for line in lines if line.strip()
+             and not line.lstrip().startswith("#")}
+    assert names == {"safetensors", "numpy"}  # onnx/onnxscript/tensorrt are optional extras

@@ -383,3 +383,63 @@ def test_import_turbovae_does_not_import_comfy():
            "assert inspect.iscoroutinefunction(turbovae.comfy_entrypoint)"
     subprocess.run([sys.executable, "-c", "import inspect; " + code], check=True, timeout=120)
     assert inspect.isclass(TurboVAEExtension)
+
+
+# -- what the nodes say they did ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", VAE_NAMES)
+def test_nodes_report_mode_tiles_backend_and_time(name, caplog):
+    vae = _vae(name)
+    torch.manual_seed(4)
+    z = torch.randn(1, vae.latent_channels, 1, 8, 12)  # 64x96 px
+    calls = []
+    comfy.utils.PROGRESS_BAR_HOOK = lambda value, total, preview, node_id=None: calls.append((value, total))
+    with caplog.at_level("INFO"):
+        out = TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=64, overlap=16, mode="auto")
+    report = vae.last_report
+    chosen = "exact" if supports_exact(vae.turbo.model, decode=True) else "fast"
+    assert report.how == f"auto: {chosen} tiles 64 px ×2" and len(calls) >= 2  # 96 px wide: two 64 px tiles
+    assert report.what == "decode" and report.backend == "PyTorch" and report.seconds > 0
+    assert out.ui == {"text": [report.line()]} and report.line() in caplog.text
+    TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=256, overlap=16, mode="auto")
+    assert vae.last_report.how == "auto: untiled"
+    enc = TurboVAETiledEncode.execute(pixels=torch.rand(1, 64, 64, 3), vae=vae, tile_size=0, mode="fast")
+    assert vae.last_report.what == "encode" and enc.ui["text"][0].startswith("TurboVAE encode: fast: ")
+    vae.decode(z)  # core VAE Decode
+    assert vae.last_report.how == "untiled" and "temporal slice auto" in vae.last_report.line()
+
+
+def test_core_vae_decode_shows_progress_and_stops_on_cancel():
+    vae = _vae(VAE_NAMES[0])
+    z = torch.randn(3, vae.latent_channels, 1, 4, 4)
+    seen = []
+
+    def hook(value, total, preview, node_id=None):
+        seen.append((value, total))
+        mm.interrupt_current_processing(True)  # Cancel after the first image of the batch
+
+    comfy.utils.PROGRESS_BAR_HOOK = hook
+    with pytest.raises(mm.InterruptProcessingException):
+        vae.decode(z)  # what core VAE Decode calls
+    assert seen == [(1, 3)]
+    mm.interrupt_processing = False
+    comfy.utils.PROGRESS_BAR_HOOK = None
+    assert vae.decode(z).shape == (3, 1, 32, 32, 3)  # still usable (5-D latents: [B, T, H, W, C])
+
+
+def test_tile_minimum_follows_the_architecture():
+    from turbovae.nodes import tiled_nodes
+
+    class Wan22Like:  # the node reads only these two attributes
+        is_turbovae = True
+        turbo = type("T", (), {"spatial_factor": 16})()
+
+    assert tiled_nodes._min_tile(Wan22Like()) == 128 and tiled_nodes._min_tile(_vae(VAE_NAMES[0])) == 64
+    with pytest.raises(ValueError, match="at least 128 pixels"):
+        tiled_nodes._check(96, 16, 0, "auto", tiled_nodes._min_tile(Wan22Like()))
+
+
+def test_tiled_api_defaults_to_auto_like_the_nodes():
+    from turbovae import decode_tiled, encode_tiled
+
+    assert inspect.signature(decode_tiled).parameters["mode"].default == "auto"
+    assert inspect.signature(encode_tiled).parameters["mode"].default == "auto"

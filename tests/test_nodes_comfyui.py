@@ -13,8 +13,9 @@ One server for the module (`--cpu`, a free port, `--base-directory` under pytest
 database, no API nodes): models, inputs, outputs, user files and the inductor cache stay in that folder,
 and the pack is symlinked into its custom_nodes under a folder name that is not a Python identifier.
 VAE files are random weights with the real key sets and shapes under the names the workflows use
-(the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images, a
-48x32 five-frame SeedVR2 clip, a 64x64 engine). Workflows are converted UI -> API by tests/comfy_workflow.py
+(the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images and
+ComfyUI's own input name `example.png`, a 64x64 engine); nothing else is placed, so a workflow that needs any
+other file fails here as it would for a user. Workflows are converted UI -> API by tests/comfy_workflow.py
 against the live /object_info, then queued; only file-name and engine widgets are changed, the way a
 user would. The build is an AOTInductor one (TensorRT needs a GPU). 2 to 2.5 minutes on 2 shared CPU
 cores, most of it the engine build.
@@ -67,7 +68,6 @@ CORE_TABLE = Path(__file__).parent / "data" / "core_node_signatures.json"
 STARTUP_TIMEOUT_S = 240
 RUN_TIMEOUT_S = 420
 IMAGE_W, IMAGE_H = 64, 48  # example.png
-CLIP_LATENT = (1, 16, 2, 4, 6)  # seedvr2_upscaled.latent: 2 latent frames -> 5 frames of 48x32
 ENGINE_SIZE = 64  # Build Engine's minimum
 PACK_FAILURE_MARKERS = ("IMPORT FAILED", "Cannot import", "Error while calling comfy_entrypoint",
                         "did not return", "Skip ", "engine nodes unavailable")
@@ -110,13 +110,6 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def write_latent(path: Path, shape: tuple[int, ...]) -> None:
-    """The core Save Latent format: `latent_tensor` plus the `latent_format_version_0` marker (raw scale)."""
-    gen = torch.Generator().manual_seed(3)
-    save_file({"latent_tensor": torch.randn(shape, generator=gen), "latent_format_version_0": torch.tensor([])},
-              str(path))
-
-
 def prepare_base(base: Path) -> None:
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / PACK_DIRNAME).symlink_to(REPO, target_is_directory=True)
@@ -130,7 +123,6 @@ def write_inputs(base: Path) -> None:
                      to_original=lambda sd: diffusers_to_original(sd, WAN21))  # ComfyUI's key format
     write_random_vae(vae_dir / "ema_vae_fp16.safetensors", seedvr2_shapes(SeedVR2Config()), seed=1)
     write_png(base / "input" / "example.png", IMAGE_W, IMAGE_H)
-    write_latent(base / "input" / "seedvr2_upscaled.latent", CLIP_LATENT)
 
 
 # -- the server ------------------------------------------------------------------------------------------
@@ -455,22 +447,16 @@ def test_interrupt_stops_a_tiled_decode_between_tiles_and_the_vae_stays_usable(c
     assert len(files) == 1 and png_size(files[0]) == (64, 64), files
 
 
-VIDEO_PROBE = """import av, json, sys
-with av.open(sys.argv[1]) as c:
-    frames = list(c.decode(video=0))
-    print(json.dumps([len(frames), frames[0].width, frames[0].height]))"""
-
-
-def test_seedvr2_video_decode_tiled_workflow(comfy):
+def test_seedvr2_workflow_runs_as_shipped(comfy):
+    """Only the SeedVR2 VAE file and ComfyUI's example.png are placed: image -> encode -> decode -> save,
+    and each TurboVAE node's text output says what ran."""
     wf = load_workflow("seedvr2_video_decode_tiled")
-    entry, _ = run_workflow(comfy, wf)
-    files = comfy.saved_files(entry, node_id(wf, "SaveVideo"))
-    assert len(files) == 1 and files[0].suffix == ".mp4", files
-    probe = subprocess.run([comfy_python(), "-c", VIDEO_PROBE, str(files[0])], capture_output=True, text=True,
-                           timeout=120)
-    assert probe.returncode == 0, probe.stderr
-    frames = (CLIP_LATENT[2] - 1) * 4 + 1
-    assert json.loads(probe.stdout) == [frames, CLIP_LATENT[4] * 8, CLIP_LATENT[3] * 8]
+    entry, log = run_workflow(comfy, wf)
+    files = comfy.saved_files(entry, node_id(wf, "SaveImage"))
+    assert len(files) == 1 and png_size(files[0]) == (IMAGE_W, IMAGE_H), files
+    for node_type, what in (("TurboVAETiledEncode", "encode"), ("TurboVAETiledDecode", "decode")):
+        text = entry["outputs"][node_id(wf, node_type)]["text"][0]
+        assert text.startswith(f"TurboVAE {what}: auto: ") and text in log, text
 
 
 def test_engine_build_then_engine_load_decode_workflows(comfy):

@@ -17,17 +17,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--static", nargs="+", metavar="WxH",
                        help="static bucket(s); several form a multi-ratio set of exactly these sizes")
     shape.add_argument("--multi-ratio", nargs="*", metavar="WxH",
-                       help="multi-ratio static set (default: Qwen-Image ratios + 512², 1024²)")
+                       help="multi-ratio static set of these sizes (default when given without sizes: Qwen-Image "
+                            "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp16")
+    parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt",
+                        help="tensorrt (needs the tensorrt package and a GPU) or aoti (AOTInductor, PyTorch only; "
+                             "on CPU it can be slower than eager PyTorch at small sizes, so time it with "
+                             "`bench --sections engines`) (default: tensorrt)")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
-                        help="comma list of encoder, decoder (empty with --video: only the video engines)")
+                        help="comma list of encoder, decoder (empty with --video: only the video engines; "
+                             "default: encoder,decoder)")
     parser.add_argument("--video", action="store_true",
                         help="also build SeedVR2 video slice engines (decode_slice_first/next, one pair per "
                              "static bucket) so clips decode on engines; static/multi-ratio tables only")
-    parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
+    parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5 (default: 3)")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
 
 

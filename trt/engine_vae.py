@@ -51,7 +51,7 @@ class EngineVAE(TurboVAE):
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(message)
+            # One channel only: a log record *and* a warning printed the same line twice on a console.
             warnings.warn(message, EngineFallbackWarning, stacklevel=3)
 
     def _usable(self, key: str, component: str) -> bool:

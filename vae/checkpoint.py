@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
@@ -198,6 +200,18 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike]) -> tuple[Path, Option
     return p, config
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """The first line of an error message without terminal colour codes (torch's are long and coloured)."""
+    text = [t.strip() for t in _ANSI_ESCAPE.sub("", str(error)).strip().splitlines() if t.strip()]
+    # torch's weights-only refusal puts the useful line ("Unsupported global: …") after a long preamble
+    detail = [t for t in text if t.startswith("WeightsUnpickler error:")]
+    line = (detail or text or ["no message"])[0]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 def read_state_dict(path: Union[str, os.PathLike]) -> StateDict:
     """Tensors from a safetensors file, or from a pickle via `torch.load(weights_only=True)` only."""
     p = Path(path)
@@ -213,10 +227,15 @@ def read_state_dict(path: Union[str, os.PathLike]) -> StateDict:
     if suffix in PICKLE_SUFFIXES:
         try:
             obj = torch.load(str(p), map_location="cpu", weights_only=True, mmap=False)
-        except Exception as e:  # unpickling errors come in many types; all mean "not loadable safely"
+        except pickle.UnpicklingError as e:  # torch's weights-only refusal: the file holds Python objects
             raise CheckpointError(
-                f"{p}: cannot be loaded with torch.load(weights_only=True) ({type(e).__name__}: {e}). "
-                "Only plain tensor checkpoints are accepted; convert it to .safetensors."
+                f"{p}: holds Python objects besides tensors, which are not loaded (only torch.load(weights_only="
+                f"True) is used: {_first_line(e)}). Save just the state dict, or convert it to .safetensors."
+            ) from e
+        except Exception as e:  # truncation and corruption surface as EOFError, IndexError, RuntimeError, OSError…
+            raise CheckpointError(
+                f"{p}: cannot be read; the file looks truncated or corrupted ({type(e).__name__}: {_first_line(e)}). "
+                "Download or copy it again."
             ) from e
         return _unwrap(obj, str(p))
     raise CheckpointError(

@@ -155,10 +155,11 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
 
 
 def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
-                 mode: str = "fast", temporal_slice: Optional[int] = None, progress: Progress = None,
+                 mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
+    `mode` defaults to "auto" like the nodes: untiled when it fits, else exact tiles (never seams by default).
     `tile=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
     `tile=0`: sized from free memory in any mode.
 
@@ -176,7 +177,7 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = 
 
 
 def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
-                 mode: str = "fast", temporal_slice: Optional[int] = None, progress: Progress = None,
+                 mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
                  sample: bool = False, generator: Optional[torch.Generator] = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Encode pixels in spatial tiles (input pixels) and temporal slices; returns raw latents.

@@ -1,0 +1,299 @@
+"""The default benchmark (`python -m turbovae bench`): TurboVAE against the reference implementations.
+
+A few small cases chosen so the whole job finishes in a few minutes on 2 CPU cores, each comparing one
+TurboVAE path with its reference on the same weights and input, in the same run:
+
+- Qwen-Image / Wan 2.1 and Wan 2.2: diffusers `AutoencoderKLQwenImage` / `AutoencoderKLWan` (the `bench`
+  extra installs diffusers; without it the baseline is our own code with every fast path off, labelled so).
+- SeedVR2: the original SeedVR code cannot be installed from a package index, so the reference is our
+  plain path (every fast path off, the reference's operation order), labelled as such.
+  `python -m turbovae.bench.seedvr2_original` compares with the original given a checkout.
+- Exact tiles: untiled decode vs exact tiles, for peak memory.
+
+Each side runs once to warm up (that run also measures peak memory: CUDA `max_memory_allocated`, or on
+CPU the increase of the process's peak resident size), then `repeat` timed runs; the time is their
+median. `cases()` lists the work up front so a progress bar can count it.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from ..vae.api import TurboVAE, parse_dtype
+from .common import BenchOptions, BenchRow, max_abs, psnr, sync
+
+SECTION = "main"
+SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One comparison: `family` picks the models, `kind` encode/decode; sizes are in pixels."""
+
+    name: str
+    family: str  # "qwen" | "wan2.2" | "seedvr2" | "tiles"
+    kind: str  # "decode" | "encode"
+    frames: int
+    height: int
+    width: int
+    tile: int = 0  # family "tiles": exact tile size in pixels
+
+
+CPU_CASES = (
+    Case("Qwen-Image image decode 256²", "qwen", "decode", 1, 256, 256),
+    Case("Qwen-Image image encode 256²", "qwen", "encode", 1, 256, 256),
+    Case("Wan 2.1 5-frame decode 64²", "qwen", "decode", 5, 64, 64),
+    Case("Wan 2.2 image decode 128²", "wan2.2", "decode", 1, 128, 128),
+    Case("SeedVR2 image decode 128²", "seedvr2", "decode", 1, 128, 128),
+    Case("SeedVR2 5-frame decode 64²", "seedvr2", "decode", 5, 64, 64),
+    Case("Qwen-Image decode 512², exact tiles 256 px", "tiles", "decode", 1, 512, 512, tile=256),
+)
+CUDA_CASES = (
+    Case("Qwen-Image image decode 1024²", "qwen", "decode", 1, 1024, 1024),
+    Case("Qwen-Image image encode 1024²", "qwen", "encode", 1, 1024, 1024),
+    Case("Wan 2.1 17-frame decode 480×832", "qwen", "decode", 17, 480, 832),
+    Case("Wan 2.2 image decode 1024²", "wan2.2", "decode", 1, 1024, 1024),
+    Case("SeedVR2 image decode 1024²", "seedvr2", "decode", 1, 1024, 1024),
+    Case("SeedVR2 5-frame decode 512²", "seedvr2", "decode", 5, 512, 512),
+    Case("Qwen-Image decode 2048², exact tiles 768 px", "tiles", "decode", 1, 2048, 2048, tile=768),
+)
+# `--quick`: every family and code path on the architectures' tiny configs (for the test of the job itself).
+SMOKE_CASES = (
+    Case("Qwen-Image image decode 64² (tiny config)", "qwen", "decode", 1, 64, 64),
+    Case("Wan 2.2 image encode 64² (tiny config)", "wan2.2", "encode", 1, 64, 64),
+    Case("SeedVR2 5-frame decode 32² (tiny config)", "seedvr2", "decode", 5, 32, 32),
+    Case("Qwen-Image decode 128², exact tiles 64 px (tiny config)", "tiles", "decode", 1, 128, 128, tile=64),
+)
+
+
+def cases(opts: BenchOptions) -> tuple[Case, ...]:
+    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if torch.device(opts.device).type == "cuda" else CPU_CASES
+    return tuple(c for c in chosen if not opts.cases or any(s in c.name for s in opts.cases))
+
+
+def steps_per_case(opts: BenchOptions) -> int:
+    """Runs per case (for a progress bar): reference and ours, one warm-up each plus `repeat` timed runs."""
+    return 2 * (1 + max(opts.repeat, 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Pair:
+    """The two sides of a case (callables on the same input) and the latent layout of the models."""
+
+    reference_name: str
+    reference: Callable[[torch.Tensor], torch.Tensor]
+    ours_name: str
+    ours: Callable[[torch.Tensor], torch.Tensor]
+    latent_channels: int
+    spatial: int
+    temporal: int
+    keep: list = field(default_factory=list)  # models kept alive for the family's cases
+
+    def input(self, case: Case, g: torch.Generator) -> torch.Tensor:
+        if case.kind == "encode":
+            return torch.rand((1, 3, case.frames, case.height, case.width), generator=g) * 2 - 1
+        shape = (1, self.latent_channels, 1 + (case.frames - 1) // self.temporal, case.height // self.spatial,
+                 case.width // self.spatial)
+        return torch.randn(shape, generator=g)
+
+
+def _fan_in_weights(shapes: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded weights scaled by fan-in so activations stay O(1) through the real-size networks."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for key, shape in shapes.items():
+        if key.endswith("bias"):
+            sd[key] = 0.02 * torch.randn(shape, generator=g)
+        elif len(shape) == 1:  # norm scales (gamma / weight)
+            sd[key] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g)
+            sd[key] = t.div_(t[0].numel() ** 0.5)
+    return sd
+
+
+def _shapes(module_cls, *args) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in module_cls(*args).state_dict().items()}
+
+
+def _wan_config(family: str, tiny: bool):
+    from ..vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22
+
+    return {("wan2.2", False): WAN22, ("wan2.2", True): TINY_WAN22}.get((family, tiny), TINY_WAN21 if tiny else WAN21)
+
+
+def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    from ..vae.api import load_vae
+    from ..vae.wan import WanFlags, WanVAE, build
+    from ..vae.wan.config import diffusers_kwargs
+
+    cfg = _wan_config(family, opts.quick)
+    path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
+    sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else _fan_in_weights(_shapes(WanVAE, cfg))
+    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype).eval()
+    layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
+
+    def ours(x: torch.Tensor) -> torch.Tensor:
+        return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
+
+    try:
+        import diffusers
+    except ImportError:
+        diffusers = None
+    if diffusers is None:  # the `bench` extra is missing: say so in the row instead of failing
+        def plain(x: torch.Tensor) -> torch.Tensor:
+            model.flags = WanFlags(False, False, False, False)
+            try:
+                return ours(x)
+            finally:
+                model.flags = WanFlags()
+        return Pair("plain path (diffusers missing: pip install -e .[bench])", plain,
+                    "turbovae", ours, keep=[model], **layout)
+    cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
+    ref = cls(**diffusers_kwargs(cfg)).eval()
+    ref.load_state_dict(sd)
+    ref.to(device=device) if dtype == torch.float32 else ref.to(device=device, dtype=dtype)  # fp32: no cast notice
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return ref.decode(x).sample if x.shape[1] == cfg.z_dim else ref.encode(x).latent_dist.parameters
+
+    return Pair(f"diffusers {cls.__name__}", reference, "turbovae", ours, keep=[model, ref], **layout)
+
+
+def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    from ..vae.api import load_vae
+    from ..vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
+
+    cfg = SeedVR2Config.tiny() if opts.quick else SeedVR2Config()
+    path = None if opts.quick else opts.checkpoint.get("seedvr2")
+    if path:
+        model = load_vae(path, device=device, dtype=dtype).model
+    else:
+        model = SeedVR2VAE(cfg)
+        model.load_state_dict(_fan_in_weights(_shapes(SeedVR2VAE, cfg)))
+        model = model.to(device=device, dtype=dtype).eval()
+
+    def side(fast: FastPaths) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            model.fast = fast
+            return model.decode_latents(x) if x.shape[1] == cfg.latent_channels else model.encode_moments(x)
+        return run
+
+    return Pair(SEEDVR2_REFERENCE, side(FastPaths.plain()), "turbovae", side(FastPaths()), cfg.latent_channels,
+                cfg.spatial_factor, cfg.temporal_factor, [model])
+
+
+def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, tile: int) -> Pair:
+    from ..vae.tiling import decode_tiled
+    from ..vae.wan import WanVAE, build
+
+    cfg = _wan_config("qwen", opts.quick)
+    vae = TurboVAE(build(_fan_in_weights(_shapes(WanVAE, cfg)), config=cfg, source="bench")
+                   .to(device=device, dtype=dtype).eval())
+    overlap = min(64, tile // 4)
+    return Pair("untiled (ours)", lambda z: vae.decode(z), f"exact tiles {tile} px",
+                lambda z: decode_tiled(vae, z, tile=tile, overlap=overlap, mode="exact"), cfg.z_dim,
+                cfg.spatial_factor, cfg.temporal_factor, [vae])
+
+
+def _pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    if case.family in ("qwen", "wan2.2"):
+        return _wan_pair(case.family, opts, device, dtype)
+    if case.family == "seedvr2":
+        return _seedvr2_pair(opts, device, dtype)
+    return _tiles_pair(opts, device, dtype, case.tile)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring
+# ------------------------------------------------------------------------------------------------
+class _PeakMemory:
+    """Peak memory of one call: CUDA allocator peak, or the CPU process's peak-RSS increase (Linux)."""
+
+    def __init__(self, device: torch.device):
+        from . import peak_rss
+
+        self.device = device
+        self.cpu = device.type == "cpu" and peak_rss.supported()
+        if self.cpu:
+            peak_rss.return_freed_memory()
+
+    def __call__(self, fn: Callable[[], torch.Tensor]) -> tuple[Optional[float], torch.Tensor]:
+        from . import peak_rss
+
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            out = fn()
+            sync(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - base) / 2**20, out
+        if not self.cpu:
+            return None, fn()
+        base = peak_rss.reset_peak()
+        out = fn()
+        return peak_rss.peak_increase_mb(base), out
+
+
+def _side(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory,
+          tick: Callable[[], None]) -> tuple[float, Optional[float], torch.Tensor]:
+    """(median ms, peak MB, output): one warm-up run that also measures memory, then `repeat` timed runs."""
+    with torch.inference_mode():
+        mb, out = peak(lambda: fn(x))
+        tick()
+        times = []
+        for _ in range(max(opts.repeat, 1)):
+            del out
+            t0 = time.perf_counter()
+            out = fn(x)
+            sync(x.device)
+            times.append((time.perf_counter() - t0) * 1e3)
+            tick()
+    return statistics.median(times), mb, out
+
+
+def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
+              start: Callable[[Case], None] = lambda case: None) -> Iterator[list[BenchRow]]:
+    """Yields the two rows (reference, ours) of each case as soon as it is measured."""
+    device = torch.device(opts.device)
+    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    tag = str(dtype).replace("torch.", "")
+    peak = _PeakMemory(device)
+    g = torch.Generator().manual_seed(0)
+    pair, pair_key = None, None
+    for case in cases(opts):
+        start(case)
+        key = (case.family, case.tile)
+        if key != pair_key:  # models are built once per family and freed before the next family
+            pair = pair_key = None
+            gc.collect()
+            pair, pair_key = _pair(case, opts, device, dtype), key
+        x = pair.input(case, g).to(device=device, dtype=dtype)
+        ref_ms, ref_mb, ref_out = _side(pair.reference, x, opts, peak, lambda: tick(case))
+        ms, mb, out = _side(pair.ours, x, opts, peak, lambda: tick(case))
+        row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True)
+        row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
+                       psnr(out, ref_out) if case.kind == "decode" else None, note=tag)
+        del x, out, ref_out
+        yield [row_ref, row]
+
+
+def needs_reference_package() -> Optional[str]:
+    """A one-line hint when diffusers (the Qwen-Image/Wan reference) is missing, else None."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        return ("note: diffusers is not installed, so Qwen-Image/Wan rows compare with our own plain path; "
+                "install the reference with: pip install -e \".[bench]\"")
+    return None

@@ -1,0 +1,118 @@
+"""Results tables and the chart, rendered from benchmark rows or a results JSON.
+
+`python -m turbovae.bench.report RESULTS.json [...] [--markdown] [--chart OUT.png]` prints the table of
+one or more results files. The README's results table is this command's markdown output for the
+committed files in docs/results/ (a test checks that they agree), so no number is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+Row = Mapping[str, object]
+HEADER = ("case", "path", "time", "vs reference", "peak MB", "max abs err", "PSNR dB")
+
+
+def load_rows(path: Path) -> list[dict]:
+    """Rows of a results JSON written by `python -m turbovae bench` (or its sections)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = data["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
+    return list(rows)
+
+
+def _seconds(ms: object) -> str:
+    return f"{float(ms) / 1e3:.2f} s"
+
+
+def cells(row: Row) -> list[str]:
+    """One row's cells: the reference row of a case says so; other rows give reference time / own time."""
+    speedup = row.get("speedup")
+    # Older results files have no "reference" field; their reference rows are their own baseline.
+    reference = row.get("reference", row.get("baseline_ms") == row.get("ms") and speedup in (None, 1.0))
+    peak, err, db = row.get("peak_mb"), row.get("max_abs_err"), row.get("psnr_db")
+    return [
+        str(row["case"]),
+        str(row["variant"]),
+        _seconds(row["ms"]),
+        "reference" if reference else (f"{speedup:.2f}x" if speedup else ""),
+        f"{peak:.0f}" if peak is not None else "",
+        f"{err:.1e}" if err is not None else "",
+        ("inf" if db == float("inf") else f"{db:.1f}") if db is not None else "",
+    ]
+
+
+def format_text(rows: Iterable[Row]) -> str:
+    lines = [cells(r) for r in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(HEADER)]
+    fmt = " | ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*HEADER), "-+-".join("-" * w for w in widths)] + [fmt.format(*c) for c in lines])
+
+
+def format_markdown(rows: Iterable[Row]) -> str:
+    out = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
+    """A PNG bar chart of time per path and case next to the results; returns why not when it cannot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e \".[bench]\"); no chart written"
+    from .files import write_atomic
+    import io
+
+    rows = list(rows)
+    if not rows:
+        return "no rows; no chart written"
+    labels = [f"{r['case']}\n{r['variant']}"[:90] for r in rows]
+    secs = [float(r["ms"]) / 1e3 for r in rows]
+    colors = ["#9a9a9a" if c[3] == "reference" else "#2b7bba" for c in map(cells, rows)]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
+    ax.barh(range(len(rows)), secs, color=colors)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (median; grey = reference)")
+    for i, c in enumerate(map(cells, rows)):
+        ax.text(secs[i], i, f" {c[2]}" + (f"  {c[3]}" if c[3] not in ("", "reference") else ""), va="center",
+                fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m turbovae.bench.report", description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="+", help="results JSON file(s) written by `python -m turbovae bench`")
+    p.add_argument("--markdown", action="store_true", help="a markdown table (default: plain text)")
+    p.add_argument("--chart", help="also write a PNG chart to this path")
+    args = p.parse_args(argv)
+    try:
+        rows = [r for path in args.results for r in load_rows(Path(path))]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_markdown(rows) if args.markdown else format_text(rows))
+    if args.chart:
+        why = write_chart(rows, Path(args.chart))
+        if why:
+            print(why, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""The default benchmark job (`python -m turbovae bench`) in its reduced form: bars, table, JSON, chart, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from turbovae import cli
+from turbovae.bench import main as job
+from turbovae.bench import report
+
+
+def _results(path):
+    data = json.loads(path.read_text())
+    return data["complete"], data["rows"]
+
+
+def test_default_job_reduced(tmp_path, capsys):
+    out = tmp_path / "r" / "bench.json"
+    assert cli.main(["bench", "--quick", "--repeat", "1", "--device", "cpu", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    complete, rows = _results(out)
+    assert complete
+    cases = [c.name for c in job.SMOKE_CASES]
+    assert [r["case"] for r in rows] == [c for c in cases for _ in range(2)]
+    refs, ours = rows[0::2], rows[1::2]
+    assert all(r["reference"] for r in refs) and not any(r["reference"] for r in ours)
+    assert [r["variant"] for r in refs] == ["diffusers AutoencoderKLQwenImage", "diffusers AutoencoderKLWan",
+                                            job.SEEDVR2_REFERENCE, "untiled (ours)"]
+    for r in ours:
+        assert r["speedup"] == pytest.approx(r["baseline_ms"] / r["ms"])
+        assert r["max_abs_err"] < 1e-4  # every path is exact against its reference at fp32
+        assert r["peak_mb"] is not None and r["peak_mb"] >= 0
+    # one finished bar per case on stderr, then the table on stdout with the reference ratio
+    assert captured.err.count("[" + "#" * 24 + "]") == len(cases)
+    assert "vs reference" in captured.out and "reference" in captured.out
+    for name in cases:
+        assert name in captured.out
+    png = out.with_suffix(".png")
+    if pytest.importorskip("matplotlib"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ctrl_c_prints_the_partial_table_and_keeps_the_json(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench.json"
+    calls = {"n": 0}
+    real_side = job._side
+
+    def side_then_interrupt(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the first case (two sides) is done; Ctrl-C during the second
+            raise KeyboardInterrupt
+        return real_side(*args, **kwargs)
+
+    monkeypatch.setattr(job, "_side", side_then_interrupt)
+    assert cli.main(["bench", "--quick", "--repeat", "1", "--device", "cpu", "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    complete, rows = _results(out)
+    assert not complete and len(rows) == 2 and rows[0]["case"] == job.SMOKE_CASES[0].name
+    assert "interrupted: 1 of" in captured.err
+    assert job.SMOKE_CASES[0].name in captured.out and job.SMOKE_CASES[1].name not in captured.out
+
+
+def test_results_are_written_after_every_case(tmp_path, monkeypatch):
+    """The file on disk holds each finished case before the next one starts, and is never half-written."""
+    from turbovae.bench import common
+
+    seen = []
+    real_write = common.write_json
+
+    def spy(rows, path, env=None, complete=True):
+        real_write(rows, path, env, complete)
+        seen.append((len(json.loads(path.read_text())["rows"]), complete))
+
+    monkeypatch.setattr(common, "write_json", spy)
+    monkeypatch.setattr(job, "cases", lambda opts: job.SMOKE_CASES[:2])
+    assert cli.main(["bench", "--quick", "--repeat", "1", "--device", "cpu", "--out", str(tmp_path / "b.json")]) == 0
+    assert seen == [(2, False), (4, False), (4, True)]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_report_renders_tables_from_rows():
+    rows = [dict(case="c", variant="ref", ms=2000.0, baseline_ms=2000.0, speedup=1.0, peak_mb=10.0, max_abs_err=None,
+                 psnr_db=None, reference=True),
+            dict(case="c", variant="ours", ms=500.0, baseline_ms=2000.0, speedup=4.0, peak_mb=5.0, max_abs_err=1e-6,
+                 psnr_db=120.0, reference=False)]
+    md = report.format_markdown(rows).splitlines()
+    assert md[2] == "| c | ref | 2.00 s | reference | 10 |  |  |"
+    assert md[3] == "| c | ours | 0.50 s | 4.00x | 5 | 1.0e-06 | 120.0 |"
+    assert "4.00x" in report.format_text(rows)

@@ -1,0 +1,132 @@
+"""Docs that cannot drift: every code block in README.md and docs/*.md is run or checked, and the README's
+results table is the renderer's output for the committed results JSON.
+
+- ```python blocks run in a fresh folder, with the model files they name replaced by tiny seeded ones
+  (`SUBSTITUTIONS`); blocks that need something a CPU test cannot have are listed in `NOT_RUN` with the reason
+  (the test fails when an entry no longer matches a block, so the list cannot go stale).
+- `python -m turbovae …` lines in shell blocks are parsed by the real command line parser, so a documented
+  flag that does not exist fails here; `…` stands for a value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from turbovae import cli
+from turbovae.bench import report
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+
+# (file, first line of the block) -> why it is not run here
+NOT_RUN = {
+    ("docs/engines.md", 'vae = turbovae.load_vae("models/tensorrt/qwen")                 # PyTorch = checkpoint it was '
+                        'built from'): "needs an engine folder (an AOTInductor compile takes minutes on 2 cores; "
+                                       "tests/test_engines_aoti.py runs the same calls)",
+    ("docs/multi_gpu.md", 'out = turbovae.decode_parallel(vae, latents, devices=["cuda:0", "cuda:1"])    # one process, '
+                          'two GPUs'): "a fragment after the README's example (vae, latents, pixels), and its last call "
+                                       "needs a torchrun process group; tests/test_parallel.py runs both entry points",
+}
+
+
+def _blocks(lang: str):
+    for path in DOCS:
+        for match in FENCE.finditer(path.read_text()):
+            if match.group(1) == lang:
+                yield path.relative_to(ROOT).as_posix(), match.group(2)
+
+
+def _tiny_qwen_folder(folder: Path) -> Path:
+    """A diffusers-layout Qwen-Image VAE folder with the tiny config and seeded weights."""
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+    from turbovae.vae.wan.config import diffusers_kwargs
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in WanVAE(TINY_WAN21).state_dict().items()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(dict(diffusers_kwargs(TINY_WAN21),
+                                                        _class_name="AutoencoderKLQwenImage")))
+    return folder
+
+
+# A model file a block names -> how to make a tiny stand-in for it
+SUBSTITUTIONS = {
+    "models/vae/qwen_image_vae.safetensors": _tiny_qwen_folder,
+}
+
+# Smaller inputs, and CPU devices, for the CPU test (the code path is the same; the tiny model keeps it exact)
+SMALLER = {"torch.rand(1, 3, 1, 512, 512)": "torch.rand(1, 3, 1, 128, 128)",
+           'devices=["cuda:0", "cuda:1"]': 'devices=["cpu", "cpu"]'}
+
+PYTHON_BLOCKS = list(_blocks("python"))
+
+
+@pytest.mark.parametrize("where,code", PYTHON_BLOCKS, ids=[f"{w}:{i}" for i, (w, _) in enumerate(PYTHON_BLOCKS)])
+def test_python_blocks_run(where, code, tmp_path, monkeypatch, capsys):
+    first = code.splitlines()[0]
+    if (where, first) in NOT_RUN:
+        pytest.skip(NOT_RUN[(where, first)])
+    for name, make in SUBSTITUTIONS.items():
+        if name in code:
+            code = code.replace(name, str(make(tmp_path / "models" / Path(name).stem)))
+    for text, smaller in SMALLER.items():
+        code = code.replace(text, smaller)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, where, "exec"), {"__name__": "__docs__"})
+
+
+def test_not_run_entries_match_blocks():
+    firsts = {(w, c.splitlines()[0]) for w, c in PYTHON_BLOCKS}
+    assert set(NOT_RUN) <= firsts
+
+
+def _turbovae_commands():
+    for lang in ("bash", ""):
+        for where, code in _blocks(lang):
+            text = code.replace("\\\n", " ")
+            for line in text.splitlines():
+                line = line.split(" #")[0].strip()
+                if line.startswith("python -m turbovae ") or " python -m turbovae " in line:
+                    yield where, line[line.index("python -m turbovae"):].split("&&")[0].strip()
+
+
+COMMANDS = list(_turbovae_commands())
+
+
+def test_docs_have_cli_examples():
+    assert any("bench" in c for _, c in COMMANDS) and any("build-engines" in c for _, c in COMMANDS)
+
+
+@pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}:{i}" for i, (w, _) in enumerate(COMMANDS)])
+def test_documented_commands_parse(where, command):
+    argv = [a if a != "…" else "x" for a in shlex.split(command)][3:]
+    if argv and "." in argv[0]:  # `python -m turbovae.bench.report …` and friends have their own parsers
+        return
+    cli.build_parser().parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------
+# The README's results table
+# ------------------------------------------------------------------------------------------------
+TABLE = re.compile(r"<!-- results-table: (?P<files>[^>]+?) -->\n(?P<table>.*?)\n<!-- /results-table -->", re.S)
+
+
+def test_readme_results_table_is_rendered_from_the_committed_json():
+    text = (ROOT / "README.md").read_text()
+    match = TABLE.search(text)
+    assert match, "README.md has no results table between results-table markers"
+    files = match.group("files").split()
+    rows = [r for f in files for r in report.load_rows(ROOT / f)]
+    assert rows
+    assert match.group("table").strip() == report.format_markdown(rows), (
+        "README table differs from its JSON; regenerate with: python -m turbovae.bench.report --markdown "
+        + " ".join(files))
