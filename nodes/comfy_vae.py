@@ -225,14 +225,21 @@ class ComfyTurboVAE:
         temporal slices carry the causal cache, so they are exact) and is ignored."""
         f = self.turbo.spatial_factor
         tile = max(tile_x or 0, tile_y or 0) * f or None
-        return self.decode_tiles(samples, tile=tile, overlap=(overlap or 0) * f, mode="auto",
-                                 temporal_slice=tile_t)
+        return self.decode_tiles(samples, tile=tile, overlap=_core_overlap(tile, (overlap or 0) * f), mode="auto",
+                                 temporal_slice=tile_t or None)
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
         tile = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
-        return self.encode_tiles(pixel_samples, tile=tile, overlap=overlap or 0, mode="auto", temporal_slice=slice_)
+        return self.encode_tiles(pixel_samples, tile=tile, overlap=_core_overlap(tile, overlap or 0), mode="auto",
+                                 temporal_slice=slice_)
+
+
+def _core_overlap(tile: Optional[int], overlap: int) -> int:
+    """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
+    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
+    return tile // 4 if tile and 2 * overlap >= tile else overlap
 
 
 def _warn_oom(what: str) -> None:

@@ -17,8 +17,8 @@ from turbovae.trt import trt_logic as L
 from turbovae.trt.backend import BackendUnavailable, EngineRunError
 from turbovae.trt.buckets import (Bucket, BucketTable, Profile, crop_to, multi_profile_table, multi_ratio_table,
                                   pad_to, static_table)
-from turbovae.trt.fileio import atomic_path, atomic_write_bytes
-from turbovae.trt.identity import EngineIdentity, IdentityError, mismatches, sidecar_path, verify_file
+from turbovae.trt.fileio import atomic_file, atomic_write_bytes
+from turbovae.trt.identity import EngineIdentity, IdentityError, mismatches, verify_file
 
 
 # -- bucket table ---------------------------------------------------------------------------------
@@ -82,8 +82,9 @@ def test_atomic_write_refuses_overwrite_and_leaves_no_partial(tmp_path):
         atomic_write_bytes(p, b"xyz")
     assert p.read_bytes() == b"abc"
     with pytest.raises(KeyboardInterrupt):
-        with atomic_path(tmp_path / "f.engine") as tmp:
-            tmp.write_bytes(b"half")
+        with atomic_file(tmp_path / "f.engine") as f:
+            f.write(b"half")
+            assert not any(q.name.endswith(".engine") for q in tmp_path.iterdir() if q.name != "e.engine")
             raise KeyboardInterrupt  # interrupted mid-write
     assert sorted(q.name for q in tmp_path.iterdir()) == ["e.engine"]
     atomic_write_bytes(p, b"xyz", overwrite=True)
@@ -94,7 +95,8 @@ def _ident(**kw) -> EngineIdentity:
     base = dict(model_hash="h", model_kind="toy", component="decoder", dtype="fp32",
                 table=static_table(Bucket(64, 64)).to_json(), entries=(0,), input_names=("latents",),
                 output_names=("pixels",), backend="aoti", backend_version="v1", device_type="cpu", gpu_name=None,
-                compute_capability=None, torch_version=torch.__version__)
+                compute_capability=None, torch_version=torch.__version__,
+                latent_format={"channels": 4, "spatial_factor": 8})
     base.update(kw)
     return EngineIdentity(**base)
 
@@ -115,7 +117,6 @@ def test_identity_round_trip_and_mismatch_reasons(tmp_path):
     eng.write_bytes(b"01234")
     with pytest.raises(IdentityError, match="truncated"):
         verify_file(eng, ok)
-    assert sidecar_path(eng).name == "d.pt2.json"
 
 
 # -- TensorRT decisions, no TensorRT needed ----------------------------------------------------------

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
 import node_helpers  # noqa: E402
 
 node_helpers.use_comfy_stubs()

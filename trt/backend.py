@@ -113,13 +113,17 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,
-              progress: BuildProgress, *, overwrite: bool = False) -> None:
-        """Write the engine to `out_path` atomically (never a partial file)."""
+              progress: BuildProgress, *, overwrite: bool = False, name: Optional[str] = None) -> None:
+        """Write the engine to `out_path` atomically (never a partial file). `name` is the engine's final
+        file name when `out_path` is a temporary one (messages and side files use it)."""
 
     @abstractmethod
     def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
-             input_names: Sequence[str], output_names: Sequence[str]) -> LoadedEngine:
-        """Deserialise `path`; raise EngineLoadError (or BackendUnavailable) on any failure."""
+             input_names: Sequence[str], output_names: Sequence[str],
+             dtype: Optional[torch.dtype] = None) -> LoadedEngine:
+        """Deserialise `path`; raise EngineLoadError (or BackendUnavailable) on any failure, including I/O
+        names, dtypes (`dtype`: the manifest's, every input and output) or shapes the engine reports
+        differently from its manifest."""
 
 
 def shape_in_range(shape: Sequence[int], rng: ShapeRange) -> bool:

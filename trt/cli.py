@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..vae.dtypes import DTYPE_NAMES
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
-
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="multi-ratio static set (default: Qwen-Image ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
     parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp16")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
                         help="comma list of encoder, decoder (empty with --video: only the video engines)")
@@ -29,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "static bucket) so clips decode on engines; static/multi-ratio tables only")
     parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
+    parser.add_argument("--pad-to-bucket", action="store_true",
+                        help="let sizes between buckets run padded into the next bucket (approximate: differs "
+                             "from PyTorch near the edges and through attention); default: they run on PyTorch")
 
 
 def table_from_args(args: argparse.Namespace):
@@ -42,26 +44,29 @@ def table_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build the set; a bad argument, checkpoint or device prints one line and returns 2, a failed build
+    (backend, files) one line and returns 1. Nothing is loaded before the table is checked."""
     import torch
 
-    from ..vae.api import load_vae, parse_dtype
+    from ..vae.api import load_vae, resolve_device
+    from ..vae.dtypes import parse_dtype
     from .backend import EngineError
     from .build import build_engine_set
 
     try:
         table = table_from_args(args)
-    except ValueError as e:
+        device = resolve_device(args.device)
+        dtype = parse_dtype(args.dtype)
+        vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    except (ValueError, FileNotFoundError) as e:  # CheckpointError and DeviceUnavailable are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = parse_dtype(args.dtype)
-    vae = load_vae(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
                                  components=[c.strip() for c in args.components.split(",") if c.strip()],
                                  video=args.video, overwrite=args.overwrite, source=args.vae,
-                                 optimization_level=args.opt_level)
-    except (EngineError, FileExistsError, ValueError) as e:
+                                 optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
+    except (EngineError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for p in paths:
