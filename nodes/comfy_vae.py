@@ -25,6 +25,7 @@ from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+from ..vae.tiling.api import is_out_of_memory
 
 # Latent frames per slice whose working set we ask model management to free before a pass. Our
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
@@ -170,7 +171,9 @@ class ComfyTurboVAE:
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
         try:
             out = torch.cat([self.turbo.decode(z[i:i + 1]).to(self.output_device) for i in range(z.shape[0])])
-        except mm.OOM_EXCEPTION:
+        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:  # CPU: the allocator's plain RuntimeError
+            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
+                raise
             out = None  # leave the except block first so the failed pass's tensors can be freed
         if out is None:
             _warn_oom("decoding")
@@ -184,7 +187,9 @@ class ComfyTurboVAE:
         self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
         try:
             out = self.turbo.encode(clip)
-        except mm.OOM_EXCEPTION:
+        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:
+            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
+                raise
             out = None
         if out is None:
             _warn_oom("encoding")

@@ -132,8 +132,8 @@ class TurboVAELoadEngine(io.ComfyNode):
             description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
                         "at the sizes they compute exactly (other sizes on the PyTorch VAE, or padded when "
                         "pad_to_bucket is on); videos run on them only when the folder has SeedVR2 video engines "
-                        "(Build Engine with video on), otherwise on the PyTorch VAE. Sizes outside every bucket and any engine problem also run "
-                        "the PyTorch VAE, with one warning.",
+                        "(Build Engine with video on), otherwise on the PyTorch VAE. Sizes outside every bucket and "
+                        "any engine problem also run the PyTorch VAE, with one warning.",
             inputs=[
                 io.Combo.Input("engine", options=_engine_names(),
                                tooltip="An engine file in models/tensorrt (built by Build Engine)"),

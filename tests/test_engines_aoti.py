@@ -229,3 +229,44 @@ def test_model_dtype_differs_from_engine_dtype(built):
     assert out.dtype is torch.bfloat16 and ev.engine_calls == 1
     ref = built[2].decode(z.to(torch.bfloat16).float())
     assert (out.float() - ref).abs().max() <= 1e-2  # bf16 output rounding only
+
+
+def test_manifest_dtype_that_lies_is_caught_before_the_first_run(built):
+    """The compiled package records its I/O dtypes; a manifest claiming fp16 for an fp32 package is refused
+    when the engine loads (it would read fp16 inputs as fp32: garbage or NaN), and PyTorch answers."""
+    folder = _copy_set(built, "dtype_lie")
+    for name in ("encoder_64x64.pt2", "decoder_64x64.pt2"):
+        edit_manifest(folder, name, dtype="fp16")
+    with pytest.warns(EngineFallbackWarning, match="computes in torch.float32, the manifest says torch.float16"):
+        ev = turbovae.load_vae(folder, device="cpu")  # engines load eagerly: refused at load
+    z = torch.randn(1, 4, 8, 8)
+    assert ev.engines is None and torch.equal(ev.decode(z), built[2].decode(z))
+
+
+def test_build_leaves_only_the_listed_files(built):
+    root = built[0]
+    names = sorted(p.name for p in (root / "set").iterdir())
+    assert names == ["decoder_64x64.pt2", "encoder_64x64.pt2", "manifest.json"]  # no temporary file, no sidecar
+
+
+def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_path):
+    """`multiple=8` exports 8·Dim pixels / 1·Dim latents: every size in the range is on the grid, so every one
+    runs on the engine, none padded. (Inductor's compile swapped for export save/load to stay fast.)"""
+    from engines_toy import export_only
+
+    from turbovae.trt.buckets import Profile, multi_profile_table
+    from turbovae.trt.engine_vae import load_engine_vae
+
+    _root, ckpt, vae, _ = built
+    table = multi_profile_table([Profile("p", (32, 32), (48, 48), (96, 96))], multiple=8)
+    with export_only():
+        build_engine_set(vae, tmp_path / "p8", table, backend="aoti", device=torch.device("cpu"), source=str(ckpt))
+        ev = load_engine_vae(tmp_path / "p8", device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for h, w in ((4, 5), (5, 7), (9, 11), (12, 12)):
+                z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(h * w))
+                x = torch.rand(1, 3, 8 * h, 8 * w, generator=torch.Generator().manual_seed(h + w)) * 2 - 1
+                assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4
+                assert (ev.encode(x) - vae.encode(x)).abs().max() <= 1e-4
+    assert ev.engine_calls == 8

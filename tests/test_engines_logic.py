@@ -235,6 +235,26 @@ def test_trt_runtime_checks_every_return(tmp_path, fail):
         eng.run({"latents": torch.randn(1, 4, 32, 32)})
 
 
+def test_trt_engine_is_compared_with_its_manifest_before_the_first_run(tmp_path):
+    """dtype of every I/O tensor and the profile ranges the manifest records, checked at load."""
+    from turbovae.trt.backend import EngineLoadError
+    from turbovae.trt.tensorrt_backend import TRTEngine
+
+    trt = _mock_trt(ctx=_MockContext())
+    plan = tmp_path / "d.engine"
+    plan.write_bytes(b"x")
+    recorded = [{"latents": ((1, 4, 1, 1), (1, 4, 8, 8), (1, 4, 16, 16))}]
+    with pytest.raises(EngineLoadError, match="dtypes .*pixels.*differ from the manifest's torch.float16"):
+        TRTEngine(trt, plan, trt.Engine(), recorded, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    trt.Engine.get_tensor_dtype = lambda self, n: "DataType.HALF"
+    TRTEngine(trt, plan, trt.Engine(), recorded, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    other = [{"latents": ((1, 4, 1, 1), (1, 4, 8, 8), (1, 4, 32, 32))}]
+    with pytest.raises(EngineLoadError, match="profile 0 is .* in the engine"):
+        TRTEngine(trt, plan, trt.Engine(), other, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    with pytest.raises(EngineLoadError, match="1 optimization profile"):
+        TRTEngine(trt, plan, trt.Engine(), recorded * 2, ("latents",), ("pixels",), torch.device("cpu"))
+
+
 def test_trt_none_context_and_missing_module(monkeypatch, tmp_path):
     from turbovae.trt import tensorrt_backend as TB
     from turbovae.trt.backend import EngineLoadError

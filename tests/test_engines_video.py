@@ -12,7 +12,6 @@ TURBOVAE_COMPILE_TESTS=1.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings

@@ -395,6 +395,23 @@ def test_huge_latent_is_refused_before_allocating(built):
         decode_tiled(vae, z, mode="fast")
 
 
+@pytest.mark.parametrize("source,error", [(None, TypeError), (42, TypeError),
+                                          ({"decoder.conv_in.weight": [1.0]}, CheckpointError),
+                                          ({1: torch.zeros(1)}, CheckpointError), ({}, CheckpointError)])
+def test_malformed_sources(source, error):
+    with pytest.raises(error):
+        turbovae.load_vae(source, device="cpu")
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_temporal_slice_that_would_never_advance(built, value):
+    """A slice of 0 or fewer latents used to loop forever in the slicer; now a ValueError first."""
+    with pytest.raises(ValueError, match="temporal_slice"):
+        built[2].decode(torch.zeros(1, 4, 3, 8, 8), temporal_slice=value)
+    with pytest.raises(ValueError, match="temporal_slice"):
+        built[2].encode(torch.zeros(1, 3, 5, 64, 64), temporal_slice=value)
+
+
 def test_loader_arguments_for_engines_only(built):
     with pytest.raises(ValueError, match="apply to engine folders"):
         turbovae.load_vae(built[1], device="cpu", pad_to_bucket=True)

@@ -30,11 +30,15 @@ def io_metadata(program: torch.export.ExportedProgram) -> str:
     """The dtypes a program's user inputs and outputs really have (from the traced graph)."""
     sig = program.graph_signature
     vals = {n.name: n.meta.get("val") for n in program.graph.nodes}
-    inputs = {spec.arg.name: str(vals[spec.arg.name].dtype) for spec in sig.input_specs
-              if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT and hasattr(vals.get(spec.arg.name), "dtype")}
-    outputs = [str(vals[spec.arg.name].dtype) for spec in sig.output_specs
-               if spec.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT and hasattr(vals.get(spec.arg.name), "dtype")]
-    return json.dumps({"inputs": list(inputs.values()), "outputs": outputs})
+    kinds = torch.export.graph_signature
+
+    def dtype_of(spec) -> Optional[str]:
+        val = vals.get(getattr(spec.arg, "name", None))
+        return str(val.dtype) if hasattr(val, "dtype") else None
+
+    inputs = [dtype_of(s) for s in sig.input_specs if s.kind == kinds.InputKind.USER_INPUT]
+    outputs = [dtype_of(s) for s in sig.output_specs if s.kind == kinds.OutputKind.USER_OUTPUT]
+    return json.dumps({"inputs": [d for d in inputs if d], "outputs": [d for d in outputs if d]})
 
 
 def check_io_metadata(path: Path, metadata: Mapping[str, str], dtype: torch.dtype, n_inputs: int,
@@ -167,8 +171,9 @@ class AOTIBackend(Backend):
         """Compile `program` into the open package file `file`, recording its I/O dtypes (the one step
         that takes minutes; tests of the surrounding logic replace it and `load_runner` with a plain
         export save/load)."""
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=file, inductor_configs={"aot_inductor.metadata": {IO_METADATA_KEY: io_metadata(program)}})
+        metadata = {IO_METADATA_KEY: io_metadata(program)}
+        torch._inductor.aoti_compile_and_package(program, package_path=file,
+                                                 inductor_configs={"aot_inductor.metadata": metadata})
 
     def load_runner(self, path: Path):
         """A callable running the package at `path` on positional inputs."""

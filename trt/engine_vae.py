@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..vae.api import TurboVAE, load_vae, resolve_device
+from ..vae.api import TurboVAE, check_temporal_slice, load_vae, resolve_device
 from ..vae.base import VAEModel
 from .backend import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
@@ -114,6 +114,7 @@ class EngineVAE(TurboVAE):
         self._warn(f"fail:{component}", f"TurboVAE engine {component} failed ({err}); using PyTorch from now on")
 
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         if x.shape[2] == 1:
             out = self._engine("encoder", x)

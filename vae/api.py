@@ -26,6 +26,18 @@ log = logging.getLogger("turbovae")
 LOGVAR_CLAMP = (-30.0, 20.0)
 
 
+def check_temporal_slice(temporal_slice: Optional[int]) -> None:
+    """ValueError unless `temporal_slice` is None (chosen from free memory) or an integer ≥ 1 latent frame
+    (0 or less would never advance through the clip)."""
+    if temporal_slice is None:
+        return
+    if isinstance(temporal_slice, bool) or not isinstance(temporal_slice, int):
+        raise ValueError(f"temporal_slice must be an integer, got {temporal_slice!r}")
+    if temporal_slice < 1:
+        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
+                         "free memory)")
+
+
 class DeviceUnavailable(ValueError):
     """A device that does not exist on this machine (e.g. `cuda` without a usable GPU)."""
 
@@ -212,6 +224,7 @@ class TurboVAE:
     # -- passes --------------------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
         """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip."""
+        check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
         if temporal_slice is None:
@@ -231,6 +244,7 @@ class TurboVAE:
     def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
                num_frames: Optional[int] = None) -> torch.Tensor:
         """Pixels [B, 3, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
+        check_temporal_slice(temporal_slice)
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
         z = self.check_latents(latents)
         self.check_decoded_size(z)
@@ -296,6 +310,9 @@ def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
     The architecture is detected from the keys and checked strictly (every key, every shape, every value
     finite). `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.
     """
+    if not isinstance(source, (str, os.PathLike, Mapping)):
+        raise TypeError(f"source must be a checkpoint path, a diffusers folder or a state dict, got "
+                        f"{type(source).__name__}")
     target_dtype = parse_dtype(dtype)
     target_device = resolve_device(device)
     if target_dtype is None:
@@ -303,6 +320,8 @@ def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
 
     if isinstance(source, Mapping):
         sd, name = dict(source), "state dict"
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+            raise CheckpointError("state dict: every key must be a string and every value a tensor")
     else:
         path, diffusers_config = resolve_checkpoint_path(source)
         config = config if config is not None else diffusers_config

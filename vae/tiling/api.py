@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..api import TurboVAE, moments_to_latents
+from ..api import TurboVAE, check_temporal_slice, moments_to_latents
 from ..memory import USABLE_FRACTION, auto_temporal_slice, free_memory_bytes
 from .exact import supports_exact, run_exact
 from .fast import PassGeometry, run_tiled
@@ -50,7 +50,8 @@ def _default_overlap(tile: Optional[int], overlap: Optional[int]) -> int:
 
 def _check_sizes(tile: Optional[int], overlap: int, f: int, temporal_slice: Optional[int] = None) -> None:
     """ValueError naming the fix for a tile, overlap or temporal_slice the tiler cannot honour."""
-    for name, value in (("tile", tile), ("overlap", overlap), ("temporal_slice", temporal_slice)):
+    check_temporal_slice(temporal_slice)
+    for name, value in (("tile", tile), ("overlap", overlap)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{name} must be an integer, got {value!r}")
     if tile is not None and tile < 0:
@@ -64,9 +65,6 @@ def _check_sizes(tile: Optional[int], overlap: int, f: int, temporal_slice: Opti
     if tile and 2 * overlap >= tile:
         raise ValueError(f"overlap={overlap} px must be less than half the tile ({tile} px): tiles would overlap "
                          f"their neighbours' neighbours; use overlap ≤ {tile // 2 - f} px")
-    if temporal_slice is not None and temporal_slice < 1:
-        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
-                         "free memory)")
 
 
 # The CPU allocator reports exhaustion as a plain RuntimeError (no OutOfMemoryError subclass on CPU), so

@@ -25,7 +25,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..base import CausalStream
 from ..plans import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid

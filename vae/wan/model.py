@@ -22,7 +22,7 @@ from .config import WanConfig
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
                      UpBlock, UpResidualBlock, WanFlags)
-from .patching import patchify, spatial_ops, unpatchify
+from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
 class Encoder(nn.Module):
@@ -52,10 +52,8 @@ class Encoder(nn.Module):
         self.receptive_radius = self._down_radius(cfg)
 
     def _down_radius(self, cfg: WanConfig) -> int:
-        """Latent pixels of context `forward_down` needs around a tile (from the layer list, walked backwards)."""
-        r = 0.0  # radius at the current (output) scale
-        for op in reversed(spatial_ops([self.conv_in, *[m for b in self.down_blocks for m in b.modules()]])):
-            r = r + 1 if op == "conv" else 2 * r + 2  # stride-2 3x3 conv after a (0,1,0,1) pad
+        """Latent pixels of context `forward_down` needs around a tile (from the layer list)."""
+        _scale, r = footprint(spatial_ops([self.conv_in, *[m for b in self.down_blocks for m in b.modules()]]))
         if self.patch_size > 1:
             r = self.patch_size * r + self.patch_size - 1
         return math.ceil(r / cfg.spatial_factor)
@@ -105,12 +103,9 @@ class Decoder(nn.Module):
         self.receptive_radius = self._up_radius()
 
     def _up_radius(self) -> int:
-        """Latent pixels of context `forward_up` needs around a tile (from the layer list, walked backwards)."""
-        r = 0  # at output scale; unpatchify maps each pixel to one patch pixel, so it adds nothing
-        ops = spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out])
-        for op in reversed(ops):
-            r = r + 1 if op == "conv" else math.ceil(r / 2)  # nearest 2x: pixel p reads p // 2
-        return int(r)
+        """Latent pixels of context `forward_up` needs around a tile (unpatchify maps each pixel to one patch
+        pixel, so it adds nothing)."""
+        return footprint(spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out]))[1]
 
     def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""

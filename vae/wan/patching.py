@@ -1,9 +1,11 @@
 """Wan 2.2's pixel patching and the spatial footprint of a layer list (shared by the model, which derives
-its receptive radius from it, and the exact-tile plan)."""
+its receptive radii from it, and the exact-tile plan)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from fractions import Fraction
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -47,3 +49,21 @@ def spatial_ops(modules: Iterable[nn.Module]) -> list[str]:
             if m.mode.startswith("up"):
                 ops.append("conv")
     return ops
+
+
+def footprint(ops: Sequence[str]) -> tuple[Fraction, int]:
+    """(scale, receptive radius in input pixels) of a spatial-op sequence in execution order: what an
+    output pixel reads on every side, walked back from the output. The one place this rule lives (the
+    encoder/decoder radii and the exact-tile stages all use it)."""
+    r = 0
+    scale = Fraction(1)
+    for op in reversed(ops):
+        if op == "conv":
+            r += 1
+        elif op == "up":  # nearest 2x: output pixel p reads input p // 2
+            r = math.ceil(r / 2)
+            scale *= 2
+        elif op == "down":  # (0,1,0,1) zero pad + 3x3 stride-2 conv: output i reads inputs 2i..2i+2
+            r = 2 * r + 2
+            scale /= 2
+    return scale, r
