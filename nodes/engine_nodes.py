@@ -14,6 +14,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..trt.backend import BACKEND_NAMES
 from ..trt.formats import ENGINE_SUFFIXES
 from ..vae.dtypes import DTYPE_NAMES
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
@@ -23,7 +24,7 @@ from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, l
 log = logging.getLogger(__name__)
 CATEGORY = "TurboVAE"
 MODES = ("static", "multi_ratio", "multi_profile")
-BACKENDS = ("tensorrt", "aoti")
+BACKENDS = BACKEND_NAMES
 ENGINE_DTYPES = DTYPE_NAMES
 SCOPES = ("folder", "file")
 

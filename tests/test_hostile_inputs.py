@@ -132,7 +132,8 @@ def test_corrupt_manifest(built, text):
     {"table": {"mode": "static", "buckets": [[64, 64]], "multiple": 0}}, {"table": "64x64"},
     {"input_names": []}, {"input_names": "latents"}, {"latent_format": {}},
     {"latent_format": {"channels": 4, "spatial_factor": 0}}, {"engine_bytes": -1}, {"engine_sha256": None},
-    {"format_version": 2}, {"unknown_field": 1}, {"input_shapes": {"latents": [1, -4]}},
+    {"format_version": 2}, {"unknown_field": 1}, {"input_shapes": {"latents": [1, -4]}}, {"backend": "onnx"},
+    {"compute_capability": 5},
 ])
 def test_edited_identity_fields_give_typed_errors_or_fallback(built, changes):
     folder = _copy(built, "edited")
@@ -143,8 +144,19 @@ def test_edited_identity_fields_give_typed_errors_or_fallback(built, changes):
         with pytest.warns(EngineFallbackWarning):
             ev = turbovae.load_vae(folder, device="cpu", fallback=built[1])
         assert ev.engines is None and torch.equal(ev.decode(_z()), built[2].decode(_z()))
+        with pytest.warns(EngineFallbackWarning, match="edited or damaged|identity format|backend"):
+            ev = turbovae.load_vae(folder, device="cpu")  # the recorded source is still read, leniently
+        assert ev.engines is None and ev.source == str(built[1])
     finally:
         shutil.rmtree(folder)
+
+
+def test_latent_format_that_differs_from_the_checkpoint(built):
+    folder = _copy(built, "latent_format")
+    edit_manifest(folder, FILES[1], latent_format={"channels": 16, "spatial_factor": 8})
+    with pytest.warns(EngineFallbackWarning, match="latent format differs"):
+        ev = turbovae.load_vae(folder, device="cpu")
+    assert ev.engines is None
 
 
 @pytest.mark.parametrize("name", ["../toy.safetensors", "/etc/passwd", "sub/decoder.pt2", ".hidden.pt2",

@@ -11,6 +11,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+BACKEND_NAMES = ("tensorrt", "aoti")  # what get_backend builds; CLI, nodes and manifests check against it
+
 # (min, opt, max) full tensor shapes of one input for one optimization profile.
 ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -140,4 +142,4 @@ def get_backend(name: str) -> Backend:
         from .tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend()
-    raise ValueError(f"unknown engine backend {name!r}; use tensorrt or aoti")
+    raise ValueError(f"unknown engine backend {name!r}; use {' or '.join(BACKEND_NAMES)}")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..vae.dtypes import DTYPE_NAMES
+from .backend import BACKEND_NAMES
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--multi-ratio", nargs="*", metavar="WxH",
                        help="multi-ratio static set (default: Qwen-Image ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt")
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="tensorrt")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
@@ -44,27 +45,30 @@ def table_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the set; a bad argument, checkpoint or device prints one line and returns 2, a failed build
-    (backend, files) one line and returns 1. Nothing is loaded before the table is checked."""
+    """Build the set; a bad argument, checkpoint, device, unusable backend or an existing output prints one
+    line and returns 2, a failed build one line and returns 1. Everything that needs no model (table,
+    components, backend, output folder) is checked before the checkpoint is loaded."""
     import torch
 
     from ..vae.api import load_vae, resolve_device
     from ..vae.dtypes import parse_dtype
     from .backend import EngineError
-    from .build import build_engine_set
+    from .build import build_engine_set, preflight
 
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
     try:
         table = table_from_args(args)
         device = resolve_device(args.device)
         dtype = parse_dtype(args.dtype)
+        preflight(args.out, table, backend=args.backend, device=device, components=components, video=args.video,
+                  overwrite=args.overwrite)
         vae = load_vae(args.vae, dtype=torch.float32, device=device)
-    except (ValueError, FileNotFoundError) as e:  # CheckpointError and DeviceUnavailable are ValueErrors
+    except (ValueError, OSError, EngineError) as e:  # CheckpointError, DeviceUnavailable: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
-                                 components=[c.strip() for c in args.components.split(",") if c.strip()],
-                                 video=args.video, overwrite=args.overwrite, source=args.vae,
+                                 components=components, video=args.video, overwrite=args.overwrite, source=args.vae,
                                  optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
     except (EngineError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,9 +9,11 @@ outputs are cropped back to the request and shape-checked.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
@@ -23,7 +25,7 @@ from .backend import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
 from .identity import IdentityError, model_hash
-from .manifest import ManifestError
+from .manifest import ManifestError, recorded_source
 from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
@@ -179,17 +181,17 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
         manifest = load_manifest(path)
     except IdentityError as e:
         problem = e
-    recorded = manifest.entries[0].identity.source if manifest is not None else None
+    folder = path if path.is_dir() else path.parent
+    recorded = manifest.entries[0].identity.source if manifest is not None else recorded_source(folder)
     checkpoint = fallback if fallback is not None else recorded
-    if checkpoint is None and isinstance(problem, ManifestError):
+    if checkpoint is None and problem is not None:
         raise ManifestError(f"{problem} (or pass fallback=<checkpoint> to run this VAE on PyTorch)") from problem
     if checkpoint is None:
         raise FileNotFoundError(
             f"{path}: the engines need their checkpoint for the PyTorch path and it is not recorded "
             f"({problem or 'no source in the manifest'}); pass fallback=<checkpoint> (node: the fallback VAE input)")
     if not isinstance(checkpoint, Mapping):
-        checkpoint = check_source(Path(checkpoint), path if path.is_dir() else path.parent,
-                                  source_roots if fallback is None else None)
+        checkpoint = check_source(Path(checkpoint), folder, source_roots if fallback is None else None)
     # The manifest's hash is of the fp32 weights (as `build_engine_set` hashes them): load fp32 on the CPU,
     # hash, then move to the requested dtype/device.
     base = load_vae(checkpoint, dtype=torch.float32, device="cpu")
@@ -198,8 +200,13 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
     engines = None
     if manifest is not None:
         kinds = {e.identity.model_kind for e in manifest.entries}
+        here = json.loads(json.dumps(asdict(base.latent_format)))  # as the manifest stores it (lists, not tuples)
+        formats = [e.identity.latent_format for e in manifest.entries]
         if kinds != {base.kind}:
             problem = IdentityError(f"{path}: built for a {', '.join(sorted(kinds))} VAE, the fallback is {base.kind}")
+        elif any(here.get(k) != v for lf in formats for k, v in lf.items()):
+            problem = IdentityError(f"{path}: the manifest's latent format differs from the checkpoint's ({here}); "
+                                    "rebuild the engine set")
         else:
             try:
                 engines = EngineSet(manifest, device, model_hash=weights_hash, lazy=lazy, pad_to_bucket=pad_to_bucket)

@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
-from .backend import EngineLoadError
+from .backend import BACKEND_NAMES, EngineLoadError
 from .buckets import BucketTable
 from .fileio import file_sha256
 
@@ -139,6 +139,7 @@ def _checked_fields(data: object, where: str) -> dict:
         raise IdentityError(f"{where}: identity format {out['format_version']}, this TurboVAE reads "
                             f"{FORMAT_VERSION}; rebuild the engine set")
     want("dtype", out.get("dtype") in DTYPE_BY_NAME, f"must be one of {', '.join(DTYPE_BY_NAME)}")
+    want("backend", out.get("backend") in BACKEND_NAMES, f"must be one of {', '.join(BACKEND_NAMES)}")
     want("component", out.get("component") in KNOWN_COMPONENTS, f"must be one of {', '.join(KNOWN_COMPONENTS)}")
     for key in ("input_names", "output_names"):
         v = out.get(key)

@@ -101,6 +101,17 @@ def read_manifest(path: Path) -> tuple[Manifest, Optional[str]]:
     return manifest, selected
 
 
+def recorded_source(folder: Path) -> Optional[str]:
+    """The checkpoint path a manifest records, read leniently (first engine's `source`, if a string), so the
+    PyTorch fallback still works when the rest of the manifest is edited or damaged; None otherwise."""
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        source = data["engines"][0]["identity"]["source"]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, IndexError, TypeError):
+        return None
+    return source if isinstance(source, str) and source else None
+
+
 def _entries(data: object, mpath: Path, rebuild: str) -> tuple[ManifestEntry, ...]:
     if not isinstance(data, dict) or data.get("manifest_version") != MANIFEST_VERSION:
         version = data.get("manifest_version") if isinstance(data, dict) else None
