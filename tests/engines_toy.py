@@ -128,6 +128,15 @@ def save_toy_checkpoint(path, seed: int = 0) -> ToyVAE:
     return m
 
 
+def toy_checkpoint(root):
+    """A toy checkpoint in `root` and the TurboVAE loaded from it (CPU, fp32): what engine tests build from."""
+    import turbovae
+
+    ckpt = root / "toy.safetensors"
+    save_toy_checkpoint(ckpt)
+    return ckpt, turbovae.load_vae(ckpt, device="cpu")
+
+
 def edit_manifest(folder, file: str, *, drop: bool = False, **changes) -> dict:
     """Edit (or drop) one engine's identity in a folder's manifest, as a user or an attacker might."""
     import json

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from engines_toy import edit_manifest, save_toy_checkpoint  # noqa: E402
+from engines_toy import edit_manifest, save_toy_checkpoint, toy_checkpoint  # noqa: E402
 
 import turbovae  # noqa: E402
 from turbovae.bench.common import psnr  # noqa: E402
@@ -26,9 +26,7 @@ BUCKET = Bucket(64, 64)
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
-    ckpt = root / "toy.safetensors"
-    save_toy_checkpoint(ckpt)
-    vae = turbovae.load_vae(ckpt, device="cpu")
+    ckpt, vae = toy_checkpoint(root)
     from turbovae.cli import main
 
     # Built through the command line, so the CLI is covered end to end too.

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import node_helpers
-from engines_toy import edit_manifest, export_only, save_toy_checkpoint
+from engines_toy import edit_manifest, export_only, save_toy_checkpoint, toy_checkpoint
 
 node_helpers.use_comfy_stubs()
 
@@ -48,9 +48,7 @@ FILES = ("encoder_64x64.pt2", "decoder_64x64.pt2")
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    ckpt = root / "toy.safetensors"
-    save_toy_checkpoint(ckpt)
-    vae = turbovae.load_vae(ckpt, device="cpu")
+    ckpt, vae = toy_checkpoint(root)
     with export_only():
         build_engine_set(vae, root / "set", static_table(BUCKET), backend="aoti", device=torch.device("cpu"),
                          source=str(ckpt))
@@ -313,10 +311,9 @@ def test_interrupted_build_leaves_no_engine_named_file(built, tmp_path, monkeypa
         torch.export.save(program, f)
 
     out = tmp_path / "killed"
-    with export_only():
-        monkeypatch.setattr(AOTIBackend, "compile_package", compile_then_die)
-        with pytest.raises(KeyboardInterrupt):
-            build_engine_set(built[2], out, static_table(BUCKET), backend="aoti", device=torch.device("cpu"))
+    monkeypatch.setattr(AOTIBackend, "compile_package", compile_then_die)  # one patcher: undone in full afterwards
+    with pytest.raises(KeyboardInterrupt):
+        build_engine_set(built[2], out, static_table(BUCKET), backend="aoti", device=torch.device("cpu"))
     assert list(out.iterdir()) == []
 
 
