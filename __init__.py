@@ -5,7 +5,8 @@ ComfyUI as a custom-node folder of any name. Importing it never imports `comfy`:
 loaded when ComfyUI calls `comfy_entrypoint()`.
 """
 
-from .vae.api import TurboVAE, load_vae, moments_to_latents, pad_to_multiple
+from .loading import load_vae
+from .vae.api import TurboVAE, moments_to_latents, pad_to_multiple
 from .vae.base import LatentFormat
 from .vae.checkpoint import CheckpointError
 from .vae.parallel import ParallelPassError, decode_parallel, encode_parallel

@@ -26,7 +26,8 @@ from torch import nn
 from ..vae.api import parse_dtype
 from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.cuda_graphs import CudaGraphRunner
-from ..vae.kernels import fused_norms, triton_available
+from ..vae.kernels import triton_available
+from ..vae.ops import fused_norms
 from ..vae.memory import auto_temporal_slice
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 

@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from ..vae.dtypes import DTYPE_BY_NAME
 from .common import BenchOptions, BenchRow, max_abs, psnr
 from .content import synthetic_clip, synthetic_image
 
@@ -89,8 +90,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     from .peak_rss import run_child, supported
 
     device = opts.device
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
-        opts.dtype or ("bf16" if device == "cuda" else "fp32"))
+    dtype = DTYPE_BY_NAME[opts.dtype or ("bf16" if device == "cuda" else "fp32")]
     cases = CASES_QUICK if opts.quick else (CASES_CUDA if device == "cuda" else CASES_CPU)
     rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory() as tmp:

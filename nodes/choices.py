@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-DTYPES = ("auto", "bf16", "fp16", "fp32")
+from ..vae.dtypes import DTYPE_NAMES
+
+DTYPES = ("auto", *sorted(DTYPE_NAMES))  # auto, bf16, fp16, fp32
 TILE_MODES = ("auto", "fast", "exact")
 COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

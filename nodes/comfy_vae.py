@@ -30,6 +30,7 @@ from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.plan import plan_tiling
 from .pass_report import PassReport, reported
+from ..vae.tiling.api import is_out_of_memory
 
 # Latent frames per slice whose working set we ask model management to free before a pass. Our
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
@@ -193,7 +194,9 @@ class ComfyTurboVAE:
                     out.append(self.turbo.decode(z[i:i + 1]).to(self.output_device))
                     bar.update_absolute(i + 1, z.shape[0])
                 out = torch.cat(out)
-        except mm.OOM_EXCEPTION:
+        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:  # CPU: the allocator's plain RuntimeError
+            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
+                raise
             out = None  # leave the except block first so the failed pass's tensors can be freed
         if out is None:
             _warn_oom("decoding")
@@ -211,7 +214,9 @@ class ComfyTurboVAE:
             with reported(self.turbo, "encode", "untiled", None, self._keep):
                 out = self.turbo.encode(clip)
             bar.update_absolute(1, 1)
-        except mm.OOM_EXCEPTION:
+        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:
+            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
+                raise
             out = None
         if out is None:
             _warn_oom("encoding")
@@ -261,14 +266,21 @@ class ComfyTurboVAE:
         temporal slices carry the causal cache, so they are exact) and is ignored."""
         f = self.turbo.spatial_factor
         tile = max(tile_x or 0, tile_y or 0) * f or None
-        return self.decode_tiles(samples, tile=tile, overlap=(overlap or 0) * f, mode="auto",
-                                 temporal_slice=tile_t)
+        return self.decode_tiles(samples, tile=tile, overlap=_core_overlap(tile, (overlap or 0) * f), mode="auto",
+                                 temporal_slice=tile_t or None)
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
         tile = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
-        return self.encode_tiles(pixel_samples, tile=tile, overlap=overlap or 0, mode="auto", temporal_slice=slice_)
+        return self.encode_tiles(pixel_samples, tile=tile, overlap=_core_overlap(tile, overlap or 0), mode="auto",
+                                 temporal_slice=slice_)
+
+
+def _core_overlap(tile: Optional[int], overlap: int) -> int:
+    """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
+    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
+    return tile // 4 if tile and 2 * overlap >= tile else overlap
 
 
 def _warn_oom(what: str) -> None:

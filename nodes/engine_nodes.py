@@ -15,16 +15,18 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
+from ..trt.backend import BACKEND_NAMES
 from ..trt.formats import ENGINE_SUFFIXES
+from ..vae.dtypes import DTYPE_NAMES
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
-from .paths import TENSORRT_KEY, VAE_KEY, engine_output_dir, list_model_files, register_tensorrt_folder, \
-    resolve_model_file
+from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, list_model_files, model_roots, \
+    register_tensorrt_folder, resolve_model_file
 
 log = logging.getLogger(__name__)
 CATEGORY = "TurboVAE"
 MODES = ("static", "multi_ratio", "multi_profile")
-BACKENDS = ("tensorrt", "aoti")
-ENGINE_DTYPES = ("fp16", "bf16", "fp32")
+BACKENDS = BACKEND_NAMES
+ENGINE_DTYPES = DTYPE_NAMES
 SCOPES = ("folder", "file")
 
 
@@ -79,14 +81,19 @@ class TurboVAEBuildEngine(io.ComfyNode):
         from ..trt.backend import BuildProgress
         from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
         from ..trt.build import build_engine_set, preflight
-        from ..vae.api import load_vae, parse_dtype
+        from ..vae.api import load_vae
+        from ..vae.dtypes import parse_dtype
 
         for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKENDS),
                                      ("dtype", dtype, ENGINE_DTYPES)):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-        if not name or os.sep in name or "/" in name or name.startswith("."):
-            raise ValueError(f"engine folder name {name!r} must be a plain folder name")
+        check_model_name(vae_name)  # a NUL, newline or blank name fails here, before anything is evicted
+        if not isinstance(name, str) or not name.strip() or name != name.strip() or any(
+                c in name for c in (os.sep, "/", "\\", ":")) or name.startswith(".") or any(
+                ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError(f"engine folder name {name!r} must be a plain folder name (no slashes, leading dot, "
+                             "surrounding spaces or control characters)")
         if video and mode == "multi_profile":
             raise ValueError("video engines are static-shape: use mode static or multi_ratio with video on")
         table = {"static": lambda: static_table(Bucket(height, width)), "multi_ratio": multi_ratio_table,
@@ -97,9 +104,10 @@ class TurboVAEBuildEngine(io.ComfyNode):
         preflight(out, table, backend=backend, device=device, video=video, overwrite=overwrite)
         if backend == "tensorrt":
             _require_onnx_export()
+        checkpoint = resolve_model_file(VAE_KEY, vae_name)  # a missing file also fails before the eviction
         mm.unload_all_models()  # builders size their workspace from free memory
         mm.soft_empty_cache()
-        vae = load_vae(resolve_model_file(VAE_KEY, vae_name), dtype=torch.float32, device=device)
+        vae = load_vae(checkpoint, dtype=torch.float32, device=device)
         bar = comfy.utils.ProgressBar(100)
 
         def report(message: str, fraction) -> None:
@@ -126,10 +134,10 @@ class TurboVAELoadEngine(io.ComfyNode):
             display_name="Load TRT VAE (TurboVAE)",
             category=CATEGORY,
             description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
-                        "(inputs padded to the nearest bucket, output cropped back to your size); videos run on "
-                        "them only when the folder has SeedVR2 video engines (Build Engine with video on), "
-                        "otherwise on the PyTorch VAE. Sizes outside every bucket and any engine problem also run "
-                        "the PyTorch VAE, with one warning.",
+                        "at the sizes they compute exactly (other sizes on the PyTorch VAE, or padded when "
+                        "pad_to_bucket is on); videos run on them only when the folder has SeedVR2 video engines "
+                        "(Build Engine with video on), otherwise on the PyTorch VAE. Sizes outside every bucket and "
+                        "any engine problem also run the PyTorch VAE, with one warning.",
             inputs=[
                 io.Combo.Input("engine", options=_engine_names(),
                                tooltip="An engine file in models/tensorrt (built by Build Engine)"),
@@ -140,13 +148,17 @@ class TurboVAELoadEngine(io.ComfyNode):
                                tooltip="Checkpoint for the PyTorch path; default: the one the engines were "
                                        "built from"),
                 io.Boolean.Input("lazy", default=False, tooltip="Load each engine on first use"),
+                io.Boolean.Input("pad_to_bucket", default=False,
+                                 tooltip="Run sizes between buckets padded into the next bucket (faster, but "
+                                         "APPROXIMATE: differs from the PyTorch VAE near the edges and through "
+                                         "attention). Off: such sizes run on the PyTorch VAE, exactly"),
             ],
             outputs=[io.Vae.Output()],
         )
 
     @classmethod
     def execute(cls, engine: str, scope: str = "folder", fallback_vae: str = "(built from)",
-                lazy: bool = False) -> io.NodeOutput:
+                lazy: bool = False, pad_to_bucket: bool = False) -> io.NodeOutput:
         import torch
 
         from ..trt.engine_vae import load_engine_vae
@@ -160,7 +172,9 @@ class TurboVAELoadEngine(io.ComfyNode):
         load_device = mm.vae_device()
         dtype = mm.vae_dtype(load_device, WORKING_DTYPES)
         with torch.inference_mode(False):  # normal parameters, as in TurboVAELoader.execute
-            turbo = load_engine_vae(target, dtype=dtype, device=load_device, fallback=fallback, lazy=lazy)
+            # A checkpoint recorded in the manifest must lie in the VAE model folders, like a chosen one.
+            turbo = load_engine_vae(target, dtype=dtype, device=load_device, fallback=fallback, lazy=lazy,
+                                    pad_to_bucket=pad_to_bucket, source_roots=model_roots(VAE_KEY))
         log.info("TurboVAE: %r", turbo)
         return io.NodeOutput(ComfyTurboVAE(turbo, load_device=load_device))
 

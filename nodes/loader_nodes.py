@@ -9,7 +9,8 @@ import torch
 import comfy.model_management as mm
 from comfy_api.latest import io
 
-from ..vae.api import load_vae, parse_dtype
+from ..loading import load_vae
+from ..vae.dtypes import parse_dtype
 from .choices import (COMPILE_BACKENDS, COMPILE_DYNAMIC, COMPILE_MODES, DTYPES, check_choice, choice_error,
                       first_error)
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE

@@ -29,6 +29,9 @@ def _check_name(name: str) -> None:
         raise ValueError("no file selected: pick a file from the list (click 'Refresh' after adding files)")
     if "\x00" in name:
         raise UnsafePathError(f"file name {name!r} contains a NUL byte")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise UnsafePathError(f"file name {name!r} contains a control character (newline, tab, ...); pick a file "
+                              "from the list")
     for flavour in (PurePosixPath(name), PureWindowsPath(name)):
         if flavour.is_absolute() or flavour.drive or flavour.root or ".." in flavour.parts:
             raise UnsafePathError(
@@ -46,6 +49,17 @@ def _inside(path: str, roots: Iterable[str]) -> bool:
         except ValueError:  # different drives on Windows
             continue
     return False
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name that can never be a model file (empty, only spaces, NUL/control characters, or one
+    that climbs out of the folder) without touching the disk: callers check before costly work."""
+    _check_name(name)
+
+
+def model_roots(key: str) -> list[str]:
+    """The registered folders for `key` (empty when none is registered)."""
+    return list(folder_paths.get_folder_paths(key)) if key in folder_paths.folder_names_and_paths else []
 
 
 def resolve_model_file(key: str, name: str) -> str:

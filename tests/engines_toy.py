@@ -126,3 +126,54 @@ def save_toy_checkpoint(path, seed: int = 0) -> ToyVAE:
     sd = {(MARKER if k == "marker" else k): v.contiguous() for k, v in m.state_dict().items()}
     save_file(sd, str(path))
     return m
+
+
+def toy_checkpoint(root):
+    """A toy checkpoint in `root` and the TurboVAE loaded from it (CPU, fp32): what engine tests build from."""
+    import turbovae
+
+    ckpt = root / "toy.safetensors"
+    save_toy_checkpoint(ckpt)
+    return ckpt, turbovae.load_vae(ckpt, device="cpu")
+
+
+def edit_manifest(folder, file: str, *, drop: bool = False, **changes) -> dict:
+    """Edit (or drop) one engine's identity in a folder's manifest, as a user or an attacker might."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "manifest.json"
+    data = json.loads(path.read_text())
+    if drop:
+        data["engines"] = [e for e in data["engines"] if e["file"] != file]
+    for entry in data["engines"]:
+        if entry["file"] == file:
+            entry["identity"].update(changes)
+    path.write_text(json.dumps(data))
+    return data
+
+
+def manifest_identity(folder, file: str):
+    from turbovae.trt.manifest import read_manifest
+
+    manifest, _ = read_manifest(folder)
+    return next(e.identity for e in manifest.entries if e.file == file)
+
+
+def export_only():
+    """AOTIBackend with the Inductor compile replaced by a plain ExportedProgram save/load: everything but
+    the minutes-long C++ compile is the production path (export, files, manifest, routing, checks)."""
+    import contextlib
+
+    import pytest
+
+    from turbovae.trt.aoti import AOTIBackend
+
+    @contextlib.contextmanager
+    def patched():
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(AOTIBackend, "compile_package", lambda self, program, f: torch.export.save(program, f))
+            mp.setattr(AOTIBackend, "load_runner", lambda self, path: torch.export.load(str(path)).module())
+            yield
+
+    return patched()

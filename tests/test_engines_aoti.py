@@ -4,25 +4,21 @@ identity mismatch / corrupt files / shapes outside the table, memory report and 
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from engines_toy import save_toy_checkpoint  # noqa: E402
+from engines_toy import edit_manifest, save_toy_checkpoint, toy_checkpoint  # noqa: E402
 
 import turbovae  # noqa: E402
 from turbovae.bench.common import psnr  # noqa: E402
 from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
 from turbovae.trt.build import build_engine_set  # noqa: E402
 from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE  # noqa: E402
-from turbovae.trt.identity import sidecar_path  # noqa: E402
+from turbovae.trt.engine_vae import ApproximateResultWarning  # noqa: E402
 
 BUCKET = Bucket(64, 64)
 
@@ -30,9 +26,7 @@ BUCKET = Bucket(64, 64)
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
-    ckpt = root / "toy.safetensors"
-    save_toy_checkpoint(ckpt)
-    vae = turbovae.load_vae(ckpt, device="cpu")
+    ckpt, vae = toy_checkpoint(root)
     from turbovae.cli import main
 
     # Built through the command line, so the CLI is covered end to end too.
@@ -51,7 +45,7 @@ def _copy_set(built, name):
 
 def test_static_bucket_is_exact(built):
     root, _ckpt, vae, paths = built
-    assert all(p.is_file() and sidecar_path(p).is_file() for p in paths)
+    assert all(p.is_file() for p in paths) and (root / "set" / "manifest.json").is_file()
     ev = turbovae.load_vae(root / "set", device="cpu")
     assert isinstance(ev, EngineVAE) and ev.engines is not None
     g = torch.Generator().manual_seed(1)
@@ -80,12 +74,12 @@ def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
     x = torch.rand(1, 3, 1, 128, 128, generator=g) * 2 - 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", EngineFallbackWarning)
-        dec = decode_tiled(ev, z, tile=64, overlap=32, mode="fast")
+        dec = decode_tiled(ev, z, tile=64, overlap=16, mode="fast")
         tiles = ev.engine_calls
-        enc = encode_tiled(ev, x, tile=64, overlap=32, mode="fast")
+        enc = encode_tiled(ev, x, tile=64, overlap=16, mode="fast")
     assert tiles == 9 and ev.engine_calls == 18  # 3 x 3 tiles of 64 px each way
-    assert (dec - decode_tiled(vae, z, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
-    assert (enc - encode_tiled(vae, x, tile=64, overlap=32, mode="fast")).abs().max() <= 1e-4
+    assert (dec - decode_tiled(vae, z, tile=64, overlap=16, mode="fast")).abs().max() <= 1e-4
+    assert (enc - encode_tiled(vae, x, tile=64, overlap=16, mode="fast")).abs().max() <= 1e-4
     # auto (the nodes' default) runs an input that fits untiled, i.e. on the engine when one serves it
     small = z[..., :8, :8]
     with warnings.catch_warnings():
@@ -95,15 +89,32 @@ def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
     assert (auto - vae.decode(small)).abs().max() <= 1e-4
 
 
-def test_padded_sizes_keep_the_requested_size(built):
+def test_off_bucket_sizes_run_exactly_on_pytorch_by_default(built):
+    """A size that is not the bucket's own runs on PyTorch (exactly), with one warning per size."""
     root, _ckpt, vae, _ = built
     ev = turbovae.load_vae(root / "set", device="cpu")
+    for h, w in ((48, 48), (64, 40), (16, 64)):
+        z = torch.randn(1, 4, h // 8, w // 8, generator=torch.Generator().manual_seed(h + w))
+        with pytest.warns(EngineFallbackWarning, match="not a size the decoder engines compute exactly"):
+            out = ev.decode(z)
+        assert torch.equal(out, vae.decode(z))
+    assert ev.engine_calls == 0
+
+
+def test_padded_sizes_keep_the_requested_size(built):
+    """Opted in (pad_to_bucket=True): sizes between buckets run padded, with a warning that it is approximate."""
+    root, _ckpt, vae, _ = built
+    ev = turbovae.load_vae(root / "set", device="cpu", pad_to_bucket=True)
     rng = random.Random(0)
     psnrs = []
-    for _ in range(20):
-        h, w = 8 * rng.randint(2, 8), 8 * rng.randint(2, 8)
+    for i in range(20):
+        h, w = (8 * rng.randint(2, 7), 8 * rng.randint(2, 7)) if i else (48, 48)
         x = torch.rand(1, 3, h, w, generator=torch.Generator().manual_seed(h * 100 + w)) * 2 - 1
-        lat = ev.encode(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lat = ev.encode(x)
+        if i == 0:
+            assert any(issubclass(c.category, ApproximateResultWarning) for c in caught)
         assert lat.shape == (1, 4, h // 8, w // 8)
         out = ev.decode(lat)
         assert out.shape == (1, 3, h, w)
@@ -127,10 +138,7 @@ def test_outside_bucket_falls_back_with_one_warning(built):
 
 def test_identity_mismatch_falls_back(built):
     folder = _copy_set(built, "mismatch")
-    side = sidecar_path(folder / "decoder_64x64.pt2")
-    data = json.loads(side.read_text())
-    data["backend_version"] = "torch-0.0"
-    side.write_text(json.dumps(data))
+    edit_manifest(folder, "decoder_64x64.pt2", backend_version="torch-0.0")
     with pytest.warns(EngineFallbackWarning, match="build-engines .*--static 64x64 --backend aoti"):
         ev = turbovae.load_vae(folder, device="cpu")
     assert ev.engines is None
@@ -188,8 +196,8 @@ def test_single_engine_file_and_lazy_loading(built):
 
 
 def test_dynamic_profile_engine_matches_eager(built, tmp_path):
-    """One AOTInductor package per profile: exact inside the range at 16-px multiples, padded (size kept)
-    for multiples of 8 that are not multiples of 16."""
+    """One AOTInductor package per profile: exact inside the range at 16-px multiples; multiples of 8 that
+    are not multiples of 16 run on PyTorch (exactly), or padded (size kept) when opted in."""
     from turbovae.trt.buckets import Profile, multi_profile_table
     from turbovae.trt.engine_vae import load_engine_vae
 
@@ -201,9 +209,14 @@ def test_dynamic_profile_engine_matches_eager(built, tmp_path):
     for h, w in ((4, 4), (6, 8), (12, 10), (8, 12)):  # latent sizes: 32..96 px in 16-px steps
         z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(h * w))
         assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4
-    z = torch.randn(1, 4, 5, 7)  # 40x56 px: padded to 48x64 inside the profile
-    assert ev.decode(z).shape == (1, 3, 40, 56)
-    assert ev.engine_calls == 5
+    z = torch.randn(1, 4, 5, 7)  # 40x56 px: off the profile's 16-px grid
+    with pytest.warns(EngineFallbackWarning, match="compute exactly"):
+        assert torch.equal(ev.decode(z), vae.decode(z))
+    assert ev.engine_calls == 4
+    padded = load_engine_vae(tmp_path / "dyn", device="cpu", pad_to_bucket=True)
+    with pytest.warns(ApproximateResultWarning):
+        assert padded.decode(z).shape == (1, 3, 40, 56)  # padded to 48x64 inside the profile
+    assert padded.engine_calls == 1
 
 
 def test_model_dtype_differs_from_engine_dtype(built):
@@ -214,3 +227,44 @@ def test_model_dtype_differs_from_engine_dtype(built):
     assert out.dtype is torch.bfloat16 and ev.engine_calls == 1
     ref = built[2].decode(z.to(torch.bfloat16).float())
     assert (out.float() - ref).abs().max() <= 1e-2  # bf16 output rounding only
+
+
+def test_manifest_dtype_that_lies_is_caught_before_the_first_run(built):
+    """The compiled package records its I/O dtypes; a manifest claiming fp16 for an fp32 package is refused
+    when the engine loads (it would read fp16 inputs as fp32: garbage or NaN), and PyTorch answers."""
+    folder = _copy_set(built, "dtype_lie")
+    for name in ("encoder_64x64.pt2", "decoder_64x64.pt2"):
+        edit_manifest(folder, name, dtype="fp16")
+    with pytest.warns(EngineFallbackWarning, match="computes in torch.float32, the manifest says torch.float16"):
+        ev = turbovae.load_vae(folder, device="cpu")  # engines load eagerly: refused at load
+    z = torch.randn(1, 4, 8, 8)
+    assert ev.engines is None and torch.equal(ev.decode(z), built[2].decode(z))
+
+
+def test_build_leaves_only_the_listed_files(built):
+    root = built[0]
+    names = sorted(p.name for p in (root / "set").iterdir())
+    assert names == ["decoder_64x64.pt2", "encoder_64x64.pt2", "manifest.json"]  # no temporary file, no sidecar
+
+
+def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_path):
+    """`multiple=8` exports 8·Dim pixels / 1·Dim latents: every size in the range is on the grid, so every one
+    runs on the engine, none padded. (Inductor's compile swapped for export save/load to stay fast.)"""
+    from engines_toy import export_only
+
+    from turbovae.trt.buckets import Profile, multi_profile_table
+    from turbovae.trt.engine_vae import load_engine_vae
+
+    _root, ckpt, vae, _ = built
+    table = multi_profile_table([Profile("p", (32, 32), (48, 48), (96, 96))], multiple=8)
+    with export_only():
+        build_engine_set(vae, tmp_path / "p8", table, backend="aoti", device=torch.device("cpu"), source=str(ckpt))
+        ev = load_engine_vae(tmp_path / "p8", device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for h, w in ((4, 5), (5, 7), (9, 11), (12, 12)):
+                z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(h * w))
+                x = torch.rand(1, 3, 8 * h, 8 * w, generator=torch.Generator().manual_seed(h + w)) * 2 - 1
+                assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4
+                assert (ev.encode(x) - vae.encode(x)).abs().max() <= 1e-4
+    assert ev.engine_calls == 8

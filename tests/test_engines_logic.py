@@ -17,8 +17,8 @@ from turbovae.trt import trt_logic as L
 from turbovae.trt.backend import BackendUnavailable, EngineRunError
 from turbovae.trt.buckets import (Bucket, BucketTable, Profile, crop_to, multi_profile_table, multi_ratio_table,
                                   pad_to, static_table)
-from turbovae.trt.fileio import atomic_path, atomic_write_bytes
-from turbovae.trt.identity import EngineIdentity, IdentityError, mismatches, sidecar_path, verify_file
+from turbovae.trt.fileio import atomic_file, atomic_write_bytes
+from turbovae.trt.identity import EngineIdentity, IdentityError, mismatches, verify_file
 
 
 # -- bucket table ---------------------------------------------------------------------------------
@@ -82,8 +82,9 @@ def test_atomic_write_refuses_overwrite_and_leaves_no_partial(tmp_path):
         atomic_write_bytes(p, b"xyz")
     assert p.read_bytes() == b"abc"
     with pytest.raises(KeyboardInterrupt):
-        with atomic_path(tmp_path / "f.engine") as tmp:
-            tmp.write_bytes(b"half")
+        with atomic_file(tmp_path / "f.engine") as f:
+            f.write(b"half")
+            assert not any(q.name.endswith(".engine") for q in tmp_path.iterdir() if q.name != "e.engine")
             raise KeyboardInterrupt  # interrupted mid-write
     assert sorted(q.name for q in tmp_path.iterdir()) == ["e.engine"]
     atomic_write_bytes(p, b"xyz", overwrite=True)
@@ -94,7 +95,8 @@ def _ident(**kw) -> EngineIdentity:
     base = dict(model_hash="h", model_kind="toy", component="decoder", dtype="fp32",
                 table=static_table(Bucket(64, 64)).to_json(), entries=(0,), input_names=("latents",),
                 output_names=("pixels",), backend="aoti", backend_version="v1", device_type="cpu", gpu_name=None,
-                compute_capability=None, torch_version=torch.__version__)
+                compute_capability=None, torch_version=torch.__version__,
+                latent_format={"channels": 4, "spatial_factor": 8})
     base.update(kw)
     return EngineIdentity(**base)
 
@@ -115,7 +117,6 @@ def test_identity_round_trip_and_mismatch_reasons(tmp_path):
     eng.write_bytes(b"01234")
     with pytest.raises(IdentityError, match="truncated"):
         verify_file(eng, ok)
-    assert sidecar_path(eng).name == "d.pt2.json"
 
 
 # -- TensorRT decisions, no TensorRT needed ----------------------------------------------------------
@@ -232,6 +233,26 @@ def test_trt_runtime_checks_every_return(tmp_path, fail):
             eng.run({"latents": z})
     with pytest.raises(EngineRunError, match="outside"):
         eng.run({"latents": torch.randn(1, 4, 32, 32)})
+
+
+def test_trt_engine_is_compared_with_its_manifest_before_the_first_run(tmp_path):
+    """dtype of every I/O tensor and the profile ranges the manifest records, checked at load."""
+    from turbovae.trt.backend import EngineLoadError
+    from turbovae.trt.tensorrt_backend import TRTEngine
+
+    trt = _mock_trt(ctx=_MockContext())
+    plan = tmp_path / "d.engine"
+    plan.write_bytes(b"x")
+    recorded = [{"latents": ((1, 4, 1, 1), (1, 4, 8, 8), (1, 4, 16, 16))}]
+    with pytest.raises(EngineLoadError, match="dtypes .*pixels.*differ from the manifest's torch.float16"):
+        TRTEngine(trt, plan, trt.Engine(), recorded, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    trt.Engine.get_tensor_dtype = lambda self, n: "DataType.HALF"
+    TRTEngine(trt, plan, trt.Engine(), recorded, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    other = [{"latents": ((1, 4, 1, 1), (1, 4, 8, 8), (1, 4, 32, 32))}]
+    with pytest.raises(EngineLoadError, match="profile 0 is .* in the engine"):
+        TRTEngine(trt, plan, trt.Engine(), other, ("latents",), ("pixels",), torch.device("cpu"), torch.float16)
+    with pytest.raises(EngineLoadError, match="1 optimization profile"):
+        TRTEngine(trt, plan, trt.Engine(), recorded * 2, ("latents",), ("pixels",), torch.device("cpu"))
 
 
 def test_trt_none_context_and_missing_module(monkeypatch, tmp_path):

@@ -3,7 +3,6 @@ falls back to the PyTorch VAE; Build Engine validates its inputs before any work
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -11,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
 import node_helpers  # noqa: E402
 
 node_helpers.use_comfy_stubs()
@@ -24,6 +22,7 @@ from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
 from turbovae.trt.engine_vae import EngineFallbackWarning  # noqa: E402
 from turbovae.trt.fileio import file_sha256  # noqa: E402
 from turbovae.trt.identity import EngineIdentity, model_hash  # noqa: E402
+from turbovae.trt.manifest import Manifest, ManifestEntry  # noqa: E402
 
 folder_paths = _paths.folder_paths
 node_helpers.hide_comfy_stubs()
@@ -55,7 +54,7 @@ def _fake_trt_set(folder: Path, ckpt: Path, cfg) -> Path:
                            compute_capability="9.0", torch_version=torch.__version__,
                            engine_sha256=file_sha256(plan), engine_bytes=4, source=str(ckpt),
                            latent_format={"channels": 4, "spatial_factor": 8})
-    ident.write(plan)
+    Manifest(folder, (ManifestEntry(plan.name, ident),)).write()
     return plan
 
 

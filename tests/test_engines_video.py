@@ -12,8 +12,6 @@ TURBOVAE_COMPILE_TESTS=1.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import warnings
@@ -23,27 +21,19 @@ import pytest
 import torch
 
 from turbovae.bench.common import psnr
-from turbovae.trt.aoti import AOTIBackend
 from turbovae.trt.buckets import Bucket, multi_profile_table, static_table
 from turbovae.trt.build import build_engine_set
 from turbovae.trt.engine_set import EngineSet
-from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE
+from turbovae.trt.engine_vae import ApproximateResultWarning, EngineFallbackWarning, EngineVAE
 from turbovae.trt.fileio import file_sha256
-from turbovae.trt.identity import model_hash, read_identity, sidecar_path
+from turbovae.trt.identity import model_hash
 from turbovae.vae.api import TurboVAE
+
+from engines_toy import edit_manifest, export_only, manifest_identity
 
 BUCKET = Bucket(32, 48)  # latents 4x6 for the 8x SeedVR2 VAE
 LATENT_HW = (4, 6)
 FILES = ("decoder_48x32.pt2", "decode_slice_first_48x32.pt2", "decode_slice_next_48x32.pt2")
-
-
-@contextlib.contextmanager
-def export_only():
-    """AOTIBackend with the Inductor compile replaced by a plain ExportedProgram save/load."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(AOTIBackend, "compile_package", lambda self, program, path: torch.export.save(program, str(path)))
-        mp.setattr(AOTIBackend, "load_runner", lambda self, path: torch.export.load(str(path)).module())
-        yield
 
 
 def _seedvr2():
@@ -89,8 +79,8 @@ def _copy(built, name: str) -> Path:
 def test_build_writes_named_pairs_with_identity(built):
     root, model, paths = built
     assert [p.name for p in paths] == list(FILES)
-    assert all(p.is_file() and sidecar_path(p).is_file() for p in paths)
-    first, nxt = read_identity(paths[1]), read_identity(paths[2])
+    assert all(p.is_file() for p in paths) and (paths[0].parent / "manifest.json").is_file()
+    first, nxt = (manifest_identity(paths[0].parent, p.name) for p in paths[1:3])
     n_mem = len(model.memory_layout(decode=True, batch=1, height=4, width=6))
     assert first.input_names == ("latents",) and len(first.output_names) == 1 + n_mem
     assert nxt.input_names[0] == "latents" and len(nxt.input_names) == len(nxt.output_names) == 1 + n_mem
@@ -124,13 +114,21 @@ def test_chain_equals_eager_sliced_and_whole_clip_decode(built, engines):
         assert image.shape == (1, 3, 32, 48) and ev.engine_calls == 4
 
 
-def test_padded_clip_keeps_the_requested_size(built, engines):
+def test_off_bucket_clip_runs_on_pytorch_or_padded_when_opted_in(built, engines):
     _root, model, _ = built
+    z = _latents(3, hw=(3, 5))  # 40x24 px: smaller than the 48x32 bucket
     ev = EngineVAE(model, engines)
-    z = _latents(3, hw=(3, 5))  # 40x24 px runs on the 48x32 bucket
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", EngineFallbackWarning)
-        out = ev.decode(z)
+    with pytest.warns(EngineFallbackWarning, match="compute exactly"):
+        exact = ev.decode(z)
+    assert torch.equal(exact, TurboVAE(model).decode(z)) and ev.engine_calls == 0
+    engines.pad_to_bucket = True
+    try:
+        ev = EngineVAE(model, engines)
+        with warnings.catch_warnings(), pytest.warns(ApproximateResultWarning, match="approximate"):
+            warnings.simplefilter("error", EngineFallbackWarning)
+            out = ev.decode(z)
+    finally:
+        engines.pad_to_bucket = False
     assert out.shape == (1, 3, 9, 24, 40) and ev.engine_calls == 1
     with torch.inference_mode():
         ref = model.decode_latents(z)
@@ -156,7 +154,7 @@ def test_missing_next_engine_falls_back_and_keeps_image_engine(built):
     _root, model, _ = built
     folder = _copy(built, "no_next")
     (folder / FILES[2]).unlink()
-    sidecar_path(folder / FILES[2]).unlink()
+    edit_manifest(folder, FILES[2], drop=True)
     ev = _lazy_engine_vae(folder, model)
     z = _latents(3)
     with pytest.warns(EngineFallbackWarning, match="no decode_slice_next"):
@@ -170,15 +168,12 @@ def test_missing_next_engine_falls_back_and_keeps_image_engine(built):
 
 
 def test_corrupt_next_engine_falls_back(built):
-    """A next engine that passes its identity check (sidecar rewritten to match) but cannot load."""
+    """A next engine that passes its identity check (manifest rewritten to match) but cannot load."""
     _root, model, _ = built
     folder = _copy(built, "corrupt_next")
     eng = folder / FILES[2]
     eng.write_bytes(b"not an engine")
-    side = sidecar_path(eng)
-    data = json.loads(side.read_text())
-    data.update(engine_sha256=file_sha256(eng), engine_bytes=eng.stat().st_size)
-    side.write_text(json.dumps(data))
+    edit_manifest(folder, FILES[2], engine_sha256=file_sha256(eng), engine_bytes=eng.stat().st_size)
     ev = _lazy_engine_vae(folder, model)
     z = _latents(3)
     with export_only(), pytest.warns(EngineFallbackWarning, match="decode_slice_next"):

@@ -30,7 +30,7 @@ def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):
 
     from turbovae.trt.aoti import AOTIBackend
 
-    monkeypatch.setattr(AOTIBackend, "compile_package", lambda self, program, path: torch.export.save(program, str(path)))
+    monkeypatch.setattr(AOTIBackend, "compile_package", lambda self, program, f: torch.export.save(program, f))
     monkeypatch.setattr(AOTIBackend, "load_runner", lambda self, path: torch.export.load(str(path)).module())
     opts = BenchOptions(device="cpu", quick=True, repeat=1, warmup=0, ablation_engines=True, cases=("qwen", "seedvr2"))
     rows = [r for r in gpu.run(opts) if r.variant.startswith("+ engine")]

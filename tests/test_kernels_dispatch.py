@@ -49,7 +49,7 @@ def test_fused_norms_context_restores_previous_choice():
     sentinel = object()
     ops.set_fused_dispatch(sentinel)
     try:
-        with kernels.fused_norms(False):
+        with ops.fused_norms(False):
             assert ops.fused_dispatch() is None
         assert ops._FUSED_DISPATCH is sentinel
     finally:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
 import node_helpers  # noqa: E402
 
 node_helpers.use_comfy_stubs()
@@ -113,10 +112,14 @@ def test_core_decode_encode_contract_matches_turbovae(name):
     assert mm.load_calls and all(c["force_full_load"] for c in mm.load_calls)
 
 
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("simulated: whole pass too large"),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                                "68719476736 bytes. Error code 12 (Cannot allocate memory)")])
 @pytest.mark.parametrize("name", VAE_NAMES)
-def test_core_decode_encode_retry_tiled_on_out_of_memory(name, monkeypatch, caplog):
+def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatch, caplog):
     """Core VAE Decode/Encode call vae.decode/encode, which (like core's VAE) must retry tiled when the
-    whole pass runs out of memory, not fail the prompt."""
+    whole pass runs out of memory (CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError), not fail
+    the prompt."""
     vae = TurboVAELoader.execute(vae_name=name, dtype="fp32").args[0]  # private copy: its turbo is patched
     torch.manual_seed(3)
     z = torch.randn(1, vae.latent_channels, 2, 6, 5)
@@ -124,7 +127,7 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, monkeypatch, capl
     want_images, want_latents = vae.decode(z), vae.encode(frames)
 
     def oom(*a, **k):
-        raise torch.OutOfMemoryError("simulated: whole pass too large")
+        raise error
 
     monkeypatch.setattr(vae.turbo, "decode", oom)
     monkeypatch.setattr(vae.turbo, "encode", oom)
@@ -133,6 +136,17 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, monkeypatch, capl
     assert "out of memory decoding without tiles" in caplog.text and "out of memory encoding" in caplog.text
     torch.testing.assert_close(images, want_images, atol=1e-4, rtol=0)  # auto tiles: exact, or the untiled pass
     torch.testing.assert_close(latents, want_latents, atol=1e-4, rtol=0)
+
+
+def test_core_decode_does_not_retry_other_runtime_errors(monkeypatch):
+    vae = TurboVAELoader.execute(vae_name=VAE_NAMES[0], dtype="fp32").args[0]
+
+    def broken(*a, **k):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(vae.turbo, "decode", broken)
+    with pytest.raises(RuntimeError, match="same device"):
+        vae.decode(torch.randn(1, vae.latent_channels, 1, 4, 4))
 
 
 @pytest.mark.parametrize("name", VAE_NAMES)

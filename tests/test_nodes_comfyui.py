@@ -53,7 +53,6 @@ if not (CHECKOUT / "main.py").is_file() or not (CHECKOUT / "comfy").is_dir():
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
 import comfy_workflow  # noqa: E402
 import test_workflows as offline  # noqa: E402  (our node signatures as the offline validator sees them)
 

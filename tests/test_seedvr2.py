@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +12,6 @@ from turbovae.vae.checkpoint import CheckpointError
 from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE, build, expected_shapes
 from turbovae.vae.seedvr2.layers import PassContext, Upsample3D, pixel_shuffle_3d
 
-sys.path.insert(0, str(Path(__file__).parent))
 from seedvr2_reference import ReferenceSeedVR2, random_state_dict  # noqa: E402
 
 TINY = SeedVR2Config.tiny()

@@ -6,13 +6,10 @@ prompts and runs them there)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 import node_helpers  # noqa: E402
 
 node_helpers.use_comfy_stubs()

@@ -2,24 +2,65 @@
 
 Needs no TensorRT, runs on CPU and GPU, and is the backend the CPU tests exercise end to end.
 AOTInductor packages do not reject inputs outside the exported ranges reliably, so every call is
-checked against the recorded range first.
+checked against the recorded range first. The package also carries its I/O dtypes in its metadata
+(`IO_METADATA_KEY`), compared with the manifest at load, before the first run.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import BinaryIO, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from .backend import (Backend, BackendUnavailable, BuildProgress, BuildSpec, EngineLoadError, EngineRunError,
                       LoadedEngine, ShapeRange, shape_in_range)
-from .fileio import atomic_path
+from .fileio import atomic_file
 
 log = logging.getLogger(__name__)
+
+IO_METADATA_KEY = "turbovae_io"  # JSON {"inputs": {name: dtype}, "outputs": [dtype, ...]} in the package
+
+
+def io_metadata(program: torch.export.ExportedProgram) -> str:
+    """The dtypes a program's user inputs and outputs really have (from the traced graph)."""
+    sig = program.graph_signature
+    vals = {n.name: n.meta.get("val") for n in program.graph.nodes}
+    kinds = torch.export.graph_signature
+
+    def dtype_of(spec) -> Optional[str]:
+        val = vals.get(getattr(spec.arg, "name", None))
+        return str(val.dtype) if hasattr(val, "dtype") else None
+
+    inputs = [dtype_of(s) for s in sig.input_specs if s.kind == kinds.InputKind.USER_INPUT]
+    outputs = [dtype_of(s) for s in sig.output_specs if s.kind == kinds.OutputKind.USER_OUTPUT]
+    return json.dumps({"inputs": [d for d in inputs if d], "outputs": [d for d in outputs if d]})
+
+
+def check_io_metadata(path: Path, metadata: Mapping[str, str], dtype: torch.dtype, n_inputs: int,
+                      n_outputs: int) -> None:
+    """EngineLoadError unless the package's recorded I/O dtypes are all `dtype` (the manifest's) and the
+    counts match. Packages without the record (built elsewhere) are checked on their outputs instead."""
+    text = metadata.get(IO_METADATA_KEY)
+    if text is None:
+        return
+    try:
+        io = json.loads(text)
+        ins, outs = list(io["inputs"]), list(io["outputs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise EngineLoadError(f"{path}: unreadable I/O record in the package ({e}); rebuild the engine") from e
+    want = str(dtype)
+    if len(ins) != n_inputs or len(outs) != n_outputs:
+        raise EngineLoadError(f"{path}: package has {len(ins)} inputs / {len(outs)} outputs, the manifest "
+                              f"{n_inputs} / {n_outputs}; rebuild the engine set")
+    wrong = sorted({d for d in ins + outs if d != want})
+    if wrong:
+        raise EngineLoadError(f"{path}: package computes in {', '.join(wrong)}, the manifest says {want}; it would "
+                              "read its inputs as the wrong type (garbage or NaN) — rebuild the engine set")
 
 
 def dynamic_shapes(spec: BuildSpec, profile: Mapping[str, ShapeRange]) -> tuple:
@@ -65,7 +106,9 @@ class AOTIEngine(LoadedEngine):
             raise EngineRunError(f"{self.path.name}: AOTInductor packages hold one profile, asked for {profile}")
         args = []
         for name in self._inputs:
-            x = inputs[name]
+            x = inputs.get(name)
+            if not isinstance(x, torch.Tensor):
+                raise EngineRunError(f"{self.path.name}: input {name} not given (got {', '.join(inputs)})")
             if not shape_in_range(tuple(x.shape), self._profile[name]):
                 lo, _, hi = self._profile[name]
                 raise EngineRunError(f"{self.path.name}: input {name} shape {tuple(x.shape)} outside {lo}..{hi}")
@@ -106,35 +149,39 @@ class AOTIBackend(Backend):
             raise BackendUnavailable("an AOTInductor engine for CUDA needs a CUDA device")
 
     def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,
-              progress: BuildProgress, *, overwrite: bool = False) -> None:
+              progress: BuildProgress, *, overwrite: bool = False, name: Optional[str] = None) -> None:
         if len(spec.profiles) != 1:
             raise ValueError("an AOTInductor package holds exactly one shape range; build one package per profile")
         self.check_available(spec.device)
         module = module.to(device=spec.device, dtype=spec.dtype).eval()
         example = tuple(x.to(device=spec.device, dtype=spec.dtype) for x in example)
+        name = name or out_path.name
         progress.check_cancel()
-        progress.report(f"{out_path.name}: torch.export")
+        progress.report(f"{name}: torch.export")
         with torch.inference_mode(False), torch.no_grad():
             ep = torch.export.export(module, example, dynamic_shapes=export_dynamic_shapes(spec, spec.profiles[0]))
         progress.check_cancel()
-        progress.report(f"{out_path.name}: AOTInductor compile (cannot be interrupted)")
-        with atomic_path(out_path, overwrite=overwrite) as tmp:
-            tmp.unlink()  # the packager writes the file itself
-            self.compile_package(ep, tmp)
+        progress.report(f"{name}: AOTInductor compile (cannot be interrupted)")
+        with atomic_file(out_path, overwrite=overwrite) as f:
+            self.compile_package(ep, f)  # a file object: the temporary name carries no .pt2 suffix
             progress.check_cancel()
-        progress.report(f"{out_path.name}: written")
+        progress.report(f"{name}: written")
 
-    def compile_package(self, program: torch.export.ExportedProgram, path: Path) -> None:
-        """Compile `program` into the package file `path` (the one step that takes minutes; tests of the
-        surrounding logic replace it and `load_runner` with a plain export save/load)."""
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    def compile_package(self, program: torch.export.ExportedProgram, file: BinaryIO) -> None:
+        """Compile `program` into the open package file `file`, recording its I/O dtypes (the one step
+        that takes minutes; tests of the surrounding logic replace it and `load_runner` with a plain
+        export save/load)."""
+        metadata = {IO_METADATA_KEY: io_metadata(program)}
+        torch._inductor.aoti_compile_and_package(program, package_path=file,
+                                                 inductor_configs={"aot_inductor.metadata": metadata})
 
     def load_runner(self, path: Path):
         """A callable running the package at `path` on positional inputs."""
         return torch._inductor.aoti_load_package(str(path))
 
     def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
-             input_names: Sequence[str], output_names: Sequence[str]) -> AOTIEngine:
+             input_names: Sequence[str], output_names: Sequence[str],
+             dtype: Optional[torch.dtype] = None) -> AOTIEngine:
         self.check_available(device)
         device = torch.device(device)
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -143,5 +190,11 @@ class AOTIBackend(Backend):
         except Exception as e:  # a truncated/corrupt zip raises many types
             raise EngineLoadError(f"{path}: cannot load AOTInductor package ({type(e).__name__}: {e}); "
                                   "rebuild the engine") from e
+        if dtype is not None and callable(getattr(runner, "get_metadata", None)):
+            try:
+                metadata = dict(runner.get_metadata())
+            except Exception as e:  # a C++ loader error surfaces as RuntimeError and friends
+                raise EngineLoadError(f"{path}: cannot read the package metadata ({e}); rebuild the engine") from e
+            check_io_metadata(path, metadata, dtype, len(input_names), len(output_names))
         held = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else path.stat().st_size
         return AOTIEngine(path, runner, spec_profiles[0], input_names, output_names, held)

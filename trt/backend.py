@@ -11,6 +11,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+BACKEND_NAMES = ("tensorrt", "aoti")  # what get_backend builds; CLI, nodes and manifests check against it
+
 # (min, opt, max) full tensor shapes of one input for one optimization profile.
 ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -113,13 +115,17 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,
-              progress: BuildProgress, *, overwrite: bool = False) -> None:
-        """Write the engine to `out_path` atomically (never a partial file)."""
+              progress: BuildProgress, *, overwrite: bool = False, name: Optional[str] = None) -> None:
+        """Write the engine to `out_path` atomically (never a partial file). `name` is the engine's final
+        file name when `out_path` is a temporary one (messages and side files use it)."""
 
     @abstractmethod
     def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
-             input_names: Sequence[str], output_names: Sequence[str]) -> LoadedEngine:
-        """Deserialise `path`; raise EngineLoadError (or BackendUnavailable) on any failure."""
+             input_names: Sequence[str], output_names: Sequence[str],
+             dtype: Optional[torch.dtype] = None) -> LoadedEngine:
+        """Deserialise `path`; raise EngineLoadError (or BackendUnavailable) on any failure, including I/O
+        names, dtypes (`dtype`: the manifest's, every input and output) or shapes the engine reports
+        differently from its manifest."""
 
 
 def shape_in_range(shape: Sequence[int], rng: ShapeRange) -> bool:
@@ -136,4 +142,4 @@ def get_backend(name: str) -> Backend:
         from .tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend()
-    raise ValueError(f"unknown engine backend {name!r}; use tensorrt or aoti")
+    raise ValueError(f"unknown engine backend {name!r}; use {' or '.join(BACKEND_NAMES)}")

@@ -95,8 +95,12 @@ class BucketTable:
         if self.mode not in MODES:
             raise ValueError(f"unknown engine set mode {self.mode!r}; use one of {', '.join(MODES)}")
         m = self.multiple
+        if not isinstance(m, int) or m <= 0:
+            raise ValueError(f"table multiple must be a positive integer, got {m!r}")
 
         def check(hw: Sequence[int], what: str) -> None:
+            if len(hw) != 2 or not all(isinstance(v, int) for v in hw):
+                raise ValueError(f"{what} {hw!r}: need two integer sizes (height, width)")
             if any(v <= 0 or v % m for v in hw):
                 raise ValueError(f"{what} {hw[1]}x{hw[0]} (WxH): sizes must be positive multiples of {m} px")
 
@@ -122,6 +126,11 @@ class BucketTable:
                 check((b.height, b.width), "bucket")
             if len(set(self.buckets)) != len(self.buckets):
                 raise ValueError("bucket table lists a size twice")
+
+    @property
+    def size(self) -> int:
+        """Number of entries (profiles or buckets)."""
+        return len(self.profiles) if self.mode == "multi_profile" else len(self.buckets)
 
     # -- choice --------------------------------------------------------------------------------
     def choose(self, height: int, width: int) -> Optional[Selection]:
@@ -167,10 +176,19 @@ class BucketTable:
 
     @classmethod
     def from_json(cls, data: dict) -> "BucketTable":
-        return cls(mode=data["mode"], multiple=int(data.get("multiple", MULTIPLE)),
-                   buckets=tuple(Bucket(int(h), int(w)) for h, w in data.get("buckets", ())),
-                   profiles=tuple(Profile(p["name"], tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
+        """The table `to_json` wrote; KeyError/TypeError/ValueError for anything else (callers reading
+        files turn those into their own typed error)."""
+        return cls(mode=data["mode"], multiple=data.get("multiple", MULTIPLE),
+                   buckets=tuple(Bucket(*_pair(hw)) for hw in data.get("buckets", ())),
+                   profiles=tuple(Profile(str(p["name"]), _pair(p["min"]), _pair(p["opt"]), _pair(p["max"]))
                                   for p in data.get("profiles", ())))
+
+
+def _pair(values) -> tuple[int, int]:
+    h, w = values
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (h, w)):
+        raise TypeError(f"sizes must be integers, got {values!r}")
+    return h, w
 
 
 # Qwen-Image's trained aspect ratios at ~1.6 MP plus the common 1024²/512², all multiples of 16 (H, W).

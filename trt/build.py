@@ -1,8 +1,16 @@
-"""Build an engine set for a loaded VAE: one table, every component, identity sidecars."""
+"""Build an engine set for a loaded VAE: one table, every component, one manifest.
+
+All or nothing: every engine is written under a hidden temporary name first; only when all are built
+are they published under their final names (atomically, never over an existing file without
+`overwrite`), and the manifest that makes the folder a loadable set is written last. A failure or a
+Cancel removes the temporary files, so the folder keeps its previous state (or has no manifest, which
+the loader refuses with a message to rebuild).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -10,16 +18,16 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..vae.dtypes import dtype_name
 from .backend import BuildProgress, BuildSpec, get_backend
 from .buckets import BucketTable
 from .engine_set import COMPONENTS, IO_NAMES, component_profiles
-from .fileio import file_sha256, refuse_existing
-from .identity import EngineIdentity, device_facts, model_hash, sidecar_path
+from .fileio import file_sha256, publish, refuse_existing, temporary_name
+from .identity import EngineIdentity, device_facts, model_hash
+from .manifest import MANIFEST_NAME, Manifest, ManifestEntry
 from .video import VIDEO_COMPONENTS, check_video_model, example_inputs, slice_io, slice_module
 
 log = logging.getLogger(__name__)
-
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def engine_name(component: str, table: BucketTable, entries: Sequence[int], suffix: str) -> str:
@@ -97,10 +105,13 @@ def preflight(out_dir: Path, table: BucketTable, *, backend: str, device: torch.
     be.check_available(torch.device(device))
     table.validate()
     _check_components(components, video)
-    jobs = plan_jobs(table, backend, be.suffix, Path(out_dir), components, video)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} exists and is not a folder; choose another output folder")
+    jobs = plan_jobs(table, backend, be.suffix, out_dir, components, video)
+    refuse_existing(out_dir / MANIFEST_NAME, overwrite)
     for job in jobs:
         refuse_existing(job.path, overwrite)
-        refuse_existing(sidecar_path(job.path), overwrite)
     return jobs
 
 
@@ -136,14 +147,15 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
                      dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None,
                      components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False,
                      progress: Optional[BuildProgress] = None, source: Optional[str] = None,
-                     optimization_level: int = 3) -> list[Path]:
+                     optimization_level: int = 3, pad_to_bucket: bool = False) -> list[Path]:
     """Build every (component, entry group) engine of `table` into `out_dir`; return the engine paths.
 
     `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
     identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
     `video=True` also builds the SeedVR2 video slice engines (decode_slice_first/next, one pair per
     static bucket; see trt/video.py); `components` may then be empty. Every input is validated and
-    existing files are refused before any work unless `overwrite=True`.
+    existing files are refused before any work unless `overwrite=True`. `pad_to_bucket` records in the
+    manifest that sizes between buckets may run padded (approximate; see EngineSet).
     """
     progress = progress or BuildProgress(lambda m, _f: log.info(m))
     be = get_backend(backend)
@@ -161,22 +173,57 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     progress.report(f"hashing weights of {source or vae.source}")
     mhash = model_hash(vae.model.state_dict())
     facts = device_facts(device)
-    written = []
-    for n, job in enumerate(jobs):
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[Path, Path, EngineIdentity]] = []  # (temporary file, final path, identity)
+    try:
+        for n, job in enumerate(jobs):
+            progress.check_cancel()
+            progress.report(f"engine {n + 1}/{len(jobs)}: {job.path.name}", n / len(jobs))
+            make_plan: Callable[..., GraphPlan] = slice_plan if job.component in VIDEO_COMPONENTS else image_plan
+            plan = make_plan(vae, job, table, dtype, device, optimization_level)
+            tmp = temporary_name(job.path)
+            staged.append((tmp, job.path, None))
+            be.build(plan.module, plan.example, plan.spec, tmp, progress, name=job.path.name)
+            ident = EngineIdentity(
+                model_hash=mhash, model_kind=vae.kind, component=job.component, dtype=dtype_name(dtype),
+                table=table.to_json(), entries=tuple(job.entries), input_names=plan.spec.input_names,
+                output_names=plan.spec.output_names, backend=be.name, backend_version=be.version(),
+                torch_version=torch.__version__, engine_sha256=file_sha256(tmp), engine_bytes=tmp.stat().st_size,
+                source=str(Path(source).resolve()) if source else vae.source, latent_format=asdict(lf),
+                build_options={"optimization_level": optimization_level},
+                input_shapes={k: list(v) for k, v in plan.input_shapes.items()}, **facts)
+            staged[-1] = (tmp, job.path, ident)
         progress.check_cancel()
-        progress.report(f"engine {n + 1}/{len(jobs)}: {job.path.name}", n / len(jobs))
-        make_plan: Callable[..., GraphPlan] = slice_plan if job.component in VIDEO_COMPONENTS else image_plan
-        plan = make_plan(vae, job, table, dtype, device, optimization_level)
-        be.build(plan.module, plan.example, plan.spec, job.path, progress, overwrite=overwrite)
-        ident = EngineIdentity(
-            model_hash=mhash, model_kind=vae.kind, component=job.component, dtype=DTYPE_NAMES[dtype],
-            table=table.to_json(), entries=tuple(job.entries), input_names=plan.spec.input_names,
-            output_names=plan.spec.output_names, backend=be.name, backend_version=be.version(),
-            torch_version=torch.__version__, engine_sha256=file_sha256(job.path),
-            engine_bytes=job.path.stat().st_size, source=str(Path(source).resolve()) if source else vae.source,
-            latent_format=asdict(lf), build_options={"optimization_level": optimization_level},
-            input_shapes={k: list(v) for k, v in plan.input_shapes.items()}, **facts)
-        ident.write(job.path, overwrite=overwrite)
-        written.append(job.path)
-    progress.report(f"done: {len(written)} engine(s) in {out_dir}", 1.0)
+        manifest = Manifest(out_dir, tuple(ManifestEntry(final.name, ident) for _t, final, ident in staged),
+                            {"pad_to_bucket": True} if pad_to_bucket else {})
+        publish_set(manifest, [(tmp, final) for tmp, final, _i in staged], overwrite=overwrite)
+    finally:
+        for tmp, _final, _ident in staged:
+            if os.path.lexists(tmp):
+                tmp.unlink()
+    written = [final for _t, final, _i in staged]
+    progress.report(f"done: {len(written)} engine(s) and {MANIFEST_NAME} in {out_dir}", 1.0)
     return written
+
+
+def publish_set(manifest: Manifest, files: Sequence[tuple[Path, Path]], *, overwrite: bool) -> None:
+    """Move the finished temporary files to their names, then write the manifest (the commit point).
+
+    Without `overwrite` each move fails if its target exists, and the files this call already moved are
+    taken back, so nothing of the set is left. With `overwrite` the old manifest goes first: until the
+    new one is written, the folder is not a loadable set (never a mix of old and new engines).
+    """
+    if overwrite and os.path.lexists(manifest.path):
+        manifest.path.unlink()
+    moved: list[Path] = []
+    try:
+        for tmp, final in files:
+            publish(tmp, final, overwrite=overwrite)
+            moved.append(final)
+        manifest.write(overwrite=overwrite)
+    except BaseException:
+        if not overwrite:
+            for final in moved:
+                final.unlink()
+        raise

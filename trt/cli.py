@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..vae.dtypes import DTYPE_NAMES
+from .backend import BACKEND_NAMES
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
-
-DTYPES = ("fp32", "fp16", "bf16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,11 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="multi-ratio static set of these sizes (default when given without sizes: Qwen-Image "
                             "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=("tensorrt", "aoti"), default="tensorrt",
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="tensorrt",
                         help="tensorrt (needs the tensorrt package and a GPU) or aoti (AOTInductor, PyTorch only; "
                              "on CPU it can be slower than eager PyTorch at small sizes, so time it with "
                              "`bench --sections engines`) (default: tensorrt)")
-    parser.add_argument("--dtype", choices=DTYPES, default="fp16", help="engine precision (default: fp16)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
                         help="comma list of encoder, decoder (empty with --video: only the video engines; "
@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "static bucket) so clips decode on engines; static/multi-ratio tables only")
     parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5 (default: 3)")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
+    parser.add_argument("--pad-to-bucket", action="store_true",
+                        help="let sizes between buckets run padded into the next bucket (approximate: differs "
+                             "from PyTorch near the edges and through attention); default: they run on PyTorch")
 
 
 def table_from_args(args: argparse.Namespace):
@@ -47,26 +50,32 @@ def table_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build the set; a bad argument, checkpoint, device, unusable backend or an existing output prints one
+    line and returns 2, a failed build one line and returns 1. Everything that needs no model (table,
+    components, backend, output folder) is checked before the checkpoint is loaded."""
     import torch
 
-    from ..vae.api import load_vae, parse_dtype
+    from ..vae.api import load_vae, resolve_device
+    from ..vae.dtypes import parse_dtype
     from .backend import EngineError
-    from .build import build_engine_set
+    from .build import build_engine_set, preflight
 
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
     try:
         table = table_from_args(args)
-    except ValueError as e:
+        device = resolve_device(args.device)
+        dtype = parse_dtype(args.dtype)
+        preflight(args.out, table, backend=args.backend, device=device, components=components, video=args.video,
+                  overwrite=args.overwrite)
+        vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    except (ValueError, OSError, EngineError) as e:  # CheckpointError, DeviceUnavailable: ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = parse_dtype(args.dtype)
-    vae = load_vae(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
-                                 components=[c.strip() for c in args.components.split(",") if c.strip()],
-                                 video=args.video, overwrite=args.overwrite, source=args.vae,
-                                 optimization_level=args.opt_level)
-    except (EngineError, FileExistsError, ValueError) as e:
+                                 components=components, video=args.video, overwrite=args.overwrite, source=args.vae,
+                                 optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
+    except (EngineError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for p in paths:

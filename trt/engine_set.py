@@ -1,29 +1,31 @@
-"""An engine set: the engines of one folder (or one file) for one model, run through the shared table.
+"""An engine set: the engines a folder's manifest lists (or one of them) for one model, run through the
+shared table.
 
-Input geometry policy: pick the table entry (`BucketTable.choose`), replicate-pad the input up to
-it, run, and crop the output back so its size always equals the request. Nothing is ever resized.
+Input geometry policy: an input runs on an engine only at a size the engine computes exactly (a
+static bucket's own size, or a size on a profile's grid inside its range); any other size raises
+SizeNotServed, and the engine VAE runs PyTorch for it. Padding into a larger bucket (replicate-pad,
+run, crop back) happens only when the caller opted in with `pad_to_bucket`, because the padded rows
+change the result (global attention, border convolutions). Nothing is ever resized.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
-from .backend import EngineLoadError, EngineRunError, LoadedEngine, ShapeRange, get_backend
+from .backend import EngineRunError, LoadedEngine, ShapeRange, get_backend
 from .buckets import BucketTable, Selection, crop_to, pad_to
-from .formats import ENGINE_SUFFIXES
-from .identity import EngineIdentity, IdentityError, mismatches, read_identity, verify_file
+from .identity import EngineIdentity, IdentityError, mismatches, verify_file
+from .manifest import Manifest, read_manifest
 from .video import SLICE_FIRST, SLICE_NEXT, VIDEO_COMPONENTS, chain_slices
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("encoder", "decoder")
-ENGINE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IO_NAMES = {"encoder": (("pixels",), ("moments",)), "decoder": (("latents",), ("pixels",))}
 
 
@@ -56,14 +58,16 @@ def engine_profiles(ident: EngineIdentity, table: BucketTable) -> list[dict[str,
                               image_channels=lf.get("image_channels", 3))
 
 
-def engine_files(path: Path) -> list[Path]:
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in ENGINE_SUFFIXES)
-    if not files:
-        raise EngineLoadError(f"{path}: no engine files ({', '.join(ENGINE_SUFFIXES)}) in this folder")
-    return files
+class SizeNotServed(EngineRunError):
+    """No engine of the set computes this size exactly (and padding was not opted in): run PyTorch."""
+
+
+def load_manifest(path: Union[Path, Manifest]) -> Manifest:
+    """A folder's manifest, restricted to one engine when `path` is an engine file."""
+    if isinstance(path, Manifest):
+        return path
+    manifest, selected = read_manifest(Path(path))
+    return manifest.only(selected) if selected is not None else manifest
 
 
 @dataclass
@@ -76,17 +80,20 @@ class _Slot:
 class EngineSet:
     """Engines for the encoder, decoder and/or video slice decoder of one model.
 
-    Every identity is read and checked (model hash, device, GPU, backend version, file hash) before
-    anything is deserialised; `lazy=False` then loads them all (eager), `lazy=True` on first use.
+    `source` is a folder, one engine file in it, or an already-read Manifest: only the engines the
+    manifest lists are used. Every identity is checked (model hash, device, GPU, backend version, file
+    size and hash) before anything is deserialised; `lazy=False` then loads them all (eager), `lazy=True`
+    on first use. `pad_to_bucket` (or the manifest's own option) lets sizes between buckets run padded.
     """
 
-    def __init__(self, path: Path, device: torch.device, *, model_hash: Optional[str] = None, lazy: bool = False):
-        self.path = Path(path)
+    def __init__(self, source: Union[Path, Manifest], device: torch.device, *, model_hash: Optional[str] = None,
+                 lazy: bool = False, pad_to_bucket: bool = False):
+        manifest = load_manifest(source)
+        self.path = manifest.folder
         self.device = torch.device(device)
         self.lazy = lazy
-        idents = []
-        for f in engine_files(self.path):
-            idents.append((f, read_identity(f)))
+        self.pad_to_bucket = pad_to_bucket or manifest.pad_to_bucket
+        idents = manifest.files()
         first = idents[0][1]
         self.table = BucketTable.from_json(first.table)
         self.kind = first.model_kind
@@ -121,7 +128,8 @@ class EngineSet:
         if slot.engine is None:
             ident = slot.ident
             profiles = engine_profiles(ident, self.table)
-            slot.engine = self.backend.load(slot.path, profiles, self.device, ident.input_names, ident.output_names)
+            slot.engine = self.backend.load(slot.path, profiles, self.device, ident.input_names, ident.output_names,
+                                            ident.torch_dtype)
             log.info("loaded engine %s (%.0f MiB)", slot.path.name, slot.engine.memory_bytes / 2**20)
         return slot.engine
 
@@ -153,13 +161,40 @@ class EngineSet:
 
     # -- running -------------------------------------------------------------------------------
     def select(self, component: str, height: int, width: int) -> Selection:
+        """The table entry that runs (height, width) px; SizeNotServed when none runs it exactly and
+        padding was not opted in, or when nothing contains it."""
         if component not in self.routes:
             raise EngineRunError(f"this engine set has no {component} engine")
         sel = self.table.choose(height, width)
         if sel is None or sel.index not in self.routes[component]:
-            raise EngineRunError(f"{width}x{height} px is outside every {component} bucket/profile "
-                                 f"({self.table.describe()})")
+            raise SizeNotServed(f"{width}x{height} px is outside every {component} bucket/profile "
+                                f"({self.table.describe()})")
+        if not sel.exact and not self.pad_to_bucket:
+            raise SizeNotServed(f"{width}x{height} px is not a size the {component} engines compute exactly "
+                                f"({self.table.describe()}; profiles run {self.table.multiple}-px steps); "
+                                "pad_to_bucket=True would run it padded into "
+                                f"{sel.padded[1]}x{sel.padded[0]}, approximately")
         return sel
+
+    def _checked(self, slot: _Slot, out: torch.Tensor, name: str, shape: Sequence[Optional[int]]) -> torch.Tensor:
+        """An engine output exactly as the manifest says (dtype, device, shape; finite), else EngineRunError:
+        an engine whose real dtype differs from its record computes garbage, which must never be returned."""
+        ident = slot.ident
+        problems = []
+        if not isinstance(out, torch.Tensor):
+            raise EngineRunError(f"{slot.path.name}: output {name} is a {type(out).__name__}, not a tensor")
+        if out.dtype != ident.torch_dtype:
+            problems.append(f"dtype {out.dtype}, manifest says {ident.dtype}")
+        if out.device.type != self.device.type:
+            problems.append(f"on {out.device}, engines run on {self.device}")
+        if out.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, out.shape)):
+            problems.append(f"shape {tuple(out.shape)}, expected {tuple('*' if s is None else s for s in shape)}")
+        if not problems and not bool(torch.isfinite(out).all()):
+            problems.append("NaN/Inf values (an engine whose inputs are not the dtype it was built for, or an "
+                            "overflow in a reduced-precision engine)")
+        if problems:
+            raise EngineRunError(f"{slot.path.name}: output {name} {'; '.join(problems)}; rebuild the engine set")
+        return out
 
     def run(self, component: str, x: torch.Tensor, factor: int) -> torch.Tensor:
         """One 4-D sample batch through the engine: pad to the entry, run, crop back to the request."""
@@ -169,13 +204,15 @@ class EngineSet:
         slot, k = self.routes[component][sel.index]
         engine = self._load(slot)
         ph, pw = sel.padded[0] // scale, sel.padded[1] // scale
-        xin = pad_to(x.to(ENGINE_DTYPES[slot.ident.dtype]), ph, pw)  # the engine's dtype, whatever the model's
+        xin = pad_to(x.to(self.device, slot.ident.torch_dtype), ph, pw)  # the engine's dtype, whatever the model's
         name_in, name_out = IO_NAMES[component][0][0], IO_NAMES[component][1][0]
-        out = engine.run({name_in: xin}, k)[name_out]
+        outs = engine.run({name_in: xin}, k)
+        if name_out not in outs:
+            raise EngineRunError(f"{slot.path.name}: no output {name_out!r} (has {', '.join(outs)}); rebuild it")
         oh, ow = (h // factor, w // factor) if component == "encoder" else (h, w)
         full = (sel.padded[0] // factor, sel.padded[1] // factor) if component == "encoder" else sel.padded
-        if tuple(out.shape[-2:]) != tuple(full):
-            raise EngineRunError(f"{slot.path.name}: output {tuple(out.shape)} does not match the bucket {full}")
+        channels = 2 * slot.ident.latent_format["channels"] if component == "encoder" else None
+        out = self._checked(slot, outs[name_out], name_out, (x.shape[0], channels, *full))
         return crop_to(out, oh, ow)
 
     def run_clip(self, z: torch.Tensor, factor: int, temporal_factor: int) -> torch.Tensor:
@@ -192,11 +229,10 @@ class EngineSet:
             raise EngineRunError(f"{first.path.name} ({first.ident.dtype}) and {nxt.path.name} ({nxt.ident.dtype}) "
                                  "differ in dtype; rebuild them together")
         ph, pw = sel.padded[0] // factor, sel.padded[1] // factor
-        zin = pad_to(z[0].to(ENGINE_DTYPES[first.ident.dtype]), ph, pw).unsqueeze(0)  # [C, T, h, w] pads as 4-D
+        zin = pad_to(z[0].to(self.device, first.ident.torch_dtype), ph, pw).unsqueeze(0)  # [C,T,h,w] pads as 4-D
         out = chain_slices(self._load(first), (first.ident.input_names, first.ident.output_names), self._load(nxt),
                            (nxt.ident.input_names, nxt.ident.output_names), zin, temporal_factor)
-        if tuple(out.shape[-2:]) != tuple(sel.padded):
-            raise EngineRunError(f"{first.path.name}: output {tuple(out.shape)} does not match the bucket {sel.padded}")
+        out = self._checked(first, out, "pixels", (1, None, None, *sel.padded))
         return crop_to(out, h, w)
 
 
@@ -213,6 +249,3 @@ def rebuild_hint(ident: EngineIdentity) -> str:
     return (f"`python -m turbovae build-engines --vae {src} --out <folder> {shape} --backend {ident.backend} "
             f"--dtype {ident.dtype}{video} --overwrite`")
 
-
-def dump_identity_summary(path: Path) -> str:
-    return json.dumps([json.loads(read_identity(f).to_json()) for f in engine_files(path)], indent=1)

@@ -9,19 +9,23 @@ outputs are cropped back to the request and shape-checked.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..vae.api import TurboVAE, load_vae
+from ..vae.api import TurboVAE, check_temporal_slice, load_vae, resolve_device
 from ..vae.base import VAEModel
-from .backend import EngineError, EngineRunError
-from .engine_set import EngineSet, engine_files
-from .identity import IdentityError, model_hash, read_identity
+from .backend import EngineError
+from .engine_set import EngineSet, SizeNotServed, load_manifest
+from .formats import is_engine_path
+from .identity import IdentityError, model_hash
+from .manifest import ManifestError, recorded_source
 from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,15 @@ log = logging.getLogger(__name__)
 
 class EngineFallbackWarning(RuntimeWarning):
     """The engine path could not be used; PyTorch ran instead."""
+
+
+class ApproximateResultWarning(UserWarning):
+    """An input ran padded into a larger bucket (opted in with pad_to_bucket): close to, not equal to, PyTorch."""
+
+
+class EngineSourceError(ValueError):
+    """The checkpoint an engine folder names for its PyTorch path cannot be used (it is the engine folder
+    itself, another engine folder, or lies outside the folders the caller allows)."""
 
 
 class EngineVAE(TurboVAE):
@@ -48,11 +61,11 @@ class EngineVAE(TurboVAE):
         eng = self.engines.describe() if self.engines is not None else "none"
         return f"EngineVAE(kind={self.kind!r}, engines={eng}, fallback={self.source!r})"
 
-    def _warn(self, key: str, message: str) -> None:
+    def _warn(self, key: str, message: str, category: type[Warning] = EngineFallbackWarning) -> None:
         if key not in self._warned:
             self._warned.add(key)
             # One channel only: a log record *and* a warning printed the same line twice on a console.
-            warnings.warn(message, EngineFallbackWarning, stacklevel=3)
+            warnings.warn(message, category, stacklevel=3)
 
     def _usable(self, key: str, component: str) -> bool:
         return self.engines is not None and key not in self._disabled and component in self.engines.components
@@ -65,18 +78,22 @@ class EngineVAE(TurboVAE):
         disables this path (`key`) for good, since it would fail again.
         """
         x = x.to(self.engines.device)  # engines stay on their device even when the model is offloaded
+        h, w = x.shape[-2:]
         try:
             outs = [run_one(x[i:i + 1]) for i in range(x.shape[0])]
-        except EngineRunError as e:
-            if "outside every" in str(e):
-                h, w = x.shape[-2:]
-                self._warn(f"shape:{key}:{h}x{w}", f"TurboVAE engine: {e}; using PyTorch for this size")
-                return None
-            self._fail(key, e)
+        except SizeNotServed as e:
+            self._warn(f"shape:{key}:{h}x{w}", f"TurboVAE engine: {e}; using PyTorch for this size")
             return None
         except (EngineError, RuntimeError) as e:
             self._fail(key, e)
             return None
+        if self.engines.pad_to_bucket:
+            f = 1 if key == "encoder" else self.spatial_factor
+            sel = self.engines.table.choose(h * f, w * f)
+            if sel is not None and not sel.exact:
+                self._warn(f"padded:{key}:{h}x{w}", f"TurboVAE engine: {w * f}x{h * f} px ran padded into "
+                           f"{sel.label} (pad_to_bucket): the result is approximate, not equal to PyTorch",
+                           ApproximateResultWarning)
         self.engine_calls += 1
         return torch.cat(outs).to(device=self.device, dtype=self.dtype)
 
@@ -99,6 +116,7 @@ class EngineVAE(TurboVAE):
         self._warn(f"fail:{component}", f"TurboVAE engine {component} failed ({err}); using PyTorch from now on")
 
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+        check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         if x.shape[2] == 1:
             out = self._engine("encoder", x)
@@ -144,38 +162,86 @@ class EngineVAE(TurboVAE):
 def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtype] = None,
                     device: Union[None, str, torch.device] = None,
                     fallback: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None,
-                    lazy: bool = False) -> EngineVAE:
-    """An engine file or folder -> EngineVAE. The PyTorch model comes from `fallback` or, when not
-    given, from the checkpoint recorded in the engines' identity files."""
+                    lazy: bool = False, pad_to_bucket: bool = False,
+                    source_roots: Optional[Sequence[Union[str, os.PathLike]]] = None) -> EngineVAE:
+    """An engine folder (or one engine file in it) -> EngineVAE.
+
+    The manifest is read once. The PyTorch model comes from `fallback` or, when not given, from the
+    checkpoint the manifest records; `source_roots` (the UI passes the VAE model folders) confines
+    that recorded path. The model is loaded in fp32 on the CPU, hashed like the build hashed it, moved
+    to `dtype`/`device`, and handed to the engine VAE. Any engine problem gives one warning and the
+    PyTorch path; a checkpoint that cannot be found or used raises (there is nothing to fall back to).
+    """
     path = Path(path)
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    files = engine_files(path)
-    ident = None
-    problem = None
+    device = resolve_device(device)
+    if not (path.is_dir() or path.is_file()):
+        raise FileNotFoundError(f"engine folder or file not found: {path}")
+    manifest, problem = None, None
     try:
-        ident = read_identity(files[0])
+        manifest = load_manifest(path)
     except IdentityError as e:
         problem = e
-    checkpoint = fallback if fallback is not None else (ident.source if ident else None)
-    if checkpoint is None or (not isinstance(checkpoint, Mapping) and not Path(checkpoint).exists()):
+    folder = path if path.is_dir() else path.parent
+    recorded = manifest.entries[0].identity.source if manifest is not None else recorded_source(folder)
+    checkpoint = fallback if fallback is not None else recorded
+    if checkpoint is None and problem is not None:
+        raise ManifestError(f"{problem} (or pass fallback=<checkpoint> to run this VAE on PyTorch)") from problem
+    if checkpoint is None:
         raise FileNotFoundError(
-            f"{path}: the engines need their checkpoint for the PyTorch path and it was not found "
-            f"({checkpoint or 'not recorded'}); pass fallback=<checkpoint> (node: the fallback VAE input)")
-    # The identity hash is of the fp32 weights (as `build_engine_set` hashes them): load fp32 on the CPU,
+            f"{path}: the engines need their checkpoint for the PyTorch path and it is not recorded "
+            f"({problem or 'no source in the manifest'}); pass fallback=<checkpoint> (node: the fallback VAE input)")
+    if not isinstance(checkpoint, Mapping):
+        checkpoint = check_source(Path(checkpoint), folder, source_roots if fallback is None else None)
+    # The manifest's hash is of the fp32 weights (as `build_engine_set` hashes them): load fp32 on the CPU,
     # hash, then move to the requested dtype/device.
     base = load_vae(checkpoint, dtype=torch.float32, device="cpu")
     weights_hash = model_hash(base.model.state_dict())
     base.to(device=device, dtype=dtype if dtype is not None else torch.float32)
-    source = base.source
-    if ident is not None and ident.model_kind != base.kind:
-        problem = IdentityError(f"{files[0]}: built for a {ident.model_kind} VAE, the fallback is {base.kind}")
     engines = None
-    if problem is None:
-        try:
-            engines = EngineSet(path, device, model_hash=weights_hash, lazy=lazy)
-        except (EngineError, OSError) as e:
-            problem = e
-    vae = EngineVAE(base.model, engines, source=source)
+    if manifest is not None:
+        kinds = {e.identity.model_kind for e in manifest.entries}
+        here = json.loads(json.dumps(asdict(base.latent_format)))  # as the manifest stores it (lists, not tuples)
+        formats = [e.identity.latent_format for e in manifest.entries]
+        if kinds != {base.kind}:
+            problem = IdentityError(f"{path}: built for a {', '.join(sorted(kinds))} VAE, the fallback is {base.kind}")
+        elif any(here.get(k) != v for lf in formats for k, v in lf.items()):
+            problem = IdentityError(f"{path}: the manifest's latent format differs from the checkpoint's ({here}); "
+                                    "rebuild the engine set")
+        else:
+            try:
+                engines = EngineSet(manifest, device, model_hash=weights_hash, lazy=lazy, pad_to_bucket=pad_to_bucket)
+            except (EngineError, OSError) as e:
+                problem = e
+    vae = EngineVAE(base.model, engines, source=base.source)
     if problem is not None:
         vae._warn("load", f"TurboVAE: engines in {path} are not used ({problem}); running PyTorch")
+    elif engines.pad_to_bucket:
+        log.warning("TurboVAE: %s runs sizes between buckets padded (pad_to_bucket): those results are approximate",
+                    path)
     return vae
+
+
+def check_source(source: Path, engine_folder: Path, roots: Optional[Sequence[Union[str, os.PathLike]]]) -> Path:
+    """The checkpoint an engine folder's manifest names, made safe to load: it must exist, must not be
+    an engine folder (the engine folder itself would recurse), and must lie inside `roots` when given."""
+    try:
+        real = source.resolve(strict=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{engine_folder}: the engines need their checkpoint for the PyTorch path and it "
+                                f"was not found ({source}); pass fallback=<checkpoint> (node: the fallback VAE "
+                                "input)") from None
+    except (OSError, RuntimeError) as e:  # a symlink loop: ELOOP (OSError) or RuntimeError on older Pythons
+        raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} cannot be resolved ({e}); "
+                                "pass fallback=<checkpoint>") from None
+    folder = engine_folder.resolve()
+    if real == folder or folder in real.parents or is_engine_path(real):
+        raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} is an engine folder or file, "
+                                "not a VAE checkpoint; pass fallback=<checkpoint> or rebuild the engines from the "
+                                "checkpoint")
+    if roots is not None:
+        allowed = [Path(r).resolve() for r in roots]
+        if not any(root in real.parents for root in allowed):
+            raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} is outside the VAE model "
+                                    f"folder(s) {', '.join(map(str, allowed)) or '(none)'}; pick a fallback VAE "
+                                    "from the list")
+    return real

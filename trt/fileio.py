@@ -1,64 +1,101 @@
-"""Atomic, non-clobbering file writes for engines, sidecars and ONNX files.
+"""Complete-or-absent, non-clobbering file writes for engines, manifests and ONNX files.
 
-Policy (documented in docs/engines.md): a write goes to a temporary file in the same folder and is
-moved into place with `os.replace`, so an interrupted build never leaves a partial engine under the
-final name. An existing file is never replaced unless the caller passes `overwrite=True`; otherwise
-`FileExistsError` names the file and the flag to pass.
+Policy (documented in docs/engines.md):
+- a write goes to a temporary file in the same folder, named `.<name>.tmp-<random>`: hidden, and never
+  ending in an engine suffix, so no loader or file list mistakes it for an engine;
+- files are created with mode 0666 minus the user's umask (as `open` would), never `mkstemp`'s 0600, so
+  a shared server's other users can read what a build wrote;
+- publishing is one atomic step: without `overwrite`, `os.link` (fails if the target exists, no
+  check-then-replace race); with `overwrite`, `os.replace`;
+- an existing file is never replaced unless the caller passes `overwrite=True`; otherwise
+  `FileExistsError` names the file and the flag to pass.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
-import tempfile
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Union
+from typing import BinaryIO, Iterator, Union
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:
-    if path.exists() and not overwrite:
+    if os.path.lexists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it, "
                               "or choose another output folder")
 
 
-@contextmanager
-def atomic_path(path: Union[str, os.PathLike], *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; on success it is moved onto `path`, on error deleted.
+def temporary_name(path: Path) -> Path:
+    """`<dir>/.<name>.tmp-<hex>`: hidden and without the final suffix (an engine suffix included)."""
+    return path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
 
-    The temporary name keeps the final suffix (some writers, e.g. AOTInductor, insist on `.pt2`).
-    """
+
+def create_new(path: Path) -> BinaryIO:
+    """Open `path` for writing, failing if it exists; mode 0666 minus the umask (unlike mkstemp's 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    return os.fdopen(fd, "wb")
+
+
+def publish(tmp: Path, path: Path, *, overwrite: bool) -> None:
+    """Move the finished `tmp` onto `path` in one step; without `overwrite` it fails if `path` exists."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # atomic and exclusive: FileExistsError when someone got there first
+    except FileExistsError:
+        refuse_existing(path, False)
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # No hard links on this file system: the exclusive create of the target is the lock instead.
+        log.debug("no hard links in %s (%s); publishing %s by exclusive create + replace", path.parent, e, path.name)
+        create_new(path).close()
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
+
+
+@contextmanager
+def atomic_file(path: PathLike, *, overwrite: bool = False) -> Iterator[BinaryIO]:
+    """A binary file object whose content appears at `path` only when the block finishes without error."""
     path = Path(path)
     refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp = temporary_name(path)
     try:
-        yield tmp_path
-        if not tmp_path.exists() or tmp_path.stat().st_size == 0:
-            raise OSError(f"writing {path} produced no data")
-        refuse_existing(path, overwrite)  # someone may have created it meanwhile
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-
-
-def atomic_write_bytes(path: Union[str, os.PathLike], data: bytes, *, overwrite: bool = False) -> Path:
-    with atomic_path(path, overwrite=overwrite) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with create_new(tmp) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        if tmp.stat().st_size == 0:
+            raise OSError(f"writing {path} produced no data")
+        publish(tmp, path, overwrite=overwrite)
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, overwrite: bool = False) -> Path:
+    with atomic_file(path, overwrite=overwrite) as f:
+        f.write(data)
     return Path(path)
 
 
-def atomic_write_text(path: Union[str, os.PathLike], text: str, *, overwrite: bool = False) -> Path:
+def atomic_write_text(path: PathLike, text: str, *, overwrite: bool = False) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
 
 
-def file_sha256(path: Union[str, os.PathLike], chunk: int = 1 << 22) -> str:
+def file_sha256(path: PathLike, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:

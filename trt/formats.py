@@ -1,17 +1,21 @@
-"""File formats the engine loader recognises (kept tiny: `load_vae` imports it for every path)."""
+"""File formats the engine loader recognises (kept tiny: `turbovae.load_vae` imports it for every path)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".pt2")
-IDENTITY_SUFFIX = ".json"
+MANIFEST_NAME = "manifest.json"
 
 
 def is_engine_path(path: Path) -> bool:
-    """An engine file, or a folder holding at least one engine file."""
-    if path.is_file():
-        return path.suffix.lower() in ENGINE_SUFFIXES
-    if path.is_dir():
-        return any(p.suffix.lower() in ENGINE_SUFFIXES for p in path.iterdir())
+    """An engine file, or a folder with an engine manifest or engine files (a folder of an older build
+    or of an unfinished one counts too, so the engine loader can say why it cannot load it)."""
+    try:
+        if path.is_file():
+            return path.suffix.lower() in ENGINE_SUFFIXES
+        if path.is_dir():
+            return (path / MANIFEST_NAME).is_file() or any(p.suffix.lower() in ENGINE_SUFFIXES for p in path.iterdir())
+    except OSError:  # unreadable folder: let the checkpoint loader report it
+        return False
     return False

@@ -1,4 +1,5 @@
-"""Engine identity: a JSON sidecar saying what an engine was built from and for.
+"""Engine identity: what one engine was built from and for (one record per engine in the folder's
+manifest, trt/manifest.py).
 
 Standard TensorRT cannot tell whether a plan fits this GPU/version before deserialising it, and an
 AOTInductor package for one device cannot run on another, so every engine carries this record and
@@ -9,21 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Mapping, Optional
 
 import torch
 
-from .backend import EngineLoadError
-from .fileio import atomic_write_text, file_sha256
+from ..vae.dtypes import DTYPE_BY_NAME
+from .backend import BACKEND_NAMES, EngineLoadError
+from .buckets import BucketTable
+from .fileio import file_sha256
 
 FORMAT_VERSION = 1
-
-
-def sidecar_path(engine_path: Path) -> Path:
-    """`decoder_1024x1024.pt2` -> `decoder_1024x1024.pt2.json`."""
-    return engine_path.with_name(engine_path.name + ".json")
 
 
 def model_hash(state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -48,6 +46,14 @@ def device_facts(device: torch.device) -> dict:
     return {"device_type": device.type, "gpu_name": None, "compute_capability": None}
 
 
+KNOWN_COMPONENTS = ("encoder", "decoder", "decode_slice_first", "decode_slice_next")
+
+
+class IdentityError(EngineLoadError):
+    """An engine that does not match this model, machine or software, or whose recorded identity is
+    malformed; the message says how to rebuild."""
+
+
 @dataclass(frozen=True)
 class EngineIdentity:
     """Everything an engine's validity depends on, plus what the runner needs to use it."""
@@ -55,7 +61,7 @@ class EngineIdentity:
     model_hash: str
     model_kind: str
     component: str  # encoder | decoder | decode_slice_first | decode_slice_next
-    dtype: str  # fp32 | fp16 | bf16
+    dtype: str  # fp32 | fp16 | bf16: every input and output of the engine
     table: dict  # BucketTable.to_json() of the whole set (shared by build and run)
     entries: tuple[int, ...]  # table entries this engine serves; position = its optimization profile
     input_names: tuple[str, ...]
@@ -76,37 +82,98 @@ class EngineIdentity:
     input_shapes: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "EngineIdentity":
-        data = json.loads(text)
-        for key in ("input_names", "output_names", "entries"):
-            data[key] = tuple(data[key])
-        return cls(**data)
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise IdentityError(f"engine identity is not valid JSON ({e}); rebuild the engine set") from e
+        return cls.from_dict(data)
 
-    def write(self, engine_path: Path, *, overwrite: bool = False) -> Path:
-        return atomic_write_text(sidecar_path(engine_path), self.to_json(), overwrite=overwrite)
+    @classmethod
+    def from_dict(cls, data: object, where: str = "engine identity") -> "EngineIdentity":
+        """Parse and check every field's type and range, so an edited or hostile file fails here with
+        an IdentityError naming the field, never later as a KeyError/IndexError/ValueError in the runner."""
+        return cls(**_checked_fields(data, where))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPE_BY_NAME[self.dtype]
 
 
-class IdentityError(EngineLoadError):
-    """An engine that does not match this model, machine or software; the message says how to rebuild."""
+def _bad(where: str, key: str, why: str) -> IdentityError:
+    return IdentityError(f"{where}: field {key!r} {why}; the file was edited or damaged — rebuild the engine set "
+                         "(`python -m turbovae build-engines ... --overwrite`)")
 
 
-def read_identity(engine_path: Path) -> EngineIdentity:
-    side = sidecar_path(engine_path)
-    if not side.is_file():
-        raise IdentityError(f"{engine_path}: no identity file {side.name} next to it; engines built by other tools "
-                            "are not loaded blindly — rebuild with `python -m turbovae build-engines`")
+def _checked_fields(data: object, where: str) -> dict:
+    if not isinstance(data, dict):
+        raise IdentityError(f"{where}: expected a JSON object, got {type(data).__name__}; rebuild the engine set")
+    names = {f.name: f for f in fields(EngineIdentity)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise _bad(where, unknown[0], "is not an engine identity field")
+    missing = [n for n, f in names.items() if n not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise _bad(where, missing[0], "is missing")
+    out = dict(data)
+
+    def want(key: str, ok: bool, why: str) -> None:
+        if key in out and not ok:
+            raise _bad(where, key, why)
+
+    for key in ("model_hash", "model_kind", "component", "dtype", "backend", "backend_version", "device_type",
+                "torch_version", "engine_sha256"):
+        want(key, isinstance(out.get(key), str), "must be a string")
+    for key in ("gpu_name", "compute_capability", "source"):
+        want(key, out.get(key) is None or isinstance(out.get(key), str), "must be a string or null")
+    for key in ("engine_bytes", "format_version"):
+        want(key, _is_int(out.get(key)) and out.get(key) >= 0, "must be a non-negative integer")
+    if out.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
+        raise IdentityError(f"{where}: identity format {out['format_version']}, this TurboVAE reads "
+                            f"{FORMAT_VERSION}; rebuild the engine set")
+    want("dtype", out.get("dtype") in DTYPE_BY_NAME, f"must be one of {', '.join(DTYPE_BY_NAME)}")
+    want("backend", out.get("backend") in BACKEND_NAMES, f"must be one of {', '.join(BACKEND_NAMES)}")
+    want("component", out.get("component") in KNOWN_COMPONENTS, f"must be one of {', '.join(KNOWN_COMPONENTS)}")
+    for key in ("input_names", "output_names"):
+        v = out.get(key)
+        want(key, isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(n, str) and n for n in v)
+             and len(set(v)) == len(v), "must be a non-empty list of distinct names")
+        out[key] = tuple(v)
+    for key in ("table", "latent_format", "build_options", "input_shapes"):
+        want(key, isinstance(out.get(key, {}), dict), "must be an object")
     try:
-        ident = EngineIdentity.from_json(side.read_text())
-    except (ValueError, TypeError, KeyError) as e:
-        raise IdentityError(f"{side}: unreadable identity file ({e}); rebuild the engine") from e
-    if ident.format_version != FORMAT_VERSION:
-        raise IdentityError(f"{engine_path}: identity format {ident.format_version}, this TurboVAE reads "
-                            f"{FORMAT_VERSION}; rebuild the engine")
-    return ident
+        table = BucketTable.from_json(out["table"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise _bad(where, "table", f"is not a valid bucket/profile table ({type(e).__name__}: {e})") from None
+    entries = out.get("entries")
+    want("entries", isinstance(entries, (list, tuple)) and len(entries) > 0
+         and all(_is_int(e) and 0 <= e < table.size for e in entries) and len(set(entries)) == len(entries),
+         f"must list distinct table entries 0..{table.size - 1}")
+    out["entries"] = tuple(entries)
+    lf = out.get("latent_format", {})
+    if out["component"] in ("encoder", "decoder"):
+        for key in ("channels", "spatial_factor"):
+            want("latent_format", _is_int(lf.get(key)) and lf.get(key) > 0, f"needs a positive integer {key!r}")
+        want("latent_format", table.multiple % lf["spatial_factor"] == 0,
+             f"spatial_factor {lf['spatial_factor']} must divide the table multiple {table.multiple}")
+    shapes = out.get("input_shapes", {})
+    want("input_shapes", all(isinstance(s, (list, tuple)) and s and all(_is_int(d) and d > 0 for d in s)
+                             for s in shapes.values()), "must map names to lists of positive sizes")
+    want("input_shapes", not shapes or set(shapes) == set(out["input_names"]), "must give every input's shape")
+    want("input_shapes", bool(shapes) or out["component"] in ("encoder", "decoder"),
+         "must give the static input shapes of a video slice engine")
+    return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def mismatches(ident: EngineIdentity, *, backend_version: str, device: torch.device,
@@ -131,10 +198,14 @@ def mismatches(ident: EngineIdentity, *, backend_version: str, device: torch.dev
 
 def verify_file(engine_path: Path, ident: EngineIdentity) -> None:
     """Size and SHA-256 against the sidecar: catches truncated/corrupt engines before deserialising."""
-    size = engine_path.stat().st_size
-    if ident.engine_bytes and size != ident.engine_bytes:
+    try:
+        size = engine_path.stat().st_size
+    except OSError as e:
+        raise IdentityError(f"{engine_path}: listed in the manifest but not readable ({e.strerror}); "
+                            "rebuild the engine set") from e
+    if size != ident.engine_bytes:
         raise IdentityError(f"{engine_path}: {size} bytes, expected {ident.engine_bytes} (truncated or replaced); "
                             "rebuild the engine")
-    if ident.engine_sha256 and file_sha256(engine_path) != ident.engine_sha256:
+    if file_sha256(engine_path) != ident.engine_sha256:
         raise IdentityError(f"{engine_path}: content hash differs from its identity file (corrupt or replaced); "
                             "rebuild the engine")

@@ -95,12 +95,13 @@ class TensorRTBackend(Backend):
 
     # -- build ---------------------------------------------------------------------------------
     def build(self, module: nn.Module, example: Sequence[torch.Tensor], spec: BuildSpec, out_path: Path,
-              progress: BuildProgress, *, overwrite: bool = False) -> None:
+              progress: BuildProgress, *, overwrite: bool = False, name: Optional[str] = None) -> None:
         from .export import export_onnx
 
         self.check_available(spec.device)
-        onnx_path = out_path.parent / "onnx" / (out_path.stem + ".onnx")
-        progress.report(f"{out_path.name}: ONNX export")
+        name = name or out_path.name
+        onnx_path = out_path.parent / "onnx" / (Path(name).stem + ".onnx")
+        progress.report(f"{name}: ONNX export")
         # Export on CPU keeps the GPU free for the builder (its workspace comes from free memory).
         cpu_spec = BuildSpec(**{**spec.__dict__, "device": torch.device("cpu")})
         export_onnx(module, [x.cpu() for x in example], cpu_spec, onnx_path, overwrite=True)
@@ -162,7 +163,8 @@ class TensorRTBackend(Backend):
 
     # -- load ----------------------------------------------------------------------------------
     def load(self, path: Path, spec_profiles: Sequence[Mapping[str, ShapeRange]], device: torch.device,
-             input_names: Sequence[str], output_names: Sequence[str]) -> "TRTEngine":
+             input_names: Sequence[str], output_names: Sequence[str],
+             dtype: Optional[torch.dtype] = None) -> "TRTEngine":
         trt = import_tensorrt()
         try:
             runtime = trt.Runtime(_logger(trt))
@@ -172,7 +174,7 @@ class TensorRTBackend(Backend):
         if engine is None:
             raise EngineLoadError(f"{path}: TensorRT could not deserialise the engine (built for another GPU or "
                                   "TensorRT version, or corrupt); rebuild it")
-        return TRTEngine(trt, path, engine, spec_profiles, input_names, output_names, torch.device(device))
+        return TRTEngine(trt, path, engine, spec_profiles, input_names, output_names, torch.device(device), dtype)
 
 
 def _capability(device) -> str:
@@ -184,7 +186,8 @@ class TRTEngine(LoadedEngine):
     """One deserialised plan + one execution context, run on torch tensors."""
 
     def __init__(self, trt, path: Path, engine, profiles: Sequence[Mapping[str, ShapeRange]],
-                 input_names: Sequence[str], output_names: Sequence[str], device: torch.device):
+                 input_names: Sequence[str], output_names: Sequence[str], device: torch.device,
+                 dtype: Optional[torch.dtype] = None):
         self.trt, self.path, self.engine, self.device = trt, path, engine, device
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         is_input = {n: engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
@@ -193,9 +196,14 @@ class TRTEngine(LoadedEngine):
         if sorted(self.inputs) != sorted(input_names) or sorted(self.outputs) != sorted(output_names):
             raise EngineLoadError(f"{path}: engine I/O {self.inputs}->{self.outputs} differs from its identity file")
         self.dtypes = {n: L.torch_dtype(str(engine.get_tensor_dtype(n))) for n in names}
+        wrong = {n: str(d) for n, d in self.dtypes.items() if dtype is not None and d != dtype}
+        if wrong:
+            raise EngineLoadError(f"{path}: engine I/O dtypes {wrong} differ from the manifest's {dtype}; "
+                                  "rebuild the engine set")
         self.ranges = [[L.input_range(tuple(engine.get_tensor_shape(n)),
                                       lambda n=n, k=k: engine.get_tensor_profile_shape(n, k)) for n in self.inputs]
                        for k in range(max(engine.num_optimization_profiles, 1))]
+        L.check_profiles(path, self.inputs, self.ranges, profiles)
         try:
             self.context = engine.create_execution_context()
         except (RuntimeError, MemoryError) as e:

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .backend import EngineError, EngineRunError, ShapeRange, shape_in_range
+from .backend import EngineError, EngineLoadError, EngineRunError, ShapeRange, shape_in_range
 
 MIN_VERSION = (10, 12)
 
@@ -137,3 +137,21 @@ def check(result, what: str, exc: type = EngineRunError):
 
 def output_shape_ok(shape: Sequence[int]) -> bool:
     return len(shape) > 0 and all(int(d) >= 0 for d in shape)
+
+
+def check_profiles(path, input_names: Sequence[str], engine_ranges: Sequence[Sequence[ShapeRange]],
+                   manifest_profiles: Sequence[Mapping[str, ShapeRange]]) -> None:
+    """EngineLoadError unless the engine serves, profile by profile, the input ranges its manifest
+    records (min and max of every recorded input): a plan swapped for another one with the same names
+    would otherwise be fed shapes it was not built for."""
+    if len(engine_ranges) < len(manifest_profiles):
+        raise EngineLoadError(f"{path}: engine has {len(engine_ranges)} optimization profile(s), the manifest "
+                              f"{len(manifest_profiles)}; rebuild the engine set")
+    for k, prof in enumerate(manifest_profiles):
+        for name, (lo, _opt, hi) in prof.items():
+            if name not in input_names:
+                raise EngineLoadError(f"{path}: engine has no input {name!r}; rebuild the engine set")
+            elo, _eopt, ehi = engine_ranges[k][list(input_names).index(name)]
+            if (tuple(elo), tuple(ehi)) != (tuple(lo), tuple(hi)):
+                raise EngineLoadError(f"{path}: input {name} profile {k} is {tuple(elo)}..{tuple(ehi)} in the engine, "
+                                      f"{tuple(lo)}..{tuple(hi)} in the manifest; rebuild the engine set")

@@ -9,33 +9,61 @@ from __future__ import annotations
 import logging
 import math
 import os
-from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
 import torch
 
 from .base import LatentFormat, VAEModel
-from .checkpoint import (CheckpointError, StateDict, detect_architecture, read_state_dict,
-                         resolve_checkpoint_path, unwrap_vae_keys)
+from .architectures import detect_architecture
+from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
+    unwrap_vae_keys
 from .cuda_graphs import CudaGraphRunner
-from .memory import auto_temporal_slice
+from .dtypes import parse_dtype
+from .memory import auto_temporal_slice, check_fits
 
 log = logging.getLogger("turbovae")
 
 LOGVAR_CLAMP = (-30.0, 20.0)
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-def parse_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return None
+def check_temporal_slice(temporal_slice: Optional[int]) -> None:
+    """ValueError unless `temporal_slice` is None (chosen from free memory) or an integer ≥ 1 latent frame
+    (0 or less would never advance through the clip)."""
+    if temporal_slice is None:
+        return
+    if isinstance(temporal_slice, bool) or not isinstance(temporal_slice, int):
+        raise ValueError(f"temporal_slice must be an integer, got {temporal_slice!r}")
+    if temporal_slice < 1:
+        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
+                         "free memory)")
+
+
+class DeviceUnavailable(ValueError):
+    """A device that does not exist on this machine (e.g. `cuda` without a usable GPU)."""
+
+
+def resolve_device(device: Union[None, str, torch.device]) -> torch.device:
+    """`device` as a torch.device that exists here; None picks CUDA when available, else the CPU.
+
+    Why: torch accepts `torch.device("cuda")` on a CPU-only machine and fails later with an
+    AssertionError deep inside; this says what is wrong before anything is loaded.
+    """
+    if device is None:
+        return _default_device()
     try:
-        return DTYPES[dtype.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, fp32, fp16, bf16") from None
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise DeviceUnavailable(f"unknown device {device!r} ({e}); use cpu or cuda (cuda:N for a GPU index)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(f"device {device!r} was asked for, but this PyTorch sees no CUDA GPU "
+                                    f"(torch {torch.__version__}, cuda {torch.version.cuda}); use device cpu, or "
+                                    "install a CUDA build of PyTorch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceUnavailable(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    elif dev.type not in ("cpu", "mps", "xpu"):
+        raise DeviceUnavailable(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
 
 
 class TurboVAE:
@@ -160,6 +188,7 @@ class TurboVAE:
                              f"got shape {tuple(x.shape)}{hint}")
         if 0 in x.shape:
             raise ValueError(f"{what} is empty (shape {tuple(x.shape)}); nothing to {'decode' if what == 'latents' else 'encode'}")
+        check_fits(what, tuple(x.shape), torch.float32, x.device)  # an expanded view could be any size
         if not torch.isfinite(x).all():
             raise ValueError(f"{what} contain NaN or inf values; check the upstream node (e.g. an fp16 overflow)")
         return x
@@ -178,6 +207,14 @@ class TurboVAE:
 
     def check_latents(self, latents: torch.Tensor) -> torch.Tensor:
         return self._check_common(latents, "latents", self.latent_channels, f"[B, {self.latent_channels}, T, h, w]")
+
+    def check_decoded_size(self, z: torch.Tensor, device: Optional[torch.device] = None) -> None:
+        """InputTooLarge when the pixels of validated latents `z` could never fit on `device` (default: the
+        model's), checked before the decode allocates anything."""
+        b, _c, t, h, w = z.shape
+        f = self.spatial_factor
+        check_fits("the decoded pixels", (b, 3, self.latent_format.pixel_frames(t), h * f, w * f), self.dtype,
+                   device if device is not None else self.device)
 
     def pad_frames(self, pixels: torch.Tensor) -> torch.Tensor:
         """Pad a clip to 4n+1 frames by repeating the last frame (documented policy; never drops frames)."""
@@ -199,6 +236,7 @@ class TurboVAE:
     # -- passes --------------------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
         """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip."""
+        check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
         if temporal_slice is None:
@@ -218,8 +256,11 @@ class TurboVAE:
     def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
                num_frames: Optional[int] = None) -> torch.Tensor:
         """Pixels [B, I, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
+        check_temporal_slice(temporal_slice)
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
-        z = self._prepare(self.check_latents(latents))
+        z = self.check_latents(latents)
+        self.check_decoded_size(z)
+        z = self._prepare(z)
         with torch.inference_mode():
             out = self.run_decode(z, temporal_slice=temporal_slice)
         if num_frames is not None:
@@ -272,36 +313,27 @@ def _default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _is_engine_source(source: object) -> bool:
-    if not isinstance(source, (str, os.PathLike)):
-        return False
-    from ..trt.formats import is_engine_path
-
-    return is_engine_path(Path(source))
-
-
 def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
              dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
-             fallback: Union[None, str, os.PathLike, Mapping[str, torch.Tensor]] = None,
              config: Optional[dict] = None) -> TurboVAE:
-    """Load a VAE from a checkpoint file, a diffusers folder, a state dict, or an engine file/folder.
+    """Load a VAE from a checkpoint file, a diffusers folder or a state dict (engines: `turbovae.load_vae`,
+    which chooses between this and the engine loader).
 
-    The architecture is detected from the keys and checked strictly (every key, every shape).
-    `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.
-    `fallback` (engines only) is the checkpoint used for the PyTorch path when an engine cannot run.
+    The architecture is detected from the keys and checked strictly (every key, every shape, every value
+    finite). `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.
     """
+    if not isinstance(source, (str, os.PathLike, Mapping)):
+        raise TypeError(f"source must be a checkpoint path, a diffusers folder or a state dict, got "
+                        f"{type(source).__name__}")
     target_dtype = parse_dtype(dtype)
-    target_device = torch.device(device) if device is not None else _default_device()
+    target_device = resolve_device(device)
     if target_dtype is None:
         target_dtype = torch.bfloat16 if target_device.type == "cuda" else torch.float32
 
-    if _is_engine_source(source):
-        from ..trt.engine_vae import load_engine_vae
-
-        return load_engine_vae(Path(source), dtype=target_dtype, device=target_device, fallback=fallback)
-
     if isinstance(source, Mapping):
         sd, name = dict(source), "state dict"
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+            raise CheckpointError("state dict: every key must be a string and every value a tensor")
     else:
         path, diffusers_config = resolve_checkpoint_path(source)
         config = config if config is not None else diffusers_config
@@ -318,6 +350,7 @@ def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
             f"{name}: not a supported VAE checkpoint (it looks like {looks}). Supported: SeedVR2 "
             "(ema_vae*.safetensors), Qwen-Image / Wan 2.1 (qwen_image_vae, wan_2.1_vae), Wan 2.2 (wan2.2_vae), "
             "in ComfyUI/original or diffusers key format.")
+    check_finite(sd, name)
     model = arch.build(sd, config=config, source=name)
     model.to(device=target_device, dtype=target_dtype)
     return TurboVAE(model, source=name)

@@ -83,6 +83,8 @@ class Architecture:
     priority: int = 0
 
 
+# Filled by vae/architectures.py, which lists the built-in architectures explicitly (and by tests or
+# plugins through `register_architecture`); this module never imports an architecture package.
 _ARCHITECTURES: list[Architecture] = []
 
 
@@ -94,13 +96,7 @@ def register_architecture(arch: Architecture) -> None:
 
 
 def registered_architectures() -> list[Architecture]:
-    _ensure_builtin_architectures()
     return list(_ARCHITECTURES)
-
-
-def _ensure_builtin_architectures() -> None:
-    # Importing the architecture packages registers them; done lazily to keep `import turbovae` light.
-    from . import seedvr2, wan  # noqa: F401
 
 
 def _looks_like_sd_kl(sd: Mapping[str, torch.Tensor]) -> bool:
@@ -114,7 +110,8 @@ def _looks_like_sd_kl(sd: Mapping[str, torch.Tensor]) -> bool:
     return False
 
 
-register_architecture(Architecture("SD-style 2-D KL autoencoder (SD1.x/SDXL/SD3/Flux)", _looks_like_sd_kl, None, -10))
+# Recognised only to say what a file is; it has no builder.
+SD_KL = Architecture("SD-style 2-D KL autoencoder (SD1.x/SDXL/SD3/Flux)", _looks_like_sd_kl, None, -10)
 
 
 def detect_architecture(sd: Mapping[str, torch.Tensor]) -> Optional[Architecture]:
@@ -188,15 +185,17 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike]) -> tuple[Path, Option
             for name in DIFFUSERS_WEIGHT_NAMES:
                 if (folder / name).is_file():
                     cfg_file = folder / "config.json"
-                    config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else None
-                    return folder / name, config
+                    return folder / name, read_diffusers_config(cfg_file) if cfg_file.is_file() else None
         raise CheckpointError(f"{p}: folder has no diffusers VAE weights ({' or '.join(DIFFUSERS_WEIGHT_NAMES)})")
     if not p.exists():
+        if p.is_symlink():
+            raise CheckpointError(f"{p}: a symbolic link whose target is missing or loops back on itself; "
+                                  "point it at the checkpoint file")
         raise FileNotFoundError(f"checkpoint not found: {p}")
     config = None
     sidecar = p.with_name("config.json")
     if p.name in DIFFUSERS_WEIGHT_NAMES and sidecar.is_file():
-        config = json.loads(sidecar.read_text())
+        config = read_diffusers_config(sidecar)
     return p, config
 
 
@@ -210,6 +209,25 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
     detail = [t for t in text if t.startswith("WeightsUnpickler error:")]
     line = (detail or text or ["no message"])[0]
     return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a diffusers VAE config is about 1 kB
+
+
+def read_diffusers_config(path: Path) -> dict:
+    """A diffusers `config.json` as a dict; CheckpointError naming the file for anything else."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, too large for a diffusers VAE config")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: not a readable diffusers config.json ({type(e).__name__}: {e}); fix or "
+                              "delete the file (it only describes the architecture)") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: a diffusers config.json must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def read_state_dict(path: Union[str, os.PathLike]) -> StateDict:
@@ -253,6 +271,16 @@ def architecture_error(sd: Mapping[str, torch.Tensor], expected_name: str, repor
     if report is not None and not report.ok:
         msg += f". {report.describe()}"
     return CheckpointError(msg)
+
+
+def check_finite(sd: Mapping[str, torch.Tensor], source: str = "state dict") -> None:
+    """CheckpointError when a floating-point weight holds NaN or Inf: such a file decodes to NaN images,
+    so it is refused at load, naming the first bad tensor and how many there are."""
+    bad = [k for k, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{source}: weight {bad[0]}{more} contains NaN or Inf values; the file is damaged "
+                              "or was saved after a diverged training step — use an intact copy")
 
 
 def check_strict(sd: Mapping[str, torch.Tensor], expected: ShapeTable, expected_name: str,

@@ -30,6 +30,39 @@ def free_memory_bytes(device: torch.device) -> int:
         return int(pages * os.sysconf("SC_PAGE_SIZE"))
 
 
+def total_memory_bytes(device: torch.device) -> int:
+    """All memory `device` has (CUDA: the GPU's; else physical RAM): a tensor larger than this can never
+    be allocated, whatever is freed."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:  # pragma: no cover - psutil is optional
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+class InputTooLarge(ValueError):
+    """An input whose output (or own dense copy) could never fit in the device's memory."""
+
+
+def check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """InputTooLarge, before anything is allocated, when a tensor of `shape` and `dtype` is larger than all
+    the memory `device` has. Why: torch reports such a request as a raw allocator error (or, on CPU, may
+    start paging) only after the work began; tiling cannot help either, since the result itself is that big."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    need = numel * torch.empty((), dtype=dtype).element_size()
+    have = total_memory_bytes(device)
+    if need > have:
+        raise InputTooLarge(f"{what} of shape {tuple(shape)} would need {need / 2**30:.1f} GiB of {dtype}, more than "
+                            f"the {have / 2**30:.1f} GiB {torch.device(device)} has; use a smaller input (crop, or "
+                            "fewer frames per call)")
+
+
 # Latent frames per decode slice that ran fastest, per device type, where memory would allow more (slicing is exact,
 # so this changes time and memory only). CPU, 2 cores, fp32, interleaved runs (`python -m turbovae bench
 # --sections slices`, docs/BENCHMARKS.md): slices of 1-2 latent frames were as fast as the whole clip or faster

@@ -9,7 +9,8 @@ dtype, result cast back to the input dtype.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,23 @@ def fused_dispatch():
 
         _FUSED_DISPATCH = default_dispatch()
     return _FUSED_DISPATCH
+
+
+@contextmanager
+def fused_norms(enabled: bool) -> Iterator[None]:
+    """Force the fused kernels on (if usable) or off inside a block, restoring the previous choice.
+
+    Used by benchmarks to ablate the kernels; normal code relies on the automatic selection.
+    """
+    from .kernels import default_dispatch
+
+    global _FUSED_DISPATCH
+    previous = _FUSED_DISPATCH
+    _FUSED_DISPATCH = default_dispatch() if enabled else None
+    try:
+        yield
+    finally:
+        _FUSED_DISPATCH = previous
 
 
 def _fused_for(x: torch.Tensor):

@@ -11,8 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -70,19 +69,3 @@ def default_dispatch() -> Optional[TritonNormDispatch]:
         return None
     log.info("turbovae: fused Triton GroupNorm/RMS-norm+SiLU kernels enabled")
     return dispatch
-
-
-@contextmanager
-def fused_norms(enabled: bool) -> Iterator[None]:
-    """Force the fused kernels on (if usable) or off inside a block, restoring the previous choice.
-
-    Used by benchmarks to ablate the kernels; normal code relies on the automatic selection.
-    """
-    from .. import ops
-
-    previous = ops._FUSED_DISPATCH
-    ops.set_fused_dispatch(default_dispatch() if enabled else None)
-    try:
-        yield
-    finally:
-        ops.set_fused_dispatch(previous)

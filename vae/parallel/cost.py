@@ -182,7 +182,7 @@ def predict(arch: str, decode: bool, size: str, ranks: tuple[int, ...] = (2, 4, 
 def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -> list[Prediction]:
     from fractions import Fraction
 
-    from ...vae.tiling.exact import _halos, _resolutions
+    from ..tiling.exact import _halos, _resolutions
     from ..wan import WAN21, WAN22, WanVAE
 
     cfg = WAN22 if arch == "wan2.2" else WAN21

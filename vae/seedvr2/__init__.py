@@ -1,4 +1,4 @@
-"""SeedVR2 3-D causal VAE; importing this package registers the architecture with the loader."""
+"""SeedVR2 3-D causal VAE: detection, strict loading, and the model (listed by vae/architectures.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..checkpoint import (Architecture, CheckpointError, architecture_error, check_strict, compare_keys,
-                          register_architecture)
+from ..checkpoint import Architecture, CheckpointError, architecture_error, check_strict, compare_keys
 from .config import FastPaths, SeedVR2Config
 from .keys import SIGNATURE_KEYS, expected_shapes
 from .model import SeedVR2VAE
@@ -46,4 +45,4 @@ def build(sd: Mapping[str, torch.Tensor], config: Optional[object] = None, sourc
     return model.eval().requires_grad_(False)
 
 
-register_architecture(Architecture(ARCHITECTURE_NAME, detect, build, priority=20))
+ARCHITECTURES = (Architecture(ARCHITECTURE_NAME, detect, build, priority=20),)

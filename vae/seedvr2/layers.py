@@ -15,29 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import tensor_version
+from ..base import DerivedWeights
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
 from .layerwise import SplitPolicy
 from .config import FastPaths
-
-
-def _tracing() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None:
-        if compiler.is_compiling():
-            return True
-        is_exporting = getattr(compiler, "is_exporting", None)
-        if is_exporting is not None and is_exporting():
-            return True
-    return torch.jit.is_tracing()
-
-
-def weights_key(w: torch.Tensor, b: torch.Tensor) -> tuple:
-    """What a derived-weight cache keys on: storage, in-place version (None for inference tensors),
-    dtype and device of the weight and bias it was derived from."""
-    return (w.data_ptr(), tensor_version(w), b.data_ptr(), tensor_version(b), w.dtype, w.device)
 
 
 class PassContext:
@@ -99,25 +82,16 @@ class CausalConv3d(nn.Conv3d):
         self.head_frames = 2 * padding[0]
         self.memory_frames = max(kernel[0] - stride[0], 0)
         self.pad_right_bottom = pad_right_bottom
-        self._derived: Optional[tuple[tuple, dict]] = None
+        self._derived = DerivedWeights()
 
     def _apply(self, fn, *args, **kwargs):
-        self._derived = None  # weights move/cast: derived weights are stale
+        self._derived.clear()  # weights move/cast: derived weights are stale
         return super()._apply(fn, *args, **kwargs)
 
     def _cached(self, name: str, derive) -> torch.Tensor:
         """Weights derived from `self.weight`/`self.bias`, rebuilt when either changes (in place, dtype, device)."""
         w, b = self.weight, self.bias
-        if w.requires_grad or _tracing():
-            return derive(w, b)
-        key = weights_key(w, b)
-        if self._derived is None or self._derived[0] != key:
-            self._derived = (key, {})
-        store = self._derived[1]
-        if name not in store:
-            with torch.no_grad():
-                store[name] = derive(w.detach(), b.detach()).contiguous()
-        return store[name]
+        return self._derived.get(name, (w, b), lambda: derive(w, b).contiguous())
 
     def folded_weight(self) -> torch.Tensor:
         """Sum of the temporal taps (in fp32): at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps)."""
@@ -318,10 +292,10 @@ class Upsample3D(nn.Module):
         self.zr = 2 if temporal else 1
         self.upscale_conv = nn.Conv3d(channels, channels * 4 * self.zr, kernel_size=1)
         self.conv = CausalConv3d(channels, channels, (3, 3, 3))
-        self._kept: Optional[tuple[tuple, torch.Tensor, torch.Tensor]] = None
+        self._kept = DerivedWeights()
 
     def _apply(self, fn, *args, **kwargs):
-        self._kept = None
+        self._kept.clear()
         return super()._apply(fn, *args, **kwargs)
 
     def _kept_half(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,14 +308,7 @@ class Upsample3D(nn.Module):
             bk = bias.view(4, self.zr, c)[:, 0].reshape(4 * c)
             return wk, bk
 
-        if w.requires_grad or _tracing():
-            return select()
-        key = weights_key(w, bias)
-        if self._kept is None or self._kept[0] != key:
-            with torch.no_grad():
-                wk, bk = select()
-                self._kept = (key, wk.contiguous(), bk.contiguous())
-        return self._kept[1], self._kept[2]
+        return self._kept.get("kept_half", (w, bias), lambda: tuple(t.contiguous() for t in select()))
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from ..kernels.conv_guard import conv3d as guarded_conv3d
+from ..plans import partition
 
 # `pre(crop, t0)` normalises a crop whose first frame is frame `t0` of the tensor the statistics came from.
 Pre = Optional[Callable[[torch.Tensor, int], torch.Tensor]]
@@ -61,12 +62,6 @@ class SplitPolicy:
 
     def tile_side(self, channels: int, frames: int) -> int:
         return max(8, math.isqrt(max(1, self.budget_elems // max(1, channels * frames))))
-
-
-def _spans(length: int, side: int) -> list[tuple[int, int]]:
-    n = max(1, math.ceil(length / side))
-    b = [round(i * length / n) for i in range(n + 1)]
-    return [(b[i], b[i + 1]) for i in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,8 +160,8 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
         raise ValueError(f"output buffer {tuple(out.shape)} does not match the conv output {shape}")
     side = policy.tile_side(max(conv.in_channels, conv.out_channels), head + t)
     weight2d = conv.folded_weight() if image else None
-    for oy0, oy1 in _spans(h_out, side):
-        for ox0, ox1 in _spans(w_out, side):
+    for oy0, oy1 in partition(h_out, side):
+        for ox0, ox1 in partition(w_out, side):
             rows = ((out_row0 + oy0) * sh - ph, (out_row0 + oy1 - 1) * sh - ph + kh)
             cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
             xin = _crop_padded(x, rows, cols, pre, row0, frame_rows)
@@ -270,7 +265,7 @@ def upscale(up, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
     first = up.upscale(x[..., :1, :1], ctx)  # shape probe on one pixel: frames and channels of the result
     out = torch.empty(b, first.shape[1], first.shape[2], 2 * h, 2 * w, dtype=x.dtype, device=x.device)
     side = policy.tile_side(c * 4 * up.zr, f)
-    for r0, r1 in _spans(h, side):
-        for c0, c1 in _spans(w, side):
+    for r0, r1 in partition(h, side):
+        for c0, c1 in partition(w, side):
             out[..., 2 * r0:2 * r1, 2 * c0:2 * c1] = up.upscale(x[..., r0:r1, c0:c1], ctx)
     return out

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
+from ..plans import LayerwisePlan
 from .config import FastPaths, SeedVR2Config
 from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu,
                      norm_silu_conv)
@@ -193,8 +194,6 @@ class SeedVR2VAE(VAEModel):
     def exact_plan(self, *, decode: bool):
         """Exact tiles run the whole forward layer by layer with tile-bounded working memory
         (GroupNorm statistics span the frame, so no tile of the network is independent)."""
-        from ..tiling.exact import LayerwisePlan
-
         def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress,
                 shard=None) -> torch.Tensor:
             f = self.latent_format.spatial_factor

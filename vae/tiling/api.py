@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..api import TurboVAE, moments_to_latents
+from ..api import TurboVAE, check_temporal_slice, moments_to_latents
 from ..memory import USABLE_FRACTION, auto_temporal_slice, free_memory_bytes
 from .exact import supports_exact, run_exact
 from .fast import PassGeometry, run_tiled
@@ -38,12 +38,45 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-def _check_sizes(tile: Optional[int], overlap: int, f: int) -> None:
+DEFAULT_OVERLAP_PX = 64
+
+
+def _default_overlap(tile: Optional[int], overlap: Optional[int]) -> int:
+    """`overlap=None`: 64 px, or a quarter of a smaller explicit tile (an overlap must stay below half the tile)."""
+    if overlap is not None:
+        return overlap
+    return min(DEFAULT_OVERLAP_PX, tile // 4) if isinstance(tile, int) and tile > 0 else DEFAULT_OVERLAP_PX
+
+
+def _check_sizes(tile: Optional[int], overlap: int, f: int, temporal_slice: Optional[int] = None) -> None:
+    """ValueError naming the fix for a tile, overlap or temporal_slice the tiler cannot honour."""
+    check_temporal_slice(temporal_slice)
+    for name, value in (("tile", tile), ("overlap", overlap)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if tile is not None and tile < 0:
+        raise ValueError(f"tile={tile} px is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
+                         "from free memory")
     if tile and tile < MIN_TILE_LATENT * f:
         raise ValueError(f"tile={tile} px is too small; use at least {MIN_TILE_LATENT * f} px "
                          "(or 0 to size tiles from free memory)")
     if overlap < 0:
         raise ValueError(f"overlap must be ≥ 0 px, got {overlap}")
+    if tile and 2 * overlap >= tile:
+        raise ValueError(f"overlap={overlap} px must be less than half the tile ({tile} px): tiles would overlap "
+                         f"their neighbours' neighbours; use overlap ≤ {tile // 2 - f} px")
+
+
+# The CPU allocator reports exhaustion as a plain RuntimeError (no OutOfMemoryError subclass on CPU), so
+# that one case is recognised by its fixed message prefix from c10/core/impl/alloc_cpu.cpp.
+CPU_OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for an allocation failure: by type (CUDA OOM, MemoryError), or the CPU allocator's RuntimeError."""
+    if isinstance(err, OOM_ERRORS):
+        return True
+    return type(err) is RuntimeError and str(err).startswith(CPU_OOM_MESSAGE)
 
 
 def _empty_cache(device: torch.device) -> None:
@@ -84,7 +117,9 @@ def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: in
     while True:
         try:
             return run(tile_lat)
-        except OOM_ERRORS as e:
+        except (*OOM_ERRORS, RuntimeError) as e:
+            if not is_out_of_memory(e):
+                raise
             _empty_cache(device)
             if tile_lat <= MIN_TILE_LATENT:
                 free = free_memory_bytes(device) / 2**30
@@ -154,29 +189,33 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
     return _run_with_oom_retry(run, first_tile, f, what, vae.device).to(vae.dtype)
 
 
-def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
+def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: Optional[int] = None,
                  mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
     `mode` defaults to "auto" like the nodes: untiled when it fits, else exact tiles (never seams by default).
     `tile=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
-    `tile=0`: sized from free memory in any mode.
+    `tile=0`: sized from free memory in any mode. `overlap` (pixels) must be below half the tile;
+    None: 64 px, or a quarter of a smaller tile.
 
     `progress(done, total)` is called after every tile×slice step; an exception it raises (e.g. a
     UI interrupt) propagates and leaves the model usable. `output_device` holds the fp32 accumulator
     (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
     """
     _check_mode(mode)
-    _check_sizes(tile, overlap, vae.spatial_factor)
+    overlap = _default_overlap(tile, overlap)
+    _check_sizes(tile, overlap, vae.spatial_factor, temporal_slice)
     squeeze = latents.ndim == 4
-    z = vae.check_latents(latents).to(device=vae.device, dtype=vae.dtype)
+    z = vae.check_latents(latents)
+    vae.check_decoded_size(z, output_device)
+    z = z.to(device=vae.device, dtype=vae.dtype)
     out = _tiled_pass(vae, z, decode=True, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
                       progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
-def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = None, overlap: int = 64,
+def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = None, overlap: Optional[int] = None,
                  mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
                  sample: bool = False, generator: Optional[torch.Generator] = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
@@ -186,7 +225,8 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
     Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`.
     """
     _check_mode(mode)
-    _check_sizes(tile, overlap, vae.spatial_factor)
+    overlap = _default_overlap(tile, overlap)
+    _check_sizes(tile, overlap, vae.spatial_factor, temporal_slice)
     squeeze = pixels.ndim == 4
     x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
     moments = _tiled_pass(vae, x, decode=False, tile=tile, overlap=overlap, mode=mode,

@@ -19,62 +19,16 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from ..base import CausalStream
+from ..plans import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid
 
-
-@dataclass(frozen=True)
-class LocalStage:
-    """Geometry of a spatially local step.
-
-    `scale`: output pixels per input pixel (2 for an upsampler, 1/2 for a stride-2 conv, 1 otherwise).
-    `radius`: input pixels of context each output pixel needs on every side (its receptive radius).
-    """
-
-    scale: Fraction
-    radius: int
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class ExactPlan:
-    """`open_local()` gives one causal stream per local stage for one tile (opened together, so the
-    stages of a tile may share state); `open_global()` one stream for the whole-frame part."""
-
-    local: Sequence[LocalStage]  # encode: pixels -> latent-resolution features; decode: the reverse
-    open_local: Callable[[], Sequence[CausalStream]]
-    open_global: Callable[[], CausalStream]
-    global_channels: int  # channels of the latent-resolution tensor between the two parts
-
-
-@dataclass(frozen=True)
-class LayerwisePlan:
-    """For models whose every block needs whole-frame statistics (SeedVR2's GroupNorm): the model runs
-    its own forward layer by layer with tile-bounded working memory. `run(x, tile_latent,
-    temporal_slice, progress)` returns the untiled pass's output (pixels or moments); with
-    `shard=` (a `layerwise.RowShard`) `x` is one band of rows of a frame split across devices and the
-    result is that band's rows of the output."""
-
-    run: Callable[..., torch.Tensor]
-
-
-def supports_exact(model, *, decode: bool) -> bool:
-    plan_fn = getattr(model, "exact_plan", None)
-    return plan_fn is not None and plan_fn(decode=decode) is not None
-
-
-def partition(length: int, tile: int) -> list[tuple[int, int]]:
-    """Non-overlapping cores of at most `tile` covering [0, length), evenly sized."""
-    n = max(1, math.ceil(length / tile))
-    bounds = [round(i * length / n) for i in range(n + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(n)]
+__all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "supports_exact", "run_exact"]
 
 
 def _resolutions(stages: Sequence[LocalStage], res_in: Fraction) -> list[Fraction]:

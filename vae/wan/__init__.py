@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from ..checkpoint import Architecture, CheckpointError, check_strict, register_architecture
+from ..checkpoint import Architecture, CheckpointError, check_strict
 from .config import (QWEN_IMAGE_LAYERED, RELEASED_IMAGE_CHANNELS, TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig,
                      config_from_diffusers, kind_from_channels)
 from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers, pixel_conv_channels
@@ -115,5 +115,5 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
     return model
 
 
-register_architecture(Architecture(WAN22_NAME, _detect_wan22, build, priority=6))
-register_architecture(Architecture(WAN21_NAME, _detect_wan21, build, priority=5))
+ARCHITECTURES = (Architecture(WAN22_NAME, _detect_wan22, build, priority=6),
+                 Architecture(WAN21_NAME, _detect_wan21, build, priority=5))

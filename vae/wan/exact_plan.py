@@ -8,32 +8,18 @@ convs and the encoder head form the global part at latent resolution.
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..base import CausalStream
-from ..tiling.exact import ExactPlan, LocalStage
+from ..plans import ExactPlan, LocalStage
 from .layers import StreamContext
-from .model import WanVAE, _spatial_ops, unpatchify, patchify
+from .patching import footprint, patchify, spatial_ops, unpatchify
 
-
-def _stage_geometry(ops: Sequence[str]) -> tuple[Fraction, int]:
-    """(scale, radius in input pixels) of a block from its spatial ops in execution order."""
-    r = 0
-    scale = Fraction(1)
-    for op in reversed(ops):
-        if op == "conv":
-            r += 1
-        elif op == "up":
-            r = math.ceil(r / 2)
-            scale *= 2
-        elif op == "down":  # (0,1,0,1) zero pad + 3x3 stride-2 conv: output i reads inputs 2i..2i+2
-            r = 2 * r + 2
-            scale /= 2
-    return scale, r
+if TYPE_CHECKING:  # annotations only: the model imports this module
+    from .model import WanVAE
 
 
 class _Session:
@@ -69,7 +55,7 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
     if decode:
         dec = vae.decoder
         fns: list[Callable] = list(dec.up_blocks)  # blocks are called as block(x, ctx)
-        geoms = [_stage_geometry(_spatial_ops(b.modules())) for b in dec.up_blocks]
+        geoms = [footprint(spatial_ops(b.modules())) for b in dec.up_blocks]
 
         def head(x, ctx):
             return unpatchify(dec.conv_out(dec.norm_out(x), ctx), p).clamp_(-1.0, 1.0)
@@ -85,7 +71,7 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
 
         fns = [stem, *enc.down_blocks]
         # patchify by p, then a 3x3 conv: one patch pixel of context is p input pixels, plus the patch itself
-        geoms = [(Fraction(1, p), 2 * p - 1)] + [_stage_geometry(_spatial_ops(b.modules())) for b in enc.down_blocks]
+        geoms = [(Fraction(1, p), 2 * p - 1)] + [footprint(spatial_ops(b.modules())) for b in enc.down_blocks]
         global_fn = enc.forward_mid
 
     stages = [LocalStage(scale, radius, name=f"stage{i}") for i, (scale, radius) in enumerate(geoms)]

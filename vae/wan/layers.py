@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import tensor_version
+from ..base import DerivedWeights
 from ..ops import rms_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -74,18 +74,16 @@ def cached_weight(module: nn.Module, derive, channels_last: bool = False, tag: s
     Why: the folded / unsqueezed / re-laid-out weights would otherwise be rebuilt on every call.
     """
     w = module.weight
-    if torch.compiler.is_compiling():  # export/compile tracing: fake tensors have no data pointer; no caching
-        return derive(w)
-    key = (tag, w.data_ptr(), tensor_version(w), w.dtype, w.device, channels_last)
-    cache = module.__dict__.setdefault("_weight_cache", {})
-    hit = cache.get(key)
-    if hit is None:
-        for old in [k for k in cache if k[0] == tag]:
-            del cache[old]
+    cache = module.__dict__.get("_derived_weights")
+    if cache is None:
+        cache = module.__dict__["_derived_weights"] = DerivedWeights()
+
+    def make() -> torch.Tensor:
         d = derive(w)
         fmt = (torch.channels_last if d.ndim == 4 else torch.channels_last_3d) if channels_last else torch.contiguous_format
-        hit = cache[key] = d.contiguous(memory_format=fmt)
-    return hit
+        return d.contiguous(memory_format=fmt)
+
+    return cache.get(f"{tag}:{channels_last}", (w,), make)
 
 
 class CausalConv3d(nn.Conv3d):

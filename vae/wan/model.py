@@ -13,7 +13,7 @@ every slicing; images (T = 1) run the exact 2-D fold.
 from __future__ import annotations
 
 import math
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,46 +21,10 @@ from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
 from .config import WanConfig, kind_from_channels
+from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
                      UpBlock, UpResidualBlock, WanFlags)
-
-
-def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
-    """[.., C, H, W] -> [.., C*p*p, H/p, W/p], channel order (c, dx, dy) as in the Wan 2.2 checkpoints."""
-    if p == 1:
-        return x
-    if x.ndim == 4:
-        n, c, h, w = x.shape
-        x = x.reshape(n, c, h // p, p, w // p, p).permute(0, 1, 5, 3, 2, 4)
-        return x.reshape(n, c * p * p, h // p, w // p)
-    b, c, t, h, w = x.shape
-    x = x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5)
-    return x.reshape(b, c * p * p, t, h // p, w // p)
-
-
-def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
-    if p == 1:
-        return x
-    if x.ndim == 4:
-        n, cp, h, w = x.shape
-        x = x.reshape(n, cp // (p * p), p, p, h, w).permute(0, 1, 4, 3, 5, 2)
-        return x.reshape(n, cp // (p * p), h * p, w * p)
-    b, cp, t, h, w = x.shape
-    x = x.reshape(b, cp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2)
-    return x.reshape(b, cp // (p * p), t, h * p, w * p)
-
-
-def _spatial_ops(modules: Iterator[nn.Module]) -> list[str]:
-    """The spatial footprint of a module sequence in execution order: 'conv' (3x3, pad 1), 'down', 'up'."""
-    ops = []
-    for m in modules:
-        if isinstance(m, CausalConv3d) and m.pad_hw == (1, 1):
-            ops.append("conv")
-        elif isinstance(m, Resample):
-            ops.append("up" if m.mode.startswith("up") else "down")
-            if m.mode.startswith("up"):
-                ops.append("conv")
-    return ops
+from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
 class Encoder(nn.Module):
@@ -90,10 +54,8 @@ class Encoder(nn.Module):
         self.receptive_radius = self._down_radius(cfg)
 
     def _down_radius(self, cfg: WanConfig) -> int:
-        """Latent pixels of context `forward_down` needs around a tile (from the layer list, walked backwards)."""
-        r = 0.0  # radius at the current (output) scale
-        for op in reversed(_spatial_ops([self.conv_in, *[m for b in self.down_blocks for m in b.modules()]])):
-            r = r + 1 if op == "conv" else 2 * r + 2  # stride-2 3x3 conv after a (0,1,0,1) pad
+        """Latent pixels of context `forward_down` needs around a tile (from the layer list)."""
+        _scale, r = footprint(spatial_ops([self.conv_in, *[m for b in self.down_blocks for m in b.modules()]]))
         if self.patch_size > 1:
             r = self.patch_size * r + self.patch_size - 1
         return math.ceil(r / cfg.spatial_factor)
@@ -143,12 +105,9 @@ class Decoder(nn.Module):
         self.receptive_radius = self._up_radius()
 
     def _up_radius(self) -> int:
-        """Latent pixels of context `forward_up` needs around a tile (from the layer list, walked backwards)."""
-        r = 0  # at output scale; unpatchify maps each pixel to one patch pixel, so it adds nothing
-        ops = _spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out])
-        for op in reversed(ops):
-            r = r + 1 if op == "conv" else math.ceil(r / 2)  # nearest 2x: pixel p reads p // 2
-        return int(r)
+        """Latent pixels of context `forward_up` needs around a tile (unpatchify maps each pixel to one patch
+        pixel, so it adds nothing)."""
+        return footprint(spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out]))[1]
 
     def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
@@ -293,8 +252,6 @@ class WanVAE(VAEModel):
     # -- exact tiling ------------------------------------------------------------------------
     def exact_plan(self, *, decode: bool):
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
-        from .exact_plan import wan_exact_plan
-
         return wan_exact_plan(self, decode=decode)
 
 
