@@ -256,9 +256,10 @@ def _user_error_types() -> tuple[type, ...]:
     """Errors that mean the input or the installation needs fixing (not a bug): one message, exit code 2."""
     import torch
 
+    from .trt.backend import EngineError  # an unusable backend (TensorRT missing, wrong GPU): the user's to fix
     from .vae.checkpoint import CheckpointError
 
-    return (UsageError, CheckpointError, ValueError, OSError, ImportError, torch.OutOfMemoryError)
+    return (UsageError, CheckpointError, ValueError, OSError, ImportError, torch.OutOfMemoryError, EngineError)
 
 
 def describe_user_error(error: BaseException) -> str:

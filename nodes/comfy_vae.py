@@ -16,8 +16,7 @@ whose decode gives an RGBA IMAGE as core's does; encode fits the image to C chan
 
 from __future__ import annotations
 
-import logging
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -29,8 +28,9 @@ from comfy.patcher_extension import CallbacksMP
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.plan import plan_tiling
+from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
 from .pass_report import PassReport, reported
-from ..vae.tiling.api import is_out_of_memory
+from .progress import progress_callback
 
 # Latent frames per slice whose working set we ask model management to free before a pass. Our
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
@@ -39,9 +39,7 @@ RESERVED_LATENT_FRAMES = 4
 # Value of a missing alpha channel when an RGB image is encoded by an RGBA VAE: opaque, in 0..1 (core
 # pads its Qwen/Wan 2.1 VAE with the same `pad_channel_value`). RGB VAEs pad nothing.
 ALPHA_PAD_VALUE = 1.0
-OOM_RETRY_OVERLAP_PX = 64  # blend width if an out-of-memory retry ends up with fast tiles
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-log = logging.getLogger(__name__)
 
 
 class _PatcherModule(torch.nn.Module):
@@ -186,20 +184,19 @@ class ComfyTurboVAE:
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
         bar = comfy.utils.ProgressBar(z.shape[0])  # core VAE Decode: progress and Cancel per batch item
-        try:
+
+        def whole() -> torch.Tensor:
             with reported(self.turbo, "decode", "untiled", None, self._keep):
                 out = []
                 for i in range(z.shape[0]):
                     mm.throw_exception_if_processing_interrupted()
                     out.append(self.turbo.decode(z[i:i + 1]).to(self.output_device))
                     bar.update_absolute(i + 1, z.shape[0])
-                out = torch.cat(out)
-        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:  # CPU: the allocator's plain RuntimeError
-            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
-                raise
-            out = None  # leave the except block first so the failed pass's tensors can be freed
+                return torch.cat(out)
+
+        out = unless_out_of_memory(whole)
         if out is None:
-            _warn_oom("decoding")
+            warn_oom("decoding")
             return self.decode_tiles(samples_in, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
                                      temporal_slice=None)
         return self._clip_to_image(out, was_4d)
@@ -210,18 +207,17 @@ class ComfyTurboVAE:
         self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
         bar = comfy.utils.ProgressBar(1)
         mm.throw_exception_if_processing_interrupted()
-        try:
+
+        def whole() -> torch.Tensor:
             with reported(self.turbo, "encode", "untiled", None, self._keep):
-                out = self.turbo.encode(clip)
-            bar.update_absolute(1, 1)
-        except (mm.OOM_EXCEPTION, MemoryError, RuntimeError) as e:
-            if not (isinstance(e, mm.OOM_EXCEPTION) or is_out_of_memory(e)):
-                raise
-            out = None
+                return self.turbo.encode(clip)
+
+        out = unless_out_of_memory(whole)
         if out is None:
-            _warn_oom("encoding")
+            warn_oom("encoding")
             return self.encode_tiles(pixel_samples, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
                                      temporal_slice=None)
+        bar.update_absolute(1, 1)
         return out.to(self.output_device).float()
 
     # -- tiled passes ---------------------------------------------------------------------
@@ -240,7 +236,7 @@ class ComfyTurboVAE:
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "decode", how, temporal_slice, self._keep):
             out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                                progress=_progress_callback(node_id), output_device=self.output_device)
+                                progress=progress_callback(node_id), output_device=self.output_device)
         return self._clip_to_image(out, was_4d)
 
     def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
@@ -255,7 +251,7 @@ class ComfyTurboVAE:
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "encode", how, temporal_slice, self._keep):
             out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                                progress=_progress_callback(node_id), output_device=self.output_device)
+                                progress=progress_callback(node_id), output_device=self.output_device)
         return out.to(self.output_device).float()
 
     def _keep(self, report: PassReport) -> None:
@@ -283,31 +279,10 @@ def _core_overlap(tile: Optional[int], overlap: int) -> int:
     return tile // 4 if tile and 2 * overlap >= tile else overlap
 
 
-def _warn_oom(what: str) -> None:
-    """Core VAE Decode/Encode retry tiled on out-of-memory; so do we, with our memory-sized tiles (which
-    shrink further, then stop with a clear MemoryError, if memory is still short)."""
-    log.warning("TurboVAE: out of memory %s without tiles; retrying with tiles sized from free memory", what)
-    mm.soft_empty_cache()
-
-
 def _engine_bytes(turbo: TurboVAE) -> int:
     """Device memory of the engines behind an engine VAE (0 for a plain one)."""
     footprint = getattr(turbo, "engine_footprint_bytes", None)
     return int(footprint()) if footprint is not None else 0
-
-
-def _progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
-    """`progress(done, total)` for the tiling engine: drives the node's UI bar, and raises
-    ComfyUI's interrupt exception from inside the loop when the user presses Cancel."""
-    bar: list = []
-
-    def progress(done: int, total: int) -> None:
-        if not bar:
-            bar.append(comfy.utils.ProgressBar(total, node_id=node_id))
-        bar[0].update_absolute(done, total)
-        mm.throw_exception_if_processing_interrupted()
-
-    return progress
 
 
 def is_turbovae(vae: object) -> bool:

@@ -9,7 +9,8 @@ import logging
 from comfy_api.latest import io
 
 from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
-from .comfy_vae import _progress_callback, is_turbovae
+from .comfy_vae import is_turbovae
+from .progress import progress_callback
 from .tiled_nodes import CATEGORY, MIN_TILE, _node_id
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
         frames = vae.turbo.latent_format.pixel_frames(slice_ or z.shape[2])
         vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, True))
         out = decode_parallel(vae.turbo, z, devices=devs, tile=tile, temporal_slice=slice_,
-                              progress=_progress_callback(_node_id(cls)), output_device=vae.output_device)
+                              progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
         images = vae._clip_to_image(out, was_4d)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
@@ -107,7 +108,7 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
         frames = vae.turbo.latent_format.pixel_frames(slice_) if slice_ else clip.shape[2]
         vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, False))
         latents = encode_parallel(vae.turbo, clip, devices=devs, tile=tile, temporal_slice=slice_,
-                                  progress=_progress_callback(_node_id(cls)), output_device=vae.output_device)
+                                  progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
         return io.NodeOutput({"samples": latents.float()})
 
 

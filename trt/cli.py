@@ -50,9 +50,10 @@ def table_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the set; a bad argument, checkpoint, device, unusable backend or an existing output prints one
-    line and returns 2, a failed build one line and returns 1. Everything that needs no model (table,
-    components, backend, output folder) is checked before the checkpoint is loaded."""
+    """Build the set. A bad argument, checkpoint, device, unusable backend or an existing output raises its typed
+    error (`python -m turbovae` prints it in one line, exit code 2; `--verbose` shows the traceback); a failed
+    build prints one line and returns 1. Everything that needs no model (table, components, backend, output
+    folder) is checked before the checkpoint is loaded."""
     import torch
 
     from ..vae.api import load_vae, resolve_device
@@ -61,21 +62,19 @@ def run(args: argparse.Namespace) -> int:
     from .build import build_engine_set, preflight
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    try:
-        table = table_from_args(args)
-        device = resolve_device(args.device)
-        dtype = parse_dtype(args.dtype)
-        preflight(args.out, table, backend=args.backend, device=device, components=components, video=args.video,
-                  overwrite=args.overwrite)
-        vae = load_vae(args.vae, dtype=torch.float32, device=device)
-    except (ValueError, OSError, EngineError) as e:  # CheckpointError, DeviceUnavailable: ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    table = table_from_args(args)
+    device = resolve_device(args.device)
+    dtype = parse_dtype(args.dtype)
+    preflight(args.out, table, backend=args.backend, device=device, components=components, video=args.video,
+              overwrite=args.overwrite)
+    vae = load_vae(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
                                  components=components, video=args.video, overwrite=args.overwrite, source=args.vae,
                                  optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
     except (EngineError, OSError, ValueError) as e:
+        if getattr(args, "verbose", False):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 1
     for p in paths:
