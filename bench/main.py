@@ -11,8 +11,8 @@ TurboVAE path with its reference on the same weights and input, in the same run:
 - Exact tiles: untiled decode vs exact tiles, for peak memory.
 
 Each side runs once to warm up (that run also measures peak memory: CUDA `max_memory_allocated`, or on
-CPU the increase of the process's peak resident size), then `repeat` timed runs; the time is their
-median. `cases()` lists the work up front so a progress bar can count it.
+CPU the increase of the process's peak resident size), then `repeat` timed runs of each, alternating between
+the sides; the time is their median. `cases()` lists the work up front so a progress bar can count it.
 """
 
 from __future__ import annotations
@@ -246,21 +246,28 @@ class _PeakMemory:
         return peak_rss.peak_increase_mb(base), out
 
 
-def _side(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory,
-          tick: Callable[[], None]) -> tuple[float, Optional[float], torch.Tensor]:
-    """(median ms, peak MB, output): one warm-up run that also measures memory, then `repeat` timed runs."""
+def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Tensor], torch.Tensor],
+           x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory, tick: Callable[[], None]):
+    """((median ms, peak MB, output) of the reference, the same of ours). Each side runs once to warm up (that
+    run also measures its memory), then the timed runs alternate between the sides: machine load and clock
+    drift then hit both alike, instead of whichever side happened to run second."""
+    fns = (ref, ours)
     with torch.inference_mode():
-        mb, out = peak(lambda: fn(x))
-        tick()
-        times = []
-        for _ in range(max(opts.repeat, 1)):
-            del out
-            t0 = time.perf_counter()
-            out = fn(x)
-            sync(x.device)
-            times.append((time.perf_counter() - t0) * 1e3)
+        warm = []
+        for fn in fns:
+            warm.append(peak(lambda: fn(x)))
             tick()
-    return statistics.median(times), mb, out
+        outs = [out for _mb, out in warm]
+        times: tuple[list[float], list[float]] = ([], [])
+        for _ in range(max(opts.repeat, 1)):
+            for i, fn in enumerate(fns):
+                outs[i] = None  # the previous output is freed before the next run allocates
+                t0 = time.perf_counter()
+                outs[i] = fn(x)
+                sync(x.device)
+                times[i].append((time.perf_counter() - t0) * 1e3)
+                tick()
+    return tuple((statistics.median(times[i]), warm[i][0], outs[i]) for i in range(2))
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
@@ -280,8 +287,8 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
             gc.collect()
             pair, pair_key = _pair(case, opts, device, dtype), key
         x = pair.input(case, g).to(device=device, dtype=dtype)
-        ref_ms, ref_mb, ref_out = _side(pair.reference, x, opts, peak, lambda: tick(case))
-        ms, mb, out = _side(pair.ours, x, opts, peak, lambda: tick(case))
+        (ref_ms, ref_mb, ref_out), (ms, mb, out) = _sides(pair.reference, pair.ours, x, opts, peak,
+                                                          lambda: tick(case))
         row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True)
         row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
                        psnr(out, ref_out) if case.kind == "decode" else None, note=tag)
