@@ -34,8 +34,8 @@ Default: a few small cases, each TurboVAE path against its reference on the same
 installed; exact tiles vs untiled). A progress bar per case, then a table (path, time, speed vs the
 reference, peak memory, max error, PSNR), the results JSON (rewritten after every case) and a PNG
 chart next to it. Ctrl-C prints the cases measured so far and keeps their JSON.
-About 3–4 minutes on an idle 2-core CPU (estimated from the 5 min 20 s of CPU time the 2026-11-24 run used on
-2 threads; 16 min 51 s wall on a shared machine); on a GPU the cases are larger.
+Measured 2 min 19 s and 3 min 22 s on an idle 2-core CPU (2026-11-24; 16 min 51 s when other jobs shared the
+cores); on a GPU the cases are larger.
 
 --full: {FULL_DURATION}.
 """

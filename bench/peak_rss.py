@@ -53,10 +53,14 @@ def run_child(module: str, args: dict, timeout: Optional[float] = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def return_freed_memory() -> None:
-    """Make glibc return every freed block above 64 KiB to the OS in this process (as CHILD_ENV does for
-    children), so peak-RSS increases measured in-process count live memory, not allocator retention.
-    A no-op where glibc's `mallopt` is not available."""
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MEASURING_THRESHOLD = 64 * 1024  # every freed block above this goes back to the OS: RSS = live memory
+TIMING_THRESHOLD = 32 * 1024 * 1024  # glibc's ceiling for its dynamic threshold (64-bit): where it settles
+
+
+def _set_mmap_threshold(nbytes: int, *, trim: bool = False) -> None:
+    """A no-op where glibc's `mallopt` is not available. A fixed value also disables glibc's dynamic raise.
+    `trim`: also hand the free blocks the heap holds back to the OS (`malloc_trim`)."""
     import ctypes
     import ctypes.util
 
@@ -65,6 +69,23 @@ def return_freed_memory() -> None:
         return
     try:
         libc = ctypes.CDLL(name)
-        libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD; a fixed value also disables glibc's dynamic raise
+        libc.mallopt(M_MMAP_THRESHOLD, nbytes)
+        if trim:
+            libc.malloc_trim(0)
     except (OSError, AttributeError):
         return
+
+
+def return_freed_memory() -> None:
+    """Make glibc return every freed block above 64 KiB to the OS in this process (as CHILD_ENV does for
+    children), and what the heap already retains, so peak-RSS increases measured in-process count live
+    memory: a measured call cannot reuse retained blocks without their pages counting again."""
+    _set_mmap_threshold(MEASURING_THRESHOLD, trim=True)
+
+
+def retain_freed_memory() -> None:
+    """Let glibc keep freed blocks up to 32 MiB for reuse again, as its default dynamic threshold does once a
+    process has freed large blocks. Timed runs need this: under the 64 KiB setting every large tensor is a
+    fresh mmap whose pages fault in on first touch, which made paths that allocate more buffers look slower
+    (SeedVR2 5-frame 64² decode: 0.87x there, 1.15x with the allocator as a user's process has it)."""
+    _set_mmap_threshold(TIMING_THRESHOLD)
