@@ -48,8 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    check_device(device)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # main() checked a given one
     sections = args.sections.split(",") if args.sections else list(FULL_SECTIONS if args.full else ())
     repeat = args.repeat or (SECTIONS_REPEAT if sections else MAIN_REPEAT)
     opts = BenchOptions(device=device, dtype=args.dtype, repeat=repeat, warmup=args.warmup, quick=args.quick,
@@ -235,20 +234,15 @@ OPTIONAL_PACKAGES = {
 
 
 def check_device(device: str) -> None:
-    """Fail early, in one line, for a device this machine does not have."""
-    import torch
+    """Fail early, in one line, for a device this machine does not have: `resolve_device`'s rule, with the fix
+    spelled as a command-line option, and only the CPU or CUDA (what the commands run on)."""
+    from .vae.api import DeviceUnavailable, resolve_device
 
     try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"--device {device}: not a device name; use cpu or cuda (cuda:N for one GPU)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise UsageError(f"--device {device}: {why}; use --device cpu (or install a CUDA build of torch)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif dev.type != "cpu":
+        dev = resolve_device(device)
+    except DeviceUnavailable as e:
+        raise UsageError(f"--device {device}: {e} (on the command line: --device cpu)") from None
+    if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {device}: not supported here; use cpu or cuda")
 
 

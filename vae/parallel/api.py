@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from ..api import TurboVAE, moments_to_latents
+from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
 from ..memory import auto_temporal_slice
 from ..tiling.api import _tile_latent
 from ..tiling.exact import supports_exact
@@ -41,15 +41,13 @@ def parse_devices(devices: Union[str, Sequence[Union[str, torch.device]]]) -> li
             return [torch.device("cuda", i) for i in range(n)] or [torch.device("cpu")]
         devices = [d for d in (p.strip() for p in devices.split(",")) if d]
     try:
-        out = [torch.device(d) for d in devices]
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"devices must name torch devices like 'cuda:0,cuda:1' or 'cpu'; got {devices!r}") from e
+        out = [resolve_device(d) for d in devices]
+    except DeviceUnavailable as e:
+        raise ValueError(f"devices must name torch devices that exist here, like 'cuda:0,cuda:1' or 'cpu'; got "
+                         f"{devices!r}: {e}") from None
     if not out:
         raise ValueError("devices is empty; list at least one device (e.g. ['cuda:0', 'cuda:1'] or 'all')")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for d in out:
-        if d.type == "cuda" and (d.index or 0) >= count:
-            raise ValueError(f"device {d} does not exist here ({count} CUDA device(s) visible)")
         if d.type not in ("cuda", "cpu"):
             raise ValueError(f"device {d}: only CUDA and CPU devices are supported for parallel passes")
     return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
