@@ -213,8 +213,8 @@ class TurboVAE:
         model's), checked before the decode allocates anything."""
         b, _c, t, h, w = z.shape
         f = self.spatial_factor
-        check_fits("the decoded pixels", (b, 3, self.latent_format.pixel_frames(t), h * f, w * f), self.dtype,
-                   device if device is not None else self.device)
+        check_fits("the decoded pixels", (b, self.image_channels, self.latent_format.pixel_frames(t), h * f, w * f),
+                   self.dtype, device if device is not None else self.device)
 
     def pad_frames(self, pixels: torch.Tensor) -> torch.Tensor:
         """Pad a clip to 4n+1 frames by repeating the last frame (documented policy; never drops frames)."""
