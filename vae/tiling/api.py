@@ -146,6 +146,14 @@ def _untiled(vae: TurboVAE, x: torch.Tensor, *, decode: bool, temporal_slice: Op
     return out.to(device=output_device or x.device, dtype=torch.float32)
 
 
+def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
+    """What a tiled pass runs: "untiled" when `auto` needs a single tile, "exact" tiles in exact/auto mode where
+    the model has an exact plan, else "fast" tiles. One rule for the pass and for what the nodes report."""
+    if mode == "auto" and tiles == 1:
+        return "untiled"
+    return "exact" if has_exact and mode in ("exact", "auto") else "fast"
+
+
 def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[int], overlap: int, mode: str,
                 temporal_slice: Optional[int], progress: Progress,
                 output_device: Optional[torch.device]) -> torch.Tensor:
@@ -157,7 +165,6 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
     has_exact = supports_exact(model, decode=decode)
     if mode == "exact" and not has_exact:
         raise ValueError(f"exact tiled {what} is not available for a {vae.kind} VAE; use mode='fast'")
-    exact = has_exact and mode in ("exact", "auto")
     in_scale, out_scale = (1, f) if decode else (f, 1)
     out_channels = vae.image_channels if decode else 2 * vae.latent_channels
     geom = PassGeometry(in_scale, out_scale, out_channels, decode, vae.temporal_factor)
@@ -174,11 +181,12 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
             ts = auto_temporal_slice(model.memory_model, px, latent_frames, vae.dtype, vae.device, decode=decode,
                                      temporal_factor=vae.temporal_factor)
         grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
+        kind = pass_kind(mode, len(grid), has_exact)
         with torch.inference_mode():
-            if mode == "auto" and len(grid) == 1:
+            if kind == "untiled":
                 return _untiled(vae, x, decode=decode, temporal_slice=ts, progress=progress,
                                 output_device=output_device)
-            if exact:
+            if kind == "exact":
                 return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
                                  output_device=output_device)
             # ramps are in output units: pixels for decode, latent pixels for encode

@@ -1,9 +1,8 @@
 """What a tiled pass will do, said before it runs: untiled, exact or fast tiles, at which tile size.
 
-The ComfyUI nodes log this so a user sees what `auto` chose. It follows the same rules as
-`api._tiled_pass` (same tile-size function, same grid): `auto` with one tile is the untiled pass,
-exact tiles where the model has an exact plan, fast tiles otherwise. An out-of-memory retry inside
-the pass may still halve the tile afterwards (the tiler logs that itself).
+The ComfyUI nodes log this so a user sees what `auto` chose. It calls what `api._tiled_pass` calls (the
+same tile-size function, grid and `pass_kind` rule). An out-of-memory retry inside the pass may still
+halve the tile afterwards (the tiler logs that itself).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..api import TurboVAE
-from .api import _tile_latent
+from .api import _tile_latent, pass_kind
 from .exact import supports_exact
 from .grid import TileGrid
 
@@ -39,7 +38,5 @@ def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile: Optional[int], o
     pixel_frames = vae.latent_format.pixel_frames(t_in) if decode else t_in
     tile_lat = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
     grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
-    if mode == "auto" and len(grid) == 1:
-        return TilingPlan("untiled", None, 1)
-    exact = mode in ("exact", "auto") and supports_exact(vae.model, decode=decode)
-    return TilingPlan("exact" if exact else "fast", tile_lat * f, len(grid))
+    kind = pass_kind(mode, len(grid), supports_exact(vae.model, decode=decode))
+    return TilingPlan(kind, None if kind == "untiled" else tile_lat * f, len(grid))
