@@ -224,35 +224,44 @@ class ComfyTurboVAE:
     def decode_tiles(self, samples: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
                      temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
         """Our tiled decode (pixel units) with a UI progress bar that is also the cancel point."""
-        self.throw_exception_if_invalid()
-        was_4d = samples.ndim == 4
-        z = self._check_latents(samples)
-        f = self.turbo.spatial_factor
-        side = tile if tile else max(z.shape[-1], z.shape[-2]) * f
-        frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
-        self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
-        mm.throw_exception_if_processing_interrupted()
+        z = self.latents_for_pass(samples, tile, temporal_slice)
         plan = plan_tiling(self.turbo, tuple(z.shape), tile=tile, overlap=overlap, mode=mode, decode=True)
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "decode", how, temporal_slice, self._keep):
             out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
                                 progress=progress_callback(node_id), output_device=self.output_device)
-        return self._clip_to_image(out, was_4d)
+        return self._clip_to_image(out, samples.ndim == 4)
 
     def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
                      temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        self.throw_exception_if_invalid()
-        clip = self._image_to_clip(pixels)
-        side = tile if tile else max(clip.shape[-1], clip.shape[-2])
-        frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
-        self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
-        mm.throw_exception_if_processing_interrupted()
+        clip = self.clip_for_pass(pixels, tile, temporal_slice)
         plan = plan_tiling(self.turbo, tuple(clip.shape), tile=tile, overlap=overlap, mode=mode, decode=False)
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "encode", how, temporal_slice, self._keep):
             out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
                                 progress=progress_callback(node_id), output_device=self.output_device)
         return out.to(self.output_device).float()
+
+    def latents_for_pass(self, samples: torch.Tensor, tile: Optional[int], temporal_slice: Optional[int]) -> torch.Tensor:
+        """Checked latents, with model management asked for one tile × slice of decode working set (any
+        pass of ours that streams tiles and slices: the tiled nodes, the multi-GPU nodes)."""
+        self.throw_exception_if_invalid()
+        z = self._check_latents(samples)
+        side = tile if tile else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
+        frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
+        self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
+        mm.throw_exception_if_processing_interrupted()
+        return z
+
+    def clip_for_pass(self, pixels: torch.Tensor, tile: Optional[int], temporal_slice: Optional[int]) -> torch.Tensor:
+        """IMAGE -> the clip to encode, with model management asked for one tile × slice of encode working set."""
+        self.throw_exception_if_invalid()
+        clip = self._image_to_clip(pixels)
+        side = tile if tile else max(clip.shape[-1], clip.shape[-2])
+        frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
+        self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
+        mm.throw_exception_if_processing_interrupted()
+        return clip
 
     def _keep(self, report: PassReport) -> None:
         self.last_report = report

@@ -65,17 +65,10 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
     def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
                 temporal_slice: int = 0) -> io.NodeOutput:
         devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        vae.throw_exception_if_invalid()
-        z = samples["samples"]
-        was_4d = z.ndim == 4
-        z = vae.turbo.check_latents(z)
-        f = vae.turbo.spatial_factor
-        side = tile or max(z.shape[-1], z.shape[-2]) * f
-        frames = vae.turbo.latent_format.pixel_frames(slice_ or z.shape[2])
-        vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, True))
+        z = vae.latents_for_pass(samples["samples"], tile, slice_)
         out = decode_parallel(vae.turbo, z, devices=devs, tile=tile, temporal_slice=slice_,
                               progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
-        images = vae._clip_to_image(out, was_4d)
+        images = vae._clip_to_image(out, samples["samples"].ndim == 4)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         return io.NodeOutput(images)
@@ -102,11 +95,7 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
     def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,
                 temporal_slice: int = 0) -> io.NodeOutput:
         devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        vae.throw_exception_if_invalid()
-        clip = vae._image_to_clip(pixels)
-        side = tile or max(clip.shape[-1], clip.shape[-2])
-        frames = vae.turbo.latent_format.pixel_frames(slice_) if slice_ else clip.shape[2]
-        vae._load(vae._bytes(side * side, vae._reserved_frames(frames), vae.vae_dtype, False))
+        clip = vae.clip_for_pass(pixels, tile, slice_)
         latents = encode_parallel(vae.turbo, clip, devices=devs, tile=tile, temporal_slice=slice_,
                                   progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
         return io.NodeOutput({"samples": latents.float()})
