@@ -17,12 +17,13 @@ import argparse
 import datetime
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+
+from .trt.fileio import atomic_file, atomic_write_bytes
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -42,27 +43,6 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="seconds a rank waits for the others before the pass fails (torchrun only; default: 600)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.set_defaults(func=run, decode=decode)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _write_atomic(path: Path, write: Callable[[str], None], overwrite: bool) -> None:
-    """Complete or absent: written to a temporary file in the same folder, then renamed over `path`."""
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _read_tensor(path: Path, key: str) -> torch.Tensor:
@@ -103,11 +83,11 @@ def read_input(paths: list[str], *, decode: bool) -> torch.Tensor:
 
 
 def write_output(out: torch.Tensor, path: Path, *, decode: bool, overwrite: bool) -> list[Path]:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     if path.suffix.lower() == ".safetensors":
         key = "pixels" if decode else "latents"
-        _write_atomic(path, lambda tmp: save_file({key: out.float().contiguous().cpu()}, tmp), overwrite)
+        atomic_write_bytes(path, save({key: out.float().contiguous().cpu()}), overwrite=overwrite)
         return [path]
     if not decode or path.suffix.lower() not in IMAGE_SUFFIXES:
         raise ValueError(f"output {path}: use .safetensors" + (" or an image suffix" if decode else ""))
@@ -118,8 +98,8 @@ def write_output(out: torch.Tensor, path: Path, *, decode: bool, overwrite: bool
     names = [path] if len(frames) == 1 else [path.with_name(f"{path.stem}_{i:05d}{path.suffix}")
                                               for i in range(len(frames))]
     for frame, name in zip(frames, names):
-        _write_atomic(name, lambda tmp, fr=frame: Image.fromarray(fr).save(tmp, format=Image.registered_extensions()
-                                                                               [name.suffix.lower()]), overwrite)
+        with atomic_file(name, overwrite=overwrite) as f:
+            Image.fromarray(frame).save(f, format=Image.registered_extensions()[name.suffix.lower()])
     return names
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .files import write_atomic
+from ..trt.fileio import atomic_write_text
 
 
 @dataclass
@@ -167,7 +167,6 @@ def write_json(rows: list[BenchRow], path: Path, env: Optional[dict] = None, com
     """The results file, rewritten whole after every case: complete or absent, never half-written.
 
     `complete` is False while a run is in progress or after it was interrupted."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"environment": env if env is not None else environment(), "complete": complete,
                "rows": [row_dict(r) for r in rows]}
-    write_atomic(path, json.dumps(payload, indent=2))
+    atomic_write_text(path, json.dumps(payload, indent=2), overwrite=True)  # rewritten after every case

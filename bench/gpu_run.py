@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .files import write_atomic
+from ..trt.fileio import atomic_write_text
 
 # Case keys in priority order: bench/gpu.py's CUDA cases in the same order (a test checks they agree).
 CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "seedvr2-decode-720p21",
@@ -222,12 +222,12 @@ def execute(tasks: Sequence[Task], state: RunState, out_file: Path, *, budget_s:
             result = TaskResult(task.key, "failed", seconds, f"exit {code}: {_tail(text)}")
         state.record(result)
         call["ran"].append(task.key)
-        write_atomic(out_file, json.dumps(state.to_json(), indent=2))
-        write_atomic(out_file.with_suffix(".md"), markdown(state))
+        atomic_write_text(out_file, json.dumps(state.to_json(), indent=2), overwrite=True)
+        atomic_write_text(out_file.with_suffix(".md"), markdown(state), overwrite=True)
         _say(f"{task.key}: {result.status} in {seconds:.0f} s {result.detail[:200]}")
     call["elapsed_s"] = round(clock() - start, 1)
-    write_atomic(out_file, json.dumps(state.to_json(), indent=2))
-    write_atomic(out_file.with_suffix(".md"), markdown(state))
+    atomic_write_text(out_file, json.dumps(state.to_json(), indent=2), overwrite=True)
+    atomic_write_text(out_file.with_suffix(".md"), markdown(state), overwrite=True)
     return state
 
 

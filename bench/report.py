@@ -70,7 +70,7 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e \".[bench]\"); no chart written"
-    from .files import write_atomic
+    from ..trt.fileio import atomic_write_bytes
     import io
 
     rows = list(rows)
@@ -91,7 +91,7 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), overwrite=True)
     return None
 
 
