@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,6 @@ MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not 
 FULL_SECTIONS = ("seedvr2", "qwen")
 FULL_DURATION = ("measured about 16 min on an idle 2-core CPU (2026-11-21) and over 25 min when other jobs "
                  "share the cores")
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 BENCH_DESCRIPTION = f"""\
 Default: a few small cases, each TurboVAE path against its reference on the same weights and input
@@ -262,6 +260,8 @@ def describe_user_error(error: BaseException) -> str:
         root = error.name.split(".")[0]
         fix = OPTIONAL_PACKAGES.get(root, f"pip install {root}")
         return f"the optional package '{root}' is not installed; install it with: {fix}"
+    from .vae.checkpoint import ANSI_ESCAPE
+
     text = ANSI_ESCAPE.sub("", str(error)).strip() or type(error).__name__
     if isinstance(error, OSError) and error.filename and str(error.filename) not in text:
         text += f": {error.filename}"

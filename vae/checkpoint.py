@@ -199,12 +199,12 @@ def resolve_checkpoint_path(path: Union[str, os.PathLike]) -> tuple[Path, Option
     return p, config
 
 
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes (torch colours some errors)
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
     """The first line of an error message without terminal colour codes (torch's are long and coloured)."""
-    text = [t.strip() for t in _ANSI_ESCAPE.sub("", str(error)).strip().splitlines() if t.strip()]
+    text = [t.strip() for t in ANSI_ESCAPE.sub("", str(error)).strip().splitlines() if t.strip()]
     # torch's weights-only refusal puts the useful line ("Unsupported global: …") after a long preamble
     detail = [t for t in text if t.startswith("WeightsUnpickler error:")]
     line = (detail or text or ["no message"])[0]
