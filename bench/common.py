@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -68,6 +68,24 @@ def time_ms(fn: Callable[[], object], device, repeat: int = 3, warmup: int = 1) 
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), result
+
+
+def interleaved_ms(fns: Sequence[Callable[[], object]], device, repeat: int,
+                   tick: Callable[[], None] = lambda: None) -> tuple[list[list[float]], list[object]]:
+    """Each fn's wall times in ms over `repeat` round-robin rounds (the caller warms up first), and its last
+    output. Why alternate: machine load and clock drift then hit every variant alike, instead of whichever
+    ran in a block after the others. A fn's previous output is freed before its next run allocates."""
+    times: list[list[float]] = [[] for _ in fns]
+    outs: list[object] = [None] * len(fns)
+    for _ in range(max(repeat, 1)):
+        for i, fn in enumerate(fns):
+            outs[i] = None
+            t0 = time.perf_counter()
+            outs[i] = fn()
+            sync(device)
+            times[i].append((time.perf_counter() - t0) * 1e3)
+            tick()
+    return times, outs
 
 
 def cuda_peak_mb(fn: Callable[[], object], device) -> tuple[Optional[float], object]:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 import torch
 
 from ..vae.api import TurboVAE, parse_dtype
-from .common import BenchOptions, BenchRow, max_abs, psnr, sync
+from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, psnr, sync
 
 SECTION = "main"
 SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
@@ -257,23 +256,13 @@ def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Te
     """((median ms, peak MB, output) of the reference, the same of ours). Each side runs once to warm up (that
     run also measures its memory), then the timed runs alternate between the sides: machine load and clock
     drift then hit both alike, instead of whichever side happened to run second."""
-    fns = (ref, ours)
     with torch.inference_mode():
-        warm = []
-        for fn in fns:
-            warm.append(peak(lambda: fn(x)))
+        peaks = []
+        for fn in (ref, ours):
+            peaks.append(peak(lambda: fn(x))[0])  # its output is dropped: the timed runs make their own
             tick()
-        outs = [out for _mb, out in warm]
-        times: tuple[list[float], list[float]] = ([], [])
-        for _ in range(max(opts.repeat, 1)):
-            for i, fn in enumerate(fns):
-                outs[i] = None  # the previous output is freed before the next run allocates
-                t0 = time.perf_counter()
-                outs[i] = fn(x)
-                sync(x.device)
-                times[i].append((time.perf_counter() - t0) * 1e3)
-                tick()
-    return tuple((statistics.median(times[i]), warm[i][0], outs[i]) for i in range(2))
+        times, outs = interleaved_ms([lambda: ref(x), lambda: ours(x)], x.device, opts.repeat, tick)
+    return tuple((statistics.median(times[i]), peaks[i], outs[i]) for i in range(2))
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..vae.api import load_vae
-from .common import BenchRow, format_table, write_json
+from .common import BenchRow, format_table, interleaved_ms, write_json
 from .seedvr2 import random_weights
 
 SECTION = "seedvr2-original"
@@ -82,12 +81,6 @@ def _single_process_group() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
-def _timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
-    t0 = time.perf_counter()
-    out = fn()
-    return (time.perf_counter() - t0) * 1e3, out
-
-
 def compare(checkout: Path, cases: Sequence[str], repeat: int = 3) -> list[BenchRow]:
     sd = random_weights()
     original = build_original(checkout, sd)
@@ -107,12 +100,7 @@ def compare(checkout: Path, cases: Sequence[str], repeat: int = 3) -> list[Bench
             return ours.decode(z)
 
         theirs(), mine()  # warm-up: first-call allocations and lazy init on both sides
-        t_theirs, t_ours = [], []
-        for _ in range(max(repeat, 1)):
-            ms, ref = _timed(theirs)
-            t_theirs.append(ms)
-            ms, out = _timed(mine)
-            t_ours.append(ms)
+        (t_theirs, t_ours), (ref, out) = interleaved_ms([theirs, mine], "cpu", repeat)
         rel = ((out - ref).abs().max() / ref.abs().max()).item()
         base = min(t_theirs)
         runs = lambda ts: "/".join(f"{t / 1e3:.2f}" for t in ts)  # noqa: E731

@@ -11,13 +11,12 @@ CPU (fp32): SeedVR2 21 frames at 64², Wan 2.1 81 frames at 64². CUDA (bench dt
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import torch
 
 from ..vae.api import TurboVAE, parse_dtype
-from .common import BenchOptions, BenchRow, max_abs, sync
+from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
 from .gpu import _seeded_init
 
 SECTION = "slices"
@@ -68,15 +67,9 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         fns = {name: runner(ts) for name, ts in variants.items()}
         with torch.inference_mode():
             outs = {name: fn() for name, fn in fns.items()}  # warm-up round, and the outputs compared
-        sync(device)
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(max(opts.repeat, 1)):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                with torch.inference_mode():
-                    fn()
-                sync(device)
-                times[name].append((time.perf_counter() - t0) * 1e3)
+            sync(device)
+            runs_ms, _ = interleaved_ms(list(fns.values()), device, opts.repeat)
+        times = dict(zip(fns, runs_ms))
         base = min(times["whole clip"])
         for name, ts in times.items():
             runs = "/".join(f"{t / 1e3:.2f}" for t in ts)
