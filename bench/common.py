@@ -70,6 +70,22 @@ def time_ms(fn: Callable[[], object], device, repeat: int = 3, warmup: int = 1) 
     return statistics.median(times), result
 
 
+def fan_in_weights(shapes: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded weights for a key -> shape table, scaled by fan-in so activations stay O(1) through the
+    real-size networks: biases small, 1-D norm scales near 1, everything else N(0, 1/fan_in)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for key, shape in shapes.items():
+        if key.endswith(".bias"):
+            sd[key] = 0.02 * torch.randn(shape, generator=g)
+        elif len(shape) == 1:
+            sd[key] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = torch.randn(shape, generator=g)
+            sd[key] = t.div_(t[0].numel() ** 0.5)
+    return sd
+
+
 def interleaved_ms(fns: Sequence[Callable[[], object]], device, repeat: int,
                    tick: Callable[[], None] = lambda: None) -> tuple[list[list[float]], list[object]]:
     """Each fn's wall times in ms over `repeat` round-robin rounds (the caller warms up first), and its last

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from ..vae.api import TurboVAE, parse_dtype
-from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, psnr, sync
+from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
 
 SECTION = "main"
 SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
@@ -105,21 +105,6 @@ class Pair:
         return torch.randn(shape, generator=g)
 
 
-def _fan_in_weights(shapes: dict, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded weights scaled by fan-in so activations stay O(1) through the real-size networks."""
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for key, shape in shapes.items():
-        if key.endswith("bias"):
-            sd[key] = 0.02 * torch.randn(shape, generator=g)
-        elif len(shape) == 1:  # norm scales (gamma / weight)
-            sd[key] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g)
-            sd[key] = t.div_(t[0].numel() ** 0.5)
-    return sd
-
-
 def _shapes(module_cls, *args) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         return {k: tuple(v.shape) for k, v in module_cls(*args).state_dict().items()}
@@ -138,7 +123,7 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
 
     cfg = _wan_config(family, opts.quick)
     path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
-    sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else _fan_in_weights(_shapes(WanVAE, cfg))
+    sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else fan_in_weights(_shapes(WanVAE, cfg))
     model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype).eval()
     layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
 
@@ -179,7 +164,7 @@ def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) 
         model = load_vae(path, device=device, dtype=dtype).model
     else:
         model = SeedVR2VAE(cfg)
-        model.load_state_dict(_fan_in_weights(_shapes(SeedVR2VAE, cfg)))
+        model.load_state_dict(fan_in_weights(_shapes(SeedVR2VAE, cfg)))
         model = model.to(device=device, dtype=dtype).eval()
 
     def side(fast: FastPaths) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -197,7 +182,7 @@ def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, ti
     from ..vae.wan import WanVAE, build
 
     cfg = _wan_config("qwen", opts.quick)
-    vae = TurboVAE(build(_fan_in_weights(_shapes(WanVAE, cfg)), config=cfg, source="bench")
+    vae = TurboVAE(build(fan_in_weights(_shapes(WanVAE, cfg)), config=cfg, source="bench")
                    .to(device=device, dtype=dtype).eval())
     overlap = min(64, tile // 4)
     return Pair("untiled (ours)", lambda z: vae.decode(z), f"exact tiles {tile} px",

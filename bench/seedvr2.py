@@ -15,24 +15,14 @@ import torch
 
 from ..vae.api import load_vae, parse_dtype
 from ..vae.seedvr2 import FastPaths, SeedVR2VAE, expected_shapes
-from .common import BenchOptions, BenchRow, max_abs, measure, psnr
+from .common import BenchOptions, BenchRow, fan_in_weights, max_abs, measure, psnr
 
 SECTION = "seedvr2"
 
 
 def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded fan-in-scaled weights for the real architecture (activations stay O(1))."""
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for k, shape in expected_shapes().items():
-        if k.endswith(".bias"):
-            sd[k] = 0.02 * torch.randn(shape, generator=g)
-        elif len(shape) == 1:
-            sd[k] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g)
-            sd[k] = t.div_(t[0].numel() ** 0.5)
-    return sd
+    return fan_in_weights(expected_shapes(), seed)
 
 
 def _model(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> SeedVR2VAE:
