@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
     p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or e.g. "cuda:0,cuda:1" / '
                                                   '"cpu,cpu" (default: all)')
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--tile", type=int, default=None, help="tile side in pixels inside each band (0 = from free memory; default: 512)")
+    p.add_argument("--tile", type=int, default=None,
+                   help="tile side in pixels of the single-device pass the bands share (each band's tiles hold 1/N "
+                        "of its area); 0 = each device sizes its tiles from free memory (default: 512)")
     p.add_argument("--temporal-slice", type=int, default=None, help="latent frames per step (default: automatic)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a rank waits for the others before the pass fails (torchrun only; default: 600)")

@@ -23,8 +23,9 @@ def _inputs(default_tile: int) -> list:
     return [
         io.String.Input("devices", default="all", tooltip=DEVICES_HELP),
         io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
-                     tooltip="Tile side in pixels inside each device's band; 0 = choose from free memory. "
-                             f"Minimum {MIN_TILE}."),
+                     tooltip="Tile side in pixels of the single-GPU exact pass whose memory the GPUs share: each "
+                             "GPU's tiles hold 1/N of its area, so each needs about 1/N of one GPU's memory. "
+                             f"0 = each GPU sizes its tiles from its own free memory. Minimum {MIN_TILE}."),
         io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
                      tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = choose from "
                              "free memory. Slices carry the causal cache, so slicing never changes the result."),

@@ -10,11 +10,14 @@ import time
 import torch
 import torch.distributed as dist
 
-CASES = [  # (kind, decode, frames): both architectures, both directions, an image and a clip
-    ("seedvr2", True, 2), ("seedvr2", False, 1), ("wan2.1", True, 1), ("wan2.1", False, 3),
-]
 LATENT_HW = (7, 5)  # odd height: uneven bands
 TILE = 64
+TALL = (27, 6)  # Wan bands tall enough to exchange halo rows per stage (with TALL_TILE) instead of recomputing
+TALL_TILE = 128
+CASES = [  # (kind, decode, frames, latent h×w, tile px): both architectures, both directions, images and clips
+    ("seedvr2", True, 2, LATENT_HW, TILE), ("seedvr2", False, 1, LATENT_HW, TILE), ("wan2.1", True, 1, LATENT_HW, TILE),
+    ("wan2.1", False, 3, LATENT_HW, TILE), ("wan2.1", False, 2, TALL, TALL_TILE), ("wan2.1", True, 2, TALL, TALL_TILE),
+]
 
 
 def build(kind: str):
@@ -34,9 +37,9 @@ def build(kind: str):
     return TurboVAE(WanVAE(TINY_WAN22 if kind == "wan2.2" else TINY_WAN21))
 
 
-def case_input(vae, decode: bool, frames: int) -> torch.Tensor:
+def case_input(vae, decode: bool, frames: int, hw: tuple[int, int] = LATENT_HW) -> torch.Tensor:
     g = torch.Generator().manual_seed(frames)
-    h, w = LATENT_HW
+    h, w = hw
     if decode:
         return torch.randn(1, vae.latent_channels, frames, h, w, generator=g)
     f = vae.spatial_factor
@@ -54,12 +57,12 @@ def rank_main(rank: int, world: int, folder: str) -> None:
                             timeout=datetime.timedelta(seconds=60))
     report = {}
     sub = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
-    for i, (kind, decode, frames) in enumerate(CASES):
+    for i, (kind, decode, frames, hw, tile) in enumerate(CASES):
         vae = build(kind)
-        x = case_input(vae, decode, frames)
+        x = case_input(vae, decode, frames, hw)
         run = decode_parallel if decode else encode_parallel
         group = sub if i % 2 else None  # odd cases through an explicit group, even ones the default group
-        report[f"{kind}-{decode}-{frames}"] = run(vae, x, group=group, tile=TILE, temporal_slice=1)
+        report[f"{kind}-{decode}-{frames}-{hw}"] = run(vae, x, group=group, tile=tile, temporal_slice=1)
 
     def cancel_on_rank_1(done: int, total: int) -> None:
         if rank == 1 and done == 2:

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from fractions import Fraction
 
 import pytest
 import torch
@@ -60,6 +61,49 @@ def test_devices_mode_equals_single_device_exact(kind, n, frames, hw):
     _assert_equal(lat, _single(vae, x, False, tile), vae, x, False, tile)
 
 
+@pytest.mark.parametrize("kind,decode,n,frames", [
+    ("wan2.1", True, 3, 3), ("wan2.1", False, 2, 2), ("wan2.2", True, 2, 2), ("wan2.2", False, 3, 1),
+])
+def test_wan_bands_exchange_halo_rows_per_stage_and_equal_single_device(kind, decode, n, frames, monkeypatch):
+    """Bands that fit their share of the tile run each local stage once with halo rows from the neighbours
+    (no recomputed overlap); odd heights, clips streamed slice by slice; equal to the single-device pass."""
+    from turbovae.vae.parallel import sharded
+    from turbovae.vae.parallel.band_chain import can_exchange
+
+    calls = []
+    real = sharded.run_band_chain
+    monkeypatch.setattr(sharded, "run_band_chain", lambda *a, **k: calls.append(1) or real(*a, **k))
+    vae = pw.build(kind)
+    f = vae.spatial_factor
+    h, w = 27, 6
+    tile = 16 * f  # 16 latents: a 9-row band is one tile of ≤ 256/N latent pixels
+    bands = BandPlan.split(h, w, n)
+    plan = vae.model.exact_plan(decode=decode)
+    assert can_exchange(plan, bands, Fraction(1 if decode else f))
+    assert all(len(bands.tiles(r, 16, n)) == 1 for r in range(n))
+    g = torch.Generator().manual_seed(3)
+    if decode:
+        x = torch.randn(1, vae.latent_channels, frames, h, w, generator=g)
+    else:
+        x = torch.rand(1, vae.image_channels, 4 * frames - 3, h * f, w * f, generator=g) * 2 - 1
+    run = decode_parallel if decode else encode_parallel
+    out = run(vae, x, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    assert calls, "the bands recomputed their overlap instead of exchanging halo rows"
+    _assert_equal(out, _single(vae, x, decode, tile), vae, x, decode, tile)
+
+
+def test_bands_thinner_than_a_stage_halo_recompute_their_overlap(monkeypatch):
+    from turbovae.vae.parallel import sharded
+    from turbovae.vae.parallel.band_chain import can_exchange
+
+    monkeypatch.setattr(sharded, "run_band_chain", lambda *a, **k: pytest.fail("exchanged with too thin bands"))
+    vae = pw.build("wan2.1")
+    z = torch.randn(1, vae.latent_channels, 1, 6, 5, generator=torch.Generator().manual_seed(4))
+    assert not can_exchange(vae.model.exact_plan(decode=True), BandPlan.split(6, 5, 3), Fraction(1))
+    out = decode_parallel(vae, z, devices=["cpu"] * 3, tile=0)
+    _assert_equal(out, decode_tiled(vae, z, mode="exact", tile=1024), vae, z, True, 1024)
+
+
 def test_four_d_input_and_auto_slices_and_progress_ticks_to_total():
     vae = pw.build("seedvr2")
     z = torch.randn(1, vae.latent_channels, 6, 8)
@@ -76,6 +120,27 @@ def test_band_plan_splits_evenly_and_gives_every_rank_the_same_tile_count():
     assert [c for r in range(3) for c in plan.cores(r, 2)][-1] == (9, 11)
     with pytest.raises(ValueError, match="at most 4 devices"):
         BandPlan.split(4, 9, 5)
+
+
+@pytest.mark.parametrize("h,w,n,tile", [(64, 64, 2, 64), (128, 128, 2, 64), (135, 240, 4, 64), (11, 9, 3, 8),
+                                        (68, 120, 3, 32)])
+def test_band_tiles_cover_each_band_once_with_one_nth_of_a_tile_each(h, w, n, tile):
+    """The N bands share one single-device tile's working memory: each band tile ≤ tile²/N latent pixels."""
+    plan = BandPlan.split(h, w, n)
+    counts = set()
+    for r in range(n):
+        a, b = plan.rows(r)
+        tiles = plan.tiles(r, tile, n)
+        counts.add(len(tiles))
+        cover = torch.zeros(h, w, dtype=torch.int32)
+        for (r0, r1), (c0, c1) in tiles:
+            assert r1 - r0 <= tile and c1 - c0 <= tile
+            assert (r1 - r0) * (c1 - c0) <= max(tile * tile // n, 2 * (r1 - r0))
+            cover[r0:r1, c0:c1] += 1
+        assert cover[a:b].eq(1).all() and cover.sum() == (b - a) * w
+    assert len(counts) == 1  # the same tile count on every rank: progress ticks line up
+    whole = plan.tiles(0, max(h, w), 1)  # share=1 (tile from each device's free memory): the band whole
+    assert [c for _, c in whole] == [(0, w)]
 
 
 def test_bad_arguments_are_clear_errors():
@@ -122,12 +187,12 @@ def test_gloo_group_of_spawned_processes_equals_single_device(tmp_path):
     world = 3
     mp.start_processes(pw.rank_main, args=(world, str(tmp_path)), nprocs=world, start_method="spawn")
     reports = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
-    for kind, decode, frames in pw.CASES:
+    for kind, decode, frames, hw, tile in pw.CASES:
         vae = pw.build(kind)
-        x = pw.case_input(vae, decode, frames)
-        ref = _single(vae, x, decode)
+        x = pw.case_input(vae, decode, frames, hw)
+        ref = _single(vae, x, decode, tile)
         for rep in reports:  # every rank returns the whole result
-            _assert_equal(rep[f"{kind}-{decode}-{frames}"], ref, vae, x, decode, pw.TILE)
+            _assert_equal(rep[f"{kind}-{decode}-{frames}-{hw}"], ref, vae, x, decode, tile)
     assert reports[1]["cancel"] == "KeyboardInterrupt"
     assert reports[0]["cancel"] == reports[2]["cancel"] == "ParallelPassError"
     assert reports[1]["failure"] == "ValueError"  # its own input check

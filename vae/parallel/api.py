@@ -88,7 +88,9 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
         temporal_slice = auto_temporal_slice(vae.model.memory_model, px, latent_frames, vae.dtype, vae.device,
                                              decode=decode, temporal_factor=vae.temporal_factor)
     out_device = torch.device(output_device) if output_device is not None else vae.device
-    kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device)
+    # a given (or default) tile is shared by the bands; tile=0 sized it from each device's own free memory
+    kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
+                  share_tile=tile != 0)
     if use_dist:
         comm = DistCollective(group, vae.device)
         # sizes picked from this rank's free memory: every rank takes the smallest (None = whole clip)
@@ -114,8 +116,10 @@ def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList
                     output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Exact decode with the frame split into row bands over `devices` (this process) or the ranks of `group`.
 
-    `tile` (pixels; None = 512, 0 = from free memory) and `temporal_slice` bound each band's working memory
-    as in `decode_tiled(mode="exact")`, whose result this equals. `progress(done, total)` runs on rank 0 with
+    `tile` (pixels; None = 512) is the single-device tile whose working memory the bands share: each band's
+    tiles hold 1/N of its area, so a device needs about 1/N of what `decode_tiled(mode="exact", tile=tile)`
+    needs (plus halos), and the result equals that pass. `tile=0`: each device sizes its tiles from its own
+    free memory. `temporal_slice` bounds the frames per step, as there. `progress(done, total)` runs on rank 0 with
     `devices=`, on every rank with a process group; raising from it (a cancel) stops every rank. With
     `devices=None` and no process group: every visible CUDA device, else the VAE's device.
     Returns pixels in [-1, 1], model dtype, on `output_device` (default: the VAE's device).

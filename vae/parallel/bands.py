@@ -54,6 +54,18 @@ class BandPlan:
         edges = [a + round(i * (b - a) / n) for i in range(n + 1)]
         return list(zip(edges, edges[1:]))
 
+    def tiles(self, rank: int, tile: int, share: int = 1) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """This band's tile cores as (rows, cols) in latent pixels: sides of at most `tile` and, with
+        `share` = N, areas of at most tile²/N, so the N bands' working memory together is one single-device
+        tile's (the single-device pass with the same `tile` needs N times what one band does). Every rank
+        gets the same count, in the same order."""
+        rows = self.cores(rank, tile)
+        tallest = -(-max(self.counts()) // len(rows))
+        area = max(1, tile * tile // max(1, share))
+        n = min(max(1, self.w_lat // 2), max(-(-self.w_lat // tile), -(-tallest * self.w_lat // area)))
+        edges = [round(i * self.w_lat / n) for i in range(n + 1)]
+        return [(r, c) for r in rows for c in zip(edges, edges[1:])]
+
 
 class Band:
     """One device's band of a split frame as the layer-wise SeedVR2 pass sees it (`layerwise.RowShard`)."""

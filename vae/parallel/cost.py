@@ -9,10 +9,12 @@ Per rank (interior band, the busiest):
 - SeedVR2 (halo exchange): conv FLOPs / N, attention queries / N (keys/values projected on every rank);
   received bytes = Σ over k×k convs of (k - stride) rows × width × C_in × frames, GroupNorm sums, the
   gathered latent frame for attention, and the all-gathered result (every rank returns it).
-- Wan/Qwen (overlap recomputed, as implemented): no halo bytes; each local stage runs on H/N + 2·halo rows
-  of its input (halos from the exact plan), the global part (mid block) on every rank except its attention
-  queries (/ N); bytes = the attention output gather and the result gather (+ the mid features for encode). `exchange` rows give the same pass with
-  halos exchanged instead, for comparison.
+- Wan/Qwen, both ways the code runs: "overlap recomputed" (bands larger than their share of the tile): no
+  halo bytes; each local stage runs on H/N + 2·halo rows of its input (halos of the whole chain from the exact
+  plan). "halo exchange per stage" (bands that fit their share, vae/parallel/band_chain.py): each stage runs
+  on H/N + 2·(its own radius) rows and receives those rows from the neighbours. Both: the global part (mid
+  block) on every rank except its attention queries (/ N); bytes also = the attention output gather and the
+  result gather (+ the mid features for encode).
 Time per rank = FLOPs / R + bytes / B + collectives × α, no overlap of communication with compute;
 efficiency = T(1) / (N · T(N)) with T(1) the unsplit pass.
 """
@@ -53,6 +55,7 @@ class _Layer:
     attention: bool = False
     kv_flops: float = 0.0  # key/value projections every rank repeats (SeedVR2 attention)
     frame_bytes: float = 0.0  # the latent frame an attention layer gathers
+    row_bytes: float = 0.0  # one row of this layer's input (all frames it reads)
 
 
 def _conv_record(name: str, mod: nn.Module, x: torch.Tensor, y: torch.Tensor) -> _Layer:
@@ -63,8 +66,8 @@ def _conv_record(name: str, mod: nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     kt_eff = kt if x.ndim == 5 and x.shape[2] > 1 else 1  # one frame: the temporal taps fold into one
     flops = 2.0 * y.numel() * (mod.in_channels // mod.groups) * kt_eff * kh * kw
     halo_rows = max(0, kh - sh)
-    halo = halo_rows * x.shape[-1] * x.shape[1] * (frames + kt - 1) * BYTES_PER_ELEMENT * (x.shape[0] if x.ndim == 5 else 1)
-    return _Layer(name, flops, halo)
+    row = x.shape[-1] * x.shape[1] * (frames + kt - 1) * BYTES_PER_ELEMENT * (x.shape[0] if x.ndim == 5 else 1)
+    return _Layer(name, flops, halo_rows * row, row_bytes=row)
 
 
 def _attention_record(name: str, x: torch.Tensor, separate_kv: bool) -> _Layer:
@@ -184,6 +187,7 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
 
     from ..tiling.exact import _halos, _resolutions
     from ..wan import WAN21, WAN22, WanVAE
+    from .band_chain import stage_halo
 
     cfg = WAN22 if arch == "wan2.2" else WAN21
     with torch.device("meta"):
@@ -213,13 +217,20 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
     # the attention output gathered back, and for encode the latent-resolution features gathered first
     mid_bytes = sum(l.frame_bytes for l in attention) * (n - 1) / n * (1 if decode else 2)
     ticks = 3 + len(attention)  # band tile + global part per slice (progress ticks), result gather, attention
-    exchanged = [l for l in layers if l.halo_bytes > 0 and stage_of(l.name) is not None]
+    # per-stage exchange: each stage recomputes only its own radius; stages after the first receive it
+    own = [stage_halo(s) for s in plan.local]
+    exchange = glob + sum(fk * min(1.0, 1 / n + 2 * own[k] / float(h_lat * res[k])) for k, fk in enumerate(local))
+    first_conv: dict[int, _Layer] = {}
+    for l in layers:
+        k = stage_of(l.name)
+        if k is not None and l.row_bytes > 0 and not l.attention:
+            first_conv.setdefault(k, l)
+    halo_bytes = sum(2 * own[k] * first_conv[k].row_bytes for k in range(1, len(local)) if k in first_conv)
     return [
-        _predict(arch, "decode" if decode else "encode", size, n, "overlap recomputed (implemented)", total,
+        _predict(arch, "decode" if decode else "encode", size, n, "overlap recomputed", total,
                  recompute, gather_out + mid_bytes, ticks, assume),
-        _predict(arch, "decode" if decode else "encode", size, n, "halo exchange (model only)", total,
-                 glob + sum(local) / n, gather_out + mid_bytes + sum(l.halo_bytes for l in exchanged),
-                 ticks + len(exchanged), assume),
+        _predict(arch, "decode" if decode else "encode", size, n, "halo exchange per stage", total,
+                 exchange, gather_out + mid_bytes + halo_bytes, ticks + len(local) - 1, assume),
     ]
 
 

@@ -14,13 +14,15 @@ Causal temporal memory stays with the band, so a clip streams slice by slice on 
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Callable, Optional
 
 import torch
 
-from ..tiling.exact import ExactPlan, LayerwisePlan, _run_global, _run_tiles, partition
+from ..tiling.exact import ExactPlan, LayerwisePlan, _run_global, _run_tiles
 from ..tiling.fast import PassGeometry
+from .band_chain import can_exchange, run_band_chain
 from .bands import Band, BandPlan
 from .collectives import Collective, Lockstep
 
@@ -28,10 +30,14 @@ Progress = Optional[Callable[[int, int], None]]
 
 
 def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile_latent: int,
-                 temporal_slice: Optional[int], progress: Progress,
-                 output_device: torch.device) -> Optional[torch.Tensor]:
+                 temporal_slice: Optional[int], progress: Progress, output_device: torch.device,
+                 share_tile: bool = True) -> Optional[torch.Tensor]:
     """`x`: the whole validated input (any device). Returns the whole fp32 output (pixels or moments) on the
-    ranks that return a result (`comm.returns_result`), else None."""
+    ranks that return a result (`comm.returns_result`), else None.
+
+    `share_tile`: the bands share the working memory of one `tile_latent` tile (each band's tiles hold 1/N of
+    its area), so a rank needs about 1/N of the single-device exact pass with the same tile; False when
+    every device sized the tile from its own free memory."""
     lf = model.latent_format
     f = lf.spatial_factor
     in_scale, out_scale = (1, f) if decode else (f, 1)
@@ -42,12 +48,14 @@ def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile
     tick = Lockstep(comm, progress)
     plan = model.exact_plan(decode=decode)
     a, b = bands.rows(comm.rank)
-    if isinstance(plan, LayerwisePlan):
+    share = comm.size if share_tile else 1
+    if isinstance(plan, LayerwisePlan):  # its working memory is bounded by a tile area (a budget)
         x_band = x[..., a * in_scale:b * in_scale, :].to(comm.device)
-        band_out = plan.run(x_band, tile_latent, temporal_slice, tick, shard=Band(bands, comm))
+        band_out = plan.run(x_band, max(1, math.isqrt(tile_latent * tile_latent // share)), temporal_slice, tick,
+                            shard=Band(bands, comm))
         del x_band
     else:
-        band_out = _exact_plan_band(plan, x, bands, comm, geom, tile_latent, temporal_slice, tick)
+        band_out = _exact_plan_band(plan, x, bands, comm, geom, tile_latent, share, temporal_slice, tick)
     out = None
     if comm.returns_result:
         out = torch.empty(x.shape[0], geom.out_channels, geom.out_frames(x.shape[2]), h_lat * out_scale,
@@ -57,11 +65,16 @@ def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile
 
 
 def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Collective, geom: PassGeometry,
-                     tile: int, temporal_slice: Optional[int], progress: Lockstep) -> torch.Tensor:
-    """This band's rows of the output, from tiles covering the band (the same tile count on every rank)."""
+                     tile: int, share: int, temporal_slice: Optional[int], progress: Lockstep) -> torch.Tensor:
+    """This band's rows of the output. When the band fits its share of the tile (one tile per band) its local
+    stages run once on the band with halo rows exchanged per stage (`band_chain`); otherwise from tiles
+    covering the band that recompute their halo from the input. Every rank makes the same choice and the same
+    number of progress ticks."""
     h_lat, w_lat = bands.h_lat, bands.w_lat
     a, b = bands.rows(comm.rank)
-    cores = [(r, c) for r in bands.cores(comm.rank, tile) for c in partition(w_lat, tile)]
+    cores = bands.tiles(comm.rank, tile, share)
+    res_in = Fraction(1 if geom.decode else geom.in_scale)
+    exchange = len(cores) == 1 and can_exchange(plan, bands, res_in)
     slices = geom.slices(x.shape[2], temporal_slice)
     total = len(slices) * (len(cores) + 1)
     done = 0
@@ -71,18 +84,24 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
         done += 1
         progress(done, total)
 
+    def local(src: torch.Tensor, dst: torch.Tensor, out_scale: int) -> None:
+        if exchange:
+            run_band_chain(plan, src, dst, bands, comm, res_in, slices, geom, out_scale, tick, device=comm.device)
+        else:
+            _run_tiles(plan, src, dst, cores, res_in, (h_lat, w_lat), slices, geom, out_scale, tick, dst_row0=a,
+                       device=comm.device)
+
     batch, device = x.shape[0], comm.device
     if geom.decode:
         f = geom.out_scale
         glob = _run_global(plan, x.to(device), slices, tick, shard=Band(bands, comm))
         out = torch.empty(batch, geom.out_channels, geom.out_frames(x.shape[2]), (b - a) * f, w_lat * f,
                           dtype=torch.float32, device=device)
-        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, geom, f, tick, dst_row0=a)
+        local(glob, out, f)
         return out
     mid = torch.empty(batch, plan.global_channels, geom.out_frames(x.shape[2]), b - a, w_lat, dtype=x.dtype,
                       device=device)
-    _run_tiles(plan, x, mid, cores, Fraction(geom.in_scale), (h_lat, w_lat), slices, geom, 1, tick, dst_row0=a,
-               device=device)
+    local(x, mid, 1)
     whole = comm.all_gather_rows(mid, bands.counts())
     del mid
     moments = _run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick,

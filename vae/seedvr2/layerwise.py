@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -111,22 +111,48 @@ def norm_silu_pre(norm: nn.GroupNorm, x: torch.Tensor, policy: SplitPolicy) -> C
 # ------------------------------------------------------------------------------------------------
 # Causal conv, tile by tile
 # ------------------------------------------------------------------------------------------------
-def _crop_padded(x: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int], pre: Pre,
-                 row0: int = 0, frame_rows: Optional[int] = None) -> torch.Tensor:
+def _row_pieces(parts: Sequence[torch.Tensor], a: int, b: int, cols: slice) -> list[torch.Tensor]:
+    """Views of rows [a, b) (counted from the first piece's first row) × `cols` of the pieces stacked by rows
+    (a band and its halo rows are kept apart: joining them would copy the band)."""
+    pieces, off = [], 0
+    for p in parts:
+        n = p.shape[-2]
+        lo, hi = max(a, off), min(b, off + n)
+        if lo < hi:
+            pieces.append(p[..., lo - off:hi - off, cols])
+        off += n
+    return pieces
+
+
+def _crop_padded(x: Union[torch.Tensor, Sequence[torch.Tensor]], rows: tuple[int, int], cols: tuple[int, int],
+                 pre: Pre, row0: int = 0, frame_rows: Optional[int] = None) -> torch.Tensor:
     """Frame rows `rows` × cols `cols` with out-of-frame rows/cols as zeros (after `pre`, like conv zero
-    padding). `x` holds the frame's rows from `row0` on (a band with its halo); the frame has
-    `frame_rows` rows (default: x's)."""
-    h, w = x.shape[-2:]
+    padding). `x` holds the frame's rows from `row0` on: one tensor, or pieces stacked by rows (a band
+    between its halo rows); the frame has `frame_rows` rows (default: x's).
+
+    Memory: one crop-sized result plus, with `pre`, one piece-sized temporary (what normalising and then
+    padding a single crop needs), however many pieces the crop spans."""
+    parts = (x,) if isinstance(x, torch.Tensor) else tuple(x)
+    h, w = sum(p.shape[-2] for p in parts), parts[0].shape[-1]
     frame_rows = row0 + h if frame_rows is None else frame_rows
     (a, b), (c, d) = rows, cols
     a0, b0 = max(0, a), min(frame_rows, b)
     if a0 < row0 or b0 > row0 + h:
         raise RuntimeError(f"rows {a0}..{b0} are outside the band's rows {row0}..{row0 + h} (halo too small)")
-    crop = x[..., a0 - row0:b0 - row0, max(0, c):min(w, d)]
-    if pre is not None:
-        crop = pre(crop, 0)
-    pads = (max(0, -c), max(0, d - w), a0 - a, b - b0)
-    return F.pad(crop, pads) if any(pads) else crop
+    pieces = _row_pieces(parts, a0 - row0, b0 - row0, slice(max(0, c), min(w, d)))
+    left, top = max(0, -c), a0 - a
+    pads = (left, max(0, d - w), top, b - b0)
+    if len(pieces) == 1:
+        crop = pre(pieces[0], 0) if pre is not None else pieces[0]
+        return F.pad(crop, pads) if any(pads) else crop
+    first = pieces[0]
+    buf = first.new_zeros(*first.shape[:-2], b - a, d - c)
+    width = first.shape[-1]
+    for p in pieces:
+        n = p.shape[-2]
+        buf[..., top:top + n, left:left + width] = pre(p, 0) if pre is not None else p
+        top += n
+    return buf
 
 
 Residual = Optional[Callable[[slice, slice], torch.Tensor]]
@@ -145,9 +171,10 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     e = 1 if conv.pad_right_bottom else 0
     b, _, t, h, w = x.shape
     h_out = (h + e + 2 * ph - kh) // sh + 1
+    src: tuple[torch.Tensor, ...] = (x,)
     row0, frame_rows, out_row0 = 0, h, 0
-    if policy.shard is not None:  # x is a band: add the neighbours' halo rows, compute the band's output rows
-        x, row0, frame_rows, out_row0, h_out = _with_halo(policy.shard, x, kh, sh, ph, e)
+    if policy.shard is not None:  # x is a band: the neighbours' halo rows around it, the band's output rows
+        src, row0, frame_rows, out_row0, h_out = _with_halo(policy.shard, x, kh, sh, ph, e)
     image = ctx.image(x) and conv.head_frames == kt - 1
     prev = None if image or not conv.memory_frames else ctx.take()
     head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
@@ -164,7 +191,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
         for ox0, ox1 in partition(w_out, side):
             rows = ((out_row0 + oy0) * sh - ph, (out_row0 + oy1 - 1) * sh - ph + kh)
             cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
-            xin = _crop_padded(x, rows, cols, pre, row0, frame_rows)
+            xin = _crop_padded(src, rows, cols, pre, row0, frame_rows)
             if image:
                 y = F.conv2d(xin[:, :, 0], weight2d, conv.bias, (sh, sw)).unsqueeze(2)
                 if residual is not None:
@@ -184,31 +211,33 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, x, prev, pre, image, e))
+        ctx.put(_memory(conv, src, prev, pre, image, e))
     return out
 
 
 def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
-               e: int) -> tuple[torch.Tensor, int, int, int, int]:
-    """A band with the halo rows its conv outputs read: (band + halo, its first frame row, frame rows,
-    first output row, output rows). Band borders sit on multiples of every stride, so an output band
-    [lo/sh, hi/sh) reads input rows lo - ph … hi - sh - ph + kh: the same halo for every band (zero
-    padding only at the true frame border, which `_crop_padded` adds)."""
+               e: int) -> tuple[tuple[torch.Tensor, ...], int, int, int, int]:
+    """A band with the halo rows its conv outputs read: (the pieces halo above, band, halo below — kept
+    apart, so no band-sized copy is made —, the first piece's frame row, frame rows, first output row,
+    output rows). Band borders sit on multiples of every stride, so an output band [lo/sh, hi/sh) reads
+    input rows lo - ph … hi - sh - ph + kh: the same halo for every band (zero padding only at the true
+    frame border, which `_crop_padded` adds)."""
     lo, hi, frame = shard.rows(x)
     frame_out = (frame + e + 2 * ph - kh) // sh + 1
     out_lo = lo // sh
     out_hi = frame_out if hi == frame else hi // sh
     above, below = shard.halo(x, ph, max(0, kh - ph - sh))
-    parts = [p for p in (above, x, below) if p is not None]
-    ext = torch.cat(parts, dim=-2) if len(parts) > 1 else x
-    return ext, lo - (above.shape[-2] if above is not None else 0), frame, out_lo, out_hi - out_lo
+    parts = tuple(p for p in (above, x, below) if p is not None)
+    return parts, lo - (above.shape[-2] if above is not None else 0), frame, out_lo, out_hi - out_lo
 
 
-def _memory(conv, x: torch.Tensor, prev: Optional[torch.Tensor], pre: Pre, image: bool, e: int) -> torch.Tensor:
-    """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input."""
+def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre: Pre, image: bool,
+            e: int) -> torch.Tensor:
+    """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input, whose rows are
+    the pieces `src` (a band between its halo rows, or one tensor)."""
     mf = conv.memory_frames
-    t0 = max(0, x.shape[2] - mf)
-    last = x[:, :, t0:]
+    t0 = max(0, src[0].shape[2] - mf)
+    last = torch.cat([p[:, :, t0:] for p in src], dim=-2) if len(src) > 1 else src[0][:, :, t0:]
     last = pre(last, t0) if pre is not None else last
     if e:
         last = F.pad(last, (0, e, 0, e))
