@@ -6,10 +6,12 @@ and the single-device pass get 1 torch thread each, so with 2 free cores the rat
 are busy with other work the ratio is noise (read the per-run times in the note). On a CUDA machine with 2+ GPUs a `devices=` row per case
 runs the same pass on cuda:0 and cuda:1 in one process against cuda:0 alone.
 
-Peak memory: the RSS high-water increase of one pass (Linux), per rank (the larger of the two) and for the
-single-device pass in a fresh subprocess, both with glibc's fixed mmap threshold (bench/peak_rss.py).
+Peak memory: the RSS high-water increase of a pass (Linux), per rank (the larger of the two) and for the
+single-device pass in a fresh subprocess, both with glibc's fixed mmap threshold (bench/peak_rss.py). The
+column is a later pass (what every pass after the first needs); the note adds the first pass, which also
+builds the weights each device derives once and keeps with the model (folded taps for the T=1 path).
 
-Cases: SeedVR2 and Qwen-Image/Wan 2.1 decode and encode at 128×256 px with seeded real-size weights;
+Cases: SeedVR2 and Qwen-Image/Wan 2.1 decode and encode at 256×256 px with seeded real-size weights;
 `--quick`: tiny configs.
 """
 
@@ -21,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -31,11 +34,11 @@ from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiling import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow, max_abs, sync
 from .gpu import _seeded_init
-from .peak_rss import CHILD_ENV, peak_increase_mb, reset_peak, run_child, supported
+from .peak_rss import CHILD_ENV, peak_increase_mb, reset_peak, return_freed_memory, run_child, supported
 
 SECTION = "parallel"
 WORLD = 2
-LATENT_HW = (16, 32)  # 128×256 px at 8× (odd band split is covered by the tests)
+LATENT_HW = (32, 32)  # 256×256 px at 8× (odd band split is covered by the tests)
 
 
 def _vae(arch: str, quick: bool) -> TurboVAE:
@@ -62,8 +65,23 @@ def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:
 CASES = [("seedvr2", True), ("seedvr2", False), ("wan2.1", True), ("wan2.1", False)]
 
 
+def _peaks(run_once) -> tuple[float, float]:
+    """Peak RSS increase (MB) of a first and a second call of `run_once` (-1 where unsupported)."""
+    if not supported():
+        run_once(), run_once()
+        return -1.0, -1.0
+    peaks = []
+    for _ in range(2):
+        return_freed_memory()
+        base = reset_peak()
+        run_once()
+        peaks.append(peak_increase_mb(base))
+    return peaks[0], peaks[1]
+
+
 def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:
-    """One gloo rank: every case, one warm-up, then `repeat` timed runs (each after a barrier)."""
+    """One gloo rank: every case, two measured warm-ups (first pass, later pass), then `repeat` timed runs
+    (each after a barrier)."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), WORLD), rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=600))
@@ -73,9 +91,7 @@ def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:
         x = _input(vae, decode)
         run = decode_parallel if decode else encode_parallel
         dist.barrier()
-        base = reset_peak() if supported() else None
-        out = run(vae, x)
-        peak = peak_increase_mb(base) if base is not None else -1.0
+        peak = _peaks(lambda: run(vae, x))
         times = []
         for _ in range(repeat):
             dist.barrier()
@@ -124,18 +140,23 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             single = (lambda: decode_tiled(vae, x, mode="exact")) if decode else (lambda: encode_tiled(vae, x, mode="exact"))
             base_times, ref = _time(single, repeat, vae.device)
             times, out, _ = gloo[0][f"{arch}-{decode}"]
-            rank_peak = max(g[f"{arch}-{decode}"][2] for g in gloo)
-            single_peak = (run_child(f"{__package__}.parallel", {"arch": arch, "decode": decode, "quick": opts.quick})
-                           ["peak_mb"] if supported() else None)
+            rank_first, rank_peak = (max(g[f"{arch}-{decode}"][2][i] for g in gloo) for i in (0, 1))
+            single = (run_child(f"{__package__}.parallel", {"arch": arch, "decode": decode, "quick": opts.quick})
+                      if supported() else {"first_mb": None, "peak_mb": None})
             what = "decode" if decode else "encode"
             case = f"{arch} {what} 1×{LATENT_HW[0] * 8}×{LATENT_HW[1] * 8}{' (tiny)' if opts.quick else ''}"
             base = min(base_times)
-            rows.append(BenchRow(SECTION, case, "single-device exact (1 thread)", base, base, peak_mb=single_peak,
-                                 note="decode_tiled/encode_tiled mode=exact, fp32"))
+            rows.append(BenchRow(SECTION, case, "single-device exact (1 thread)", base, base,
+                                 peak_mb=single["peak_mb"],
+                                 note="decode_tiled/encode_tiled mode=exact, fp32"
+                                      + _first_note(single["first_mb"], single["peak_mb"])))
             rows.append(BenchRow(SECTION, case, f"gloo {WORLD} ranks × 1 thread", min(times), base,
                                  peak_mb=rank_peak if rank_peak >= 0 else None, max_abs_err=max_abs(out, ref),
                                  note=f"min of {len(times)} (ms: {'/'.join(f'{t:.0f}' for t in times)}); "
-                                      f"single: {'/'.join(f'{t:.0f}' for t in base_times)}"))
+                                      f"single: {'/'.join(f'{t:.0f}' for t in base_times)}"
+                                      + (_first_note(rank_first, rank_peak) if rank_peak >= 0 else "")
+                                      + (f"; peak per rank {rank_peak / single['peak_mb']:.2f}x single"
+                                         if rank_peak >= 0 and single["peak_mb"] else "")))
             if torch.cuda.is_available() and torch.cuda.device_count() >= 2 and opts.device.startswith("cuda"):
                 rows.extend(_cuda_rows(arch, decode, case, opts, repeat))
     finally:
@@ -156,14 +177,19 @@ def _cuda_rows(arch: str, decode: bool, case: str, opts: BenchOptions, repeat: i
                      max_abs_err=max_abs(out, ref), note="fp32")]
 
 
+def _first_note(first: Optional[float], later: Optional[float]) -> str:
+    return f"; first pass {first:.0f} MB (later passes {later:.0f} MB)" if first is not None and later else ""
+
+
 def _single_peak_child(args: dict) -> dict:
-    """Fresh-process peak RSS increase of the single-device exact pass (what the ranks are compared with)."""
+    """Fresh-process peak RSS increases of a first and a later single-device exact pass (what the ranks are
+    compared with)."""
     torch.set_num_threads(1)
     vae = _vae(args["arch"], args["quick"])
     x = _input(vae, args["decode"])
-    base = reset_peak()
-    (decode_tiled(vae, x, mode="exact") if args["decode"] else encode_tiled(vae, x, mode="exact"))
-    return {"peak_mb": peak_increase_mb(base)}
+    first, later = _peaks(lambda: decode_tiled(vae, x, mode="exact") if args["decode"]
+                          else encode_tiled(vae, x, mode="exact"))
+    return {"first_mb": first, "peak_mb": later}
 
 
 if __name__ == "__main__":  # the child of run_child

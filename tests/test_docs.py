@@ -1,5 +1,5 @@
-"""Docs that cannot drift: every code block in README.md and docs/*.md is run or checked, and the README's
-results table is the renderer's output for the committed results JSON.
+"""Docs that cannot drift: every code block in README.md and docs/*.md is run or checked, and every results
+table in them (between results-table markers) is the renderer's output for the committed results JSON.
 
 - ```python blocks run in a fresh folder, with the model files they name replaced by tiny seeded ones
   (`SUBSTITUTIONS`); blocks that need something a CPU test cannot have are listed in `NOT_RUN` with the reason
@@ -120,13 +120,18 @@ def test_documented_commands_parse(where, command):
 TABLE = re.compile(r"<!-- results-table: (?P<files>[^>]+?) -->\n(?P<table>.*?)\n<!-- /results-table -->", re.S)
 
 
-def test_readme_results_table_is_rendered_from_the_committed_json():
-    text = (ROOT / "README.md").read_text()
-    match = TABLE.search(text)
-    assert match, "README.md has no results table between results-table markers"
-    files = match.group("files").split()
+def test_readme_has_a_results_table():
+    assert TABLE.search((ROOT / "README.md").read_text()), "README.md has no table between results-table markers"
+
+
+TABLES = [(path.relative_to(ROOT).as_posix(), m.group("files").split(), m.group("table").strip())
+          for path in DOCS for m in TABLE.finditer(path.read_text())]
+
+
+@pytest.mark.parametrize("where,files,table", TABLES, ids=[f"{w}:{' '.join(f)}" for w, f, _ in TABLES])
+def test_results_tables_are_rendered_from_the_committed_json(where, files, table):
     rows = [r for f in files for r in report.load_rows(ROOT / f)]
     assert rows
-    assert match.group("table").strip() == report.format_markdown(rows), (
-        "README table differs from its JSON; regenerate with: python -m turbovae.bench.report --markdown "
+    assert table == report.format_markdown(rows), (
+        f"{where}: table differs from its JSON; regenerate with: python -m turbovae.bench.report --markdown "
         + " ".join(files))
