@@ -109,7 +109,7 @@ def validate_workflow(wf: dict) -> list[str]:
         has_output |= sig["output_node"]
         slots = widget_names(sig)
         values = node.get("widgets_values", [])
-        if len(values) > len(slots):
+        if len(values) != len(slots):  # the frontend assigns values to widgets by position
             errors.append(f"{t} #{node['id']}: {len(values)} widget values for {len(slots)} widgets")
         for (name, spec), value in zip(slots, values):
             err = check_widget(t, name, spec, value)
