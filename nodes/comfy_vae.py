@@ -2,16 +2,16 @@
 VAEDecodeTiled, VAEEncodeTiled, SaveLatent, Wan/Qwen helpers) accept it unchanged.
 
 Why a duck type and not a `comfy.sd.VAE` subclass: core never type-checks a VAE, and owning the
-calls lets us keep our exact temporal streaming and tiling, real per-tile progress/cancel in the
-3-D path (core passes no progress bar there), and memory estimates that match our working set
-instead of core's full-tensor guesses. Every public attribute of `comfy.sd.VAE` that core nodes
+calls lets us keep our exact temporal streaming and tiling, real per-tile / per-slice progress and
+cancel (core passes no progress bar there), and memory estimates that match our working set instead of
+core's full-tensor guesses. Every public attribute of `comfy.sd.VAE` that core nodes
 read is provided with the meaning core gives it.
 
 Layouts: IMAGE is [N, H, W, C] in 0..1 on the intermediate device; for these 3-D VAEs an IMAGE batch
 is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are raw latents.
-C is the VAE's image channels (`output_channels`, core's name): 3, or 4 (RGBA) for Qwen-Image-Layered,
-whose decode gives an RGBA IMAGE as core's does; encode fits the image to C channels as core does
-(extra channels dropped, a missing alpha filled with 1.0 = opaque).
+C is the VAE's image channels (`output_channels`, core's name): 3, or 4 (RGBA) for Qwen-Image-Layered, whose
+decode gives an RGBA IMAGE as core's does; encode fits the image to C channels as core does (extra channels
+dropped, a missing alpha filled with 1.0 = opaque).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_
 from ..vae.tiling.plan import plan_tiling
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
 from .pass_report import PassReport, reported
-from .progress import progress_callback
+from .progress import BatchProgress, progress_callback, progress_slice
 
 # Latent frames per slice whose working set we ask model management to free before a pass. Our
 # passes stream longer clips in slices sized to what is free at run time, so reserving the whole
@@ -183,15 +183,16 @@ class ComfyTurboVAE:
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
-        bar = comfy.utils.ProgressBar(z.shape[0])  # core VAE Decode: progress and Cancel per batch item
+        slice_ = progress_slice(self.turbo, z, decode=True)
+        bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
 
         def whole() -> torch.Tensor:
-            with reported(self.turbo, "decode", "untiled", None, self._keep):
+            with reported(self.turbo, "decode", "untiled", slice_, self._keep):
                 out = []
                 for i in range(z.shape[0]):
-                    mm.throw_exception_if_processing_interrupted()
-                    out.append(self.turbo.decode(z[i:i + 1]).to(self.output_device))
-                    bar.update_absolute(i + 1, z.shape[0])
+                    px = self.turbo.decode(z[i:i + 1], temporal_slice=slice_, progress=bar.item(i))
+                    out.append(px.to(self.output_device))  # items leave the device as they finish
+                    bar.done(i)
                 return torch.cat(out)
 
         out = unless_out_of_memory(whole)
@@ -205,19 +206,20 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
         self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
-        bar = comfy.utils.ProgressBar(1)
+        slice_ = progress_slice(self.turbo, clip, decode=False)
+        bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per slice
         mm.throw_exception_if_processing_interrupted()
 
         def whole() -> torch.Tensor:
-            with reported(self.turbo, "encode", "untiled", None, self._keep):
-                return self.turbo.encode(clip)
+            with reported(self.turbo, "encode", "untiled", slice_, self._keep):
+                return self.turbo.encode(clip, temporal_slice=slice_, progress=bar.item(0))
 
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("encoding")
             return self.encode_tiles(pixel_samples, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
                                      temporal_slice=None)
-        bar.update_absolute(1, 1)
+        bar.done(0)
         return out.to(self.output_device).float()
 
     # -- tiled passes ---------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""The UI progress bar of a long pass, which is also its cancel point."""
+"""The UI progress bar of a long pass, which is also its cancel point (tiles, devices, temporal slices)."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
+
 import comfy.model_management as mm
 import comfy.utils
+
+from ..vae.memory import auto_temporal_slice
 
 
 def progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
@@ -20,3 +24,43 @@ def progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
         mm.throw_exception_if_processing_interrupted()
 
     return progress
+
+
+PROGRESS_STEPS = 8  # core VAE Decode/Encode of a clip: about this many progress (and cancel) steps
+
+
+class BatchProgress:
+    """The node's bar over a batch whose items each run in temporal slices: `item(i)` is the `progress(done,
+    total)` one item's pass calls after each slice (it also raises ComfyUI's interrupt exception there when the
+    user presses Cancel); `done(i)` marks an item finished (an image pass reports no slices), also a
+    cancel point."""
+
+    def __init__(self, items: int):
+        self.items, self.steps = items, 1
+        self.bar = comfy.utils.ProgressBar(items)
+
+    def item(self, i: int) -> Callable[[int, int], None]:
+        def progress(done: int, total: int) -> None:
+            self.steps = total
+            self.bar.update_absolute(i * total + done, self.items * total)
+            mm.throw_exception_if_processing_interrupted()
+
+        return progress
+
+    def done(self, i: int) -> None:
+        self.bar.update_absolute((i + 1) * self.steps, self.items * self.steps)
+        mm.throw_exception_if_processing_interrupted()
+
+
+def progress_slice(turbo, x: torch.Tensor, *, decode: bool) -> Optional[int]:
+    """Latent frames per step for core VAE Decode/Encode of a clip `x` (latents, or pixels [B, C, T, H, W]):
+    what free memory allows, and at most 1/PROGRESS_STEPS of the clip, so the bar moves and Cancel is
+    honoured between steps (slicing carries the causal memory: the result is the whole-clip pass's). None
+    (one whole pass) for images."""
+    frames = x.shape[2] if decode else turbo.latent_format.latent_frames(x.shape[2])
+    if frames < 2:
+        return None
+    px = x.shape[-1] * x.shape[-2] * (turbo.spatial_factor ** 2 if decode else 1)
+    auto = auto_temporal_slice(turbo.model.memory_model, px, frames, turbo.dtype, turbo.device,
+                               decode=decode, temporal_factor=turbo.temporal_factor)
+    return min(auto or frames, max(1, -(-frames // PROGRESS_STEPS)))

@@ -88,10 +88,10 @@ class ToyVAE(VAEModel):
         y = fn(x.transpose(1, 2).reshape(b * t, c, h, w))
         return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
 
-    def encode_moments(self, pixels, *, temporal_slice=None):
+    def encode_moments(self, pixels, *, temporal_slice=None, progress=None):
         return self._per_frame(self.encoder, pixels[:, :, ::4] if pixels.shape[2] > 1 else pixels)
 
-    def decode_latents(self, latents, *, temporal_slice=None):
+    def decode_latents(self, latents, *, temporal_slice=None, progress=None):
         out = self._per_frame(self.decoder, latents)
         first, rest = out[:, :, :1], out[:, :, 1:]
         return torch.cat([first, rest.repeat_interleave(4, dim=2)], dim=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from turbovae.bench import slices
@@ -60,3 +61,26 @@ def test_slices_section_reduced_run():
     for case_rows in by_case.values():
         names = [r.variant for r in case_rows]
         assert names[0] == "whole clip" and names[-1].startswith("auto (slice=")
+
+
+def test_progress_reports_each_slice_and_a_raise_stops_the_pass():
+    """`progress(done, total)` after every temporal slice, for both architectures and both directions; raising
+    from it (how ComfyUI cancels) ends the pass there."""
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    torch.manual_seed(0)
+    for vae in (TurboVAE(SeedVR2VAE(SeedVR2Config.tiny())), TurboVAE(WanVAE(TINY_WAN21))):
+        z = torch.randn(1, vae.latent_channels, 4, 4, 4)
+        calls = []
+        out = vae.decode(z, temporal_slice=1, progress=lambda d, t: calls.append((d, t)))
+        assert calls == [(1, 3), (2, 3), (3, 3)]  # 4 latents in slices of 1+1, 1, 1
+        assert (out - vae.decode(z)).abs().max().item() <= 1e-5
+        calls.clear()
+        vae.encode(torch.rand(1, 3, 9, 32, 32) * 2 - 1, temporal_slice=1, progress=lambda d, t: calls.append((d, t)))
+        assert calls == [(1, 2), (2, 2)]
+
+        def cancel(done: int, total: int) -> None:
+            raise KeyboardInterrupt(f"cancelled after slice {done}")
+
+        with pytest.raises(KeyboardInterrupt, match="after slice 1"):
+            vae.decode(z, temporal_slice=1, progress=cancel)

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from ..vae.api import TurboVAE, check_temporal_slice, load_vae, resolve_device
-from ..vae.base import VAEModel
+from ..vae.base import Progress, VAEModel
 from .backend import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
@@ -115,22 +115,24 @@ class EngineVAE(TurboVAE):
         self._disabled[component] = str(err)
         self._warn(f"fail:{component}", f"TurboVAE engine {component} failed ({err}); using PyTorch from now on")
 
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
         check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         if x.shape[2] == 1:
             out = self._engine("encoder", x)
             if out is not None:
                 return out
-        return super().encode_moments(pixels, temporal_slice=temporal_slice)
+        return super().encode_moments(pixels, temporal_slice=temporal_slice, progress=progress)
 
-    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                   progress: Progress = None) -> torch.Tensor:
         """Images on the decoder engine, clips on the slice engines (`temporal_slice` does not apply:
         each engine call is one latent); `decode` keeps the checks, num_frames trimming and 4-D rules."""
         out = self._engine("decoder", z) if z.shape[2] == 1 else self._engine_clip(z)
         if out is not None:
             return out
-        return super().run_decode(z, temporal_slice=temporal_slice)
+        return super().run_decode(z, temporal_slice=temporal_slice, progress=progress)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """Fast tiles on the engines: a tile (one temporal slice) runs like a whole input would — image

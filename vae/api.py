@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import torch
 
-from .base import LatentFormat, VAEModel
+from .base import LatentFormat, Progress, VAEModel
 from .architectures import detect_architecture
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
@@ -154,8 +154,12 @@ class TurboVAE:
     def _eager_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
         return self.model.decode_latents if decode else self.model.encode_moments
 
-    def _model_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
-        """The whole-pass callable: through the CUDA-graph runner once opted in, else the model's own."""
+    def _model_pass(self, decode: bool, progress: Progress = None) -> Callable[..., torch.Tensor]:
+        """The whole-pass callable: through the CUDA-graph runner once opted in, else the model's own. With
+        `progress` always the model's own (a graph replays the whole pass: nothing to report between slices)."""
+        if progress is not None:
+            model_pass = self._eager_pass(decode)
+            return lambda x, **kw: model_pass(x, progress=progress, **kw)
         runner = self._graphs.get(decode)
         return runner if runner is not None else self._eager_pass(decode)
 
@@ -234,8 +238,10 @@ class TurboVAE:
                                    self.device, decode=decode, temporal_factor=self.temporal_factor)
 
     # -- passes --------------------------------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
-        """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip."""
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
+        """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip.
+        `progress(done, total)` runs after each temporal slice; raising from it stops the pass (a cancel)."""
         check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
@@ -243,33 +249,36 @@ class TurboVAE:
             temporal_slice = self._auto_slice(self.latent_format.latent_frames(x.shape[2]),
                                               x.shape[-1] * x.shape[-2], decode=False)
         with torch.inference_mode():
-            return self._model_pass(False)(x, temporal_slice=temporal_slice)
+            return self._model_pass(False, progress)(x, temporal_slice=temporal_slice)
 
     def encode(self, pixels: torch.Tensor, *, sample: bool = False, generator: Optional[torch.Generator] = None,
-               temporal_slice: Optional[int] = None) -> torch.Tensor:
-        """Raw latents: the posterior mean, or a posterior sample when `sample=True`."""
+               temporal_slice: Optional[int] = None, progress: Progress = None) -> torch.Tensor:
+        """Raw latents: the posterior mean, or a posterior sample when `sample=True`; `progress` as for
+        `encode_moments`."""
         squeeze = pixels.ndim == 4 if isinstance(pixels, torch.Tensor) else False
-        moments = self.encode_moments(pixels, temporal_slice=temporal_slice)
+        moments = self.encode_moments(pixels, temporal_slice=temporal_slice, progress=progress)
         out = moments_to_latents(moments, sample=sample, generator=generator)
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
     def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-               num_frames: Optional[int] = None) -> torch.Tensor:
-        """Pixels [B, I, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length."""
+               num_frames: Optional[int] = None, progress: Progress = None) -> torch.Tensor:
+        """Pixels [B, I, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length.
+        `progress(done, total)` runs after each temporal slice; raising from it stops the pass (a cancel)."""
         check_temporal_slice(temporal_slice)
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
         z = self.check_latents(latents)
         self.check_decoded_size(z)
         z = self._prepare(z)
         with torch.inference_mode():
-            out = self.run_decode(z, temporal_slice=temporal_slice)
+            out = self.run_decode(z, temporal_slice=temporal_slice, progress=progress)
         if num_frames is not None:
             if num_frames < 1 or num_frames > out.shape[2]:
                 raise ValueError(f"num_frames={num_frames} is outside 1..{out.shape[2]} decoded frames")
             out = out[:, :, :num_frames]
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
-    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                   progress: Progress = None) -> torch.Tensor:
         """The decode pass alone: validated 5-D latents on the model's device/dtype -> all decoded frames.
 
         `decode` wraps it with the input checks, `num_frames` trimming and 4-D handling, so a subclass
@@ -278,7 +287,7 @@ class TurboVAE:
         if temporal_slice is None:
             f = self.spatial_factor
             temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
-        return self._model_pass(True)(z, temporal_slice=temporal_slice)
+        return self._model_pass(True, progress)(z, temporal_slice=temporal_slice)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """The whole-clip pass fast tiles run on a tile that fits one temporal slice (validated 5-D input

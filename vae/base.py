@@ -62,6 +62,10 @@ class MemoryModel:
         return int(per_px * scale * pixels * frames + self.fixed_bytes)
 
 
+# progress(done, total) after each unit of work; raising from it cancels the pass
+Progress = Optional[Callable[[int, int], None]]
+
+
 class CausalStream(ABC):
     """Runs a clip through a causal encoder or decoder slice by slice, carrying the causal memory.
 
@@ -97,14 +101,18 @@ class VAEModel(nn.Module, ABC):
 
     # -- whole-clip passes -------------------------------------------------------------------
     @abstractmethod
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
         """[B, I, T, H, W] in [-1, 1] -> posterior moments [B, 2C, T', h, w] (mean ‖ logvar).
 
-        I is `latent_format.image_channels` here and below."""
+        I is `latent_format.image_channels` here and below. `progress(done, total)` runs after each temporal
+        slice; raising from it (a cancel) stops the pass there."""
 
     @abstractmethod
-    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
-        """Raw latents [B, C, T', h, w] -> pixels [B, I, 4(T'-1)+1, H, W] (clamped as the reference does)."""
+    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
+        """Raw latents [B, C, T', h, w] -> pixels [B, I, 4(T'-1)+1, H, W] (clamped as the reference does);
+        `progress` as for `encode_moments`."""
 
     # -- streaming (temporal slicing, tiling) ------------------------------------------------
     @abstractmethod

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
+from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
 from ..plans import LayerwisePlan
 from .config import FastPaths, SeedVR2Config
 from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu,
@@ -156,7 +156,8 @@ class SeedVR2VAE(VAEModel):
         return out, ctx.finish()
 
     # -- whole clips and temporal slicing --------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
         tf = self.latent_format.temporal_factor
         if temporal_slice is not None and temporal_slice < 1:
             raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
@@ -164,15 +165,15 @@ class SeedVR2VAE(VAEModel):
             raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
         n = temporal_slice
         bounds = self._slice_bounds(pixels.shape[2], n, decode=False)
-        return self._run_slices(self.encode_step, pixels, bounds, {})
+        return self._run_slices(self.encode_step, pixels, bounds, {}, progress)
 
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       clamp: bool = True) -> torch.Tensor:
+                       clamp: bool = True, progress: Progress = None) -> torch.Tensor:
         if temporal_slice is not None and temporal_slice < 1:
             raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
         n = temporal_slice
         bounds = self._slice_bounds(latents.shape[2], n, decode=True)
-        return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp})
+        return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress)
 
     def _slice_bounds(self, frames: int, temporal_slice: Optional[int], *, decode: bool) -> list[tuple[int, int]]:
         """Whole clip, or slices of 1+k then k latent frames (1+4k then 4k pixel frames for encode)."""
@@ -182,12 +183,15 @@ class SeedVR2VAE(VAEModel):
         return list(split_slices(frames, 1 + step, step))
 
     @staticmethod
-    def _run_slices(step: Callable, x: torch.Tensor, bounds: Sequence[tuple[int, int]], kwargs: dict) -> torch.Tensor:
+    def _run_slices(step: Callable, x: torch.Tensor, bounds: Sequence[tuple[int, int]], kwargs: dict,
+                    progress: Progress = None) -> torch.Tensor:
         state: Optional[State] = None
         outs = []
         for i, (a, b) in enumerate(bounds):
             out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
             outs.append(out)
+            if progress is not None:
+                progress(i + 1, len(bounds))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     # -- exact tiling ------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, VAEModel, split_slices
+from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
@@ -211,7 +211,8 @@ class WanVAE(VAEModel):
         return x.contiguous(memory_format=fmt)
 
     # -- whole-clip passes -------------------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
         t = pixels.shape[2]
         if t == 1 and self.flags.fold_image:
             return self.encoder(self.to_memory_format(pixels[:, :, 0]), self.context()).unsqueeze(2).contiguous()
@@ -220,10 +221,11 @@ class WanVAE(VAEModel):
         tf = self.latent_format.temporal_factor
         n = t if temporal_slice is None else tf * temporal_slice
         with self.encode_stream() as stream:
-            outs = [stream.step(pixels[:, :, a:b]) for a, b in split_slices(t, 1 + n if n < t else t, n)]
+            outs = _stream_slices(stream, pixels, list(split_slices(t, 1 + n if n < t else t, n)), progress)
         return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
 
-    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                       progress: Progress = None) -> torch.Tensor:
         t = latents.shape[2]
         if t == 1 and self.flags.fold_image:
             z = self.to_memory_format(latents[:, :, 0])
@@ -232,7 +234,7 @@ class WanVAE(VAEModel):
             raise ValueError(f"temporal_slice must be >= 1 latent frame, got {temporal_slice}")
         n = t if temporal_slice is None else temporal_slice
         with self.decode_stream() as stream:
-            outs = [stream.step(latents[:, :, a:b]) for a, b in split_slices(t, n + 1, n)]
+            outs = _stream_slices(stream, latents, list(split_slices(t, n + 1, n)), progress)
         return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
 
     # -- streaming ---------------------------------------------------------------------------
@@ -253,6 +255,16 @@ class WanVAE(VAEModel):
     def exact_plan(self, *, decode: bool):
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
         return wan_exact_plan(self, decode=decode)
+
+
+def _stream_slices(stream: CausalStream, x: torch.Tensor, bounds: list[tuple[int, int]],
+                   progress: Progress) -> list[torch.Tensor]:
+    outs = []
+    for i, (a, b) in enumerate(bounds):
+        outs.append(stream.step(x[:, :, a:b]))
+        if progress is not None:
+            progress(i + 1, len(bounds))
+    return outs
 
 
 def memory_model(cfg: WanConfig) -> MemoryModel:
