@@ -7,7 +7,6 @@ missing TensorRT shows up as a fallback warning (load) or an error naming the fi
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 
@@ -15,7 +14,7 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..trt.backend import BACKEND_NAMES
+from ..trt.backend import AUTO_BACKEND, BACKEND_NAMES, missing_onnx_export, resolve_backend
 from ..trt.formats import ENGINE_SUFFIXES
 from ..vae.dtypes import DTYPE_NAMES
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
@@ -25,7 +24,7 @@ from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, l
 log = logging.getLogger(__name__)
 CATEGORY = "TurboVAE"
 MODES = ("static", "multi_ratio", "multi_profile")
-BACKENDS = BACKEND_NAMES
+BACKENDS = (AUTO_BACKEND, *BACKEND_NAMES)
 ENGINE_DTYPES = DTYPE_NAMES
 SCOPES = ("folder", "file")
 
@@ -57,9 +56,10 @@ class TurboVAEBuildEngine(io.ComfyNode):
                                        "multi_profile: dynamic engines for <=1 MP, <=2.8 MP, <=4 MP"),
                 io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
                 io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
-                io.Combo.Input("backend", options=list(BACKENDS), default="tensorrt",
-                               tooltip="tensorrt: fastest, needs an NVIDIA GPU and the tensorrt package; "
-                                       "aoti: AOTInductor, needs only PyTorch"),
+                io.Combo.Input("backend", options=list(BACKENDS), default=AUTO_BACKEND,
+                               tooltip="auto: tensorrt where it can build here, else aoti (the log says which "
+                                       "and why); tensorrt: fastest, needs an NVIDIA GPU, the tensorrt package "
+                                       "and onnx + onnxscript; aoti: AOTInductor, needs only PyTorch"),
                 io.Combo.Input("dtype", options=list(ENGINE_DTYPES), default="fp16",
                                tooltip="Engine precision (baked into the engine)"),
                 io.Boolean.Input("overwrite", default=False,
@@ -100,6 +100,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
                  "multi_profile": multi_profile_table}[mode]()
         out = os.path.join(engine_output_dir(), name)
         device = mm.get_torch_device()
+        backend, why = resolve_backend(backend, device)
+        log.info("TurboVAE build: backend %s (%s)", backend, why)
         # Backend, table and existing files are checked before anything is evicted or loaded.
         preflight(out, table, backend=backend, device=device, video=video, overwrite=overwrite)
         if backend == "tensorrt":
@@ -184,7 +186,7 @@ ENGINE_NODES = [TurboVAEBuildEngine, TurboVAELoadEngine]
 
 def _require_onnx_export() -> None:
     """TensorRT engines are built from an ONNX export; onnx/onnxscript are optional (not in requirements.txt)."""
-    missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    missing = missing_onnx_export()
     if missing:
         raise ImportError(f"the tensorrt backend exports ONNX first and needs {' and '.join(missing)}: run "
                           "`pip install onnx onnxscript` with ComfyUI's Python, or choose backend aoti")

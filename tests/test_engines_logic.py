@@ -376,3 +376,26 @@ def test_pack_imports_without_tensorrt():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("OK") and "aoti" in out.stdout
+
+
+def test_auto_backend_builds_with_tensorrt_only_where_it_can(monkeypatch):
+    """`auto` (the Build Engine node's default): AOTInductor here (no TensorRT on a CPU), TensorRT once every
+    check passes; a named backend is kept."""
+    import torch
+
+    from turbovae.trt import backend as be
+
+    name, why = be.resolve_backend("auto", torch.device("cpu"))
+    assert name == "aoti" and why
+    assert be.resolve_backend("tensorrt", torch.device("cpu")) == ("tensorrt", "asked for")
+
+    class Ready:
+        def check_available(self, device):
+            return None
+
+    monkeypatch.setattr(be, "get_backend", lambda n: Ready())
+    monkeypatch.setattr(be, "missing_onnx_export", lambda: [])
+    assert be.resolve_backend("auto", torch.device("cpu"))[0] == "tensorrt"
+    monkeypatch.setattr(be, "missing_onnx_export", lambda: ["onnxscript"])
+    assert be.resolve_backend("auto", torch.device("cpu")) == (
+        "aoti", "TensorRT builds need onnxscript for the ONNX export")

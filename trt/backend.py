@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -131,6 +132,31 @@ class Backend(ABC):
 def shape_in_range(shape: Sequence[int], rng: ShapeRange) -> bool:
     lo, _opt, hi = rng
     return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi))
+
+
+AUTO_BACKEND = "auto"  # what the Build Engine node offers first: TensorRT where it can build, else AOTInductor
+ONNX_EXPORT_PACKAGES = ("onnx", "onnxscript")  # the TensorRT backend builds from an ONNX export; both optional
+
+
+def missing_onnx_export() -> list[str]:
+    """The packages of ONNX_EXPORT_PACKAGES that are not installed."""
+    return [name for name in ONNX_EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
+
+
+def resolve_backend(name: str, device: torch.device) -> tuple[str, str]:
+    """(backend to build with, why) for a backend name or `auto`. Auto takes TensorRT when it can build on
+    `device` (CUDA, TensorRT importable, ONNX export packages present), else AOTInductor, which needs only
+    PyTorch; the reason says which check failed, so the caller can tell the user."""
+    if name != AUTO_BACKEND:
+        return name, "asked for"
+    missing = missing_onnx_export()
+    if missing:
+        return "aoti", f"TensorRT builds need {' and '.join(missing)} for the ONNX export"
+    try:
+        get_backend("tensorrt").check_available(torch.device(device))
+    except BackendUnavailable as e:
+        return "aoti", str(e)
+    return "tensorrt", "TensorRT can build here"
 
 
 def get_backend(name: str) -> Backend:
