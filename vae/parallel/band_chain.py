@@ -57,7 +57,7 @@ def can_exchange(plan: ExactPlan, bands: BandPlan, res_in: Fraction) -> bool:
 
 
 def run_band_chain(plan: ExactPlan, src: torch.Tensor, dst: torch.Tensor, bands: BandPlan, comm: Collective,
-                   res_in: Fraction, slices: Sequence[tuple[int, int]], geom: PassGeometry, out_scale: int,
+                   res_in: Fraction, slices: Sequence[tuple[int, int]], geom: PassGeometry,
                    tick: Callable[[], None], device: Optional[torch.device] = None) -> None:
     """This band's output of the local stages into `dst` (the band's rows only), slice by slice.
 

@@ -4,11 +4,13 @@ Two ways of getting the rows a band's convolutions read beyond its border, one p
 - `LayerwisePlan` (SeedVR2: every GroupNorm spans the frame): the model's own layer-by-layer forward on
   the band's rows, with halo rows *exchanged* with the neighbouring bands before every conv, GroupNorm
   sums all-reduced, and the latent-resolution frame gathered for mid-block attention (queries stay local).
-- `ExactPlan` (Wan 2.1/2.2, Qwen-Image: only the mid block is global): the local stages *recompute the
-  overlap*, exactly as exact tiles do (each band's tiles read their halo from the input, which every rank
-  holds); the global part runs at latent resolution on every rank — decode: on the whole latent clip; encode:
-  on the latent-resolution frame all-gathered from the bands — except the mid-block attention, whose query
-  rows are divided between the bands and whose output is gathered back.
+- `ExactPlan` (Wan 2.1/2.2, Qwen-Image: only the mid block is global): a band that fits its share of the
+  tile runs each local stage once, with that stage's radius in rows *exchanged* with the neighbours
+  (`band_chain`); larger or very thin bands are cut into tiles that *recompute the overlap*, exactly as exact
+  tiles do (reading their halo from the input, which every rank holds). The global part runs at latent
+  resolution on every rank — decode: on the whole latent clip; encode: on the latent-resolution frame
+  all-gathered from the bands — except the mid-block attention, whose query rows are divided between the
+  bands and whose output is gathered back.
 Causal temporal memory stays with the band, so a clip streams slice by slice on every rank.
 """
 
@@ -86,7 +88,7 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
 
     def local(src: torch.Tensor, dst: torch.Tensor, out_scale: int) -> None:
         if exchange:
-            run_band_chain(plan, src, dst, bands, comm, res_in, slices, geom, out_scale, tick, device=comm.device)
+            run_band_chain(plan, src, dst, bands, comm, res_in, slices, geom, tick, device=comm.device)
         else:
             _run_tiles(plan, src, dst, cores, res_in, (h_lat, w_lat), slices, geom, out_scale, tick, dst_row0=a,
                        device=comm.device)
