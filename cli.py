@@ -198,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "(torchrun: one rank per GPU)"), decode=decode)
 
     e = sub.add_parser("build-engines", help="export and build engines for a VAE checkpoint",
-                       description="Export a VAE's encoder/decoder and build engines. Defaults: TensorRT backend "
-                                   "(--backend aoti needs only PyTorch), fp16 engines, encoder and decoder, on CUDA "
+                       description="Export a VAE's encoder/decoder and build engines. Defaults: backend auto "
+                                   "(TensorRT where it can build, else AOTInductor, which needs only PyTorch), fp16 engines, encoder and decoder, on CUDA "
                                    "when available.")
     try:
         from .trt import cli as trt_cli

@@ -33,6 +33,16 @@ def test_missing_checkpoint_is_one_line_exit_2(tmp_path, capsys):
     _one_message(err)
 
 
+def test_default_backend_is_auto_and_says_what_it_chose(tmp_path, capsys):
+    """No --backend: TensorRT cannot build on a CPU, so auto picks AOTInductor and prints why (here the
+    checkpoint is then missing: one line, exit 2, before any build)."""
+    code = cli.main(["build-engines", "--vae", str(tmp_path / "nope.safetensors"), "--out", str(tmp_path / "o"),
+                     "--static", "64x64", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "nope.safetensors" in err
+    assert out.startswith("backend: aoti (") and len(out.strip().splitlines()) == 1, out
+
+
 def test_cuda_on_a_cpu_machine_names_the_fix(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, err = _run(["bench", "--device", "cuda", "--quick"], capsys)
@@ -100,7 +110,7 @@ def test_help_states_every_default():
 def test_help_runs_as_a_program():
     out = subprocess.run([sys.executable, "-m", "turbovae", "build-engines", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    assert "(default: tensorrt)" in out and "(default: fp16)" in out
+    assert "(default: auto)" in out and "(default: fp16)" in out
 
 
 @pytest.mark.parametrize("cut", [0, 10, 0.5])

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..vae.dtypes import DTYPE_NAMES
-from .backend import BACKEND_NAMES
+from .backend import AUTO_BACKEND, BACKEND_NAMES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
 
 
@@ -20,10 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="multi-ratio static set of these sizes (default when given without sizes: Qwen-Image "
                             "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default="tensorrt",
-                        help="tensorrt (needs the tensorrt package and a GPU) or aoti (AOTInductor, PyTorch only; "
-                             "on CPU it can be slower than eager PyTorch at small sizes, so time it with "
-                             "`bench --sections engines`) (default: tensorrt)")
+    parser.add_argument("--backend", choices=(AUTO_BACKEND, *BACKEND_NAMES), default=AUTO_BACKEND,
+                        help="auto (tensorrt where it can build here, else aoti; it prints which and why), tensorrt "
+                             "(needs a GPU, the tensorrt package, onnx and onnxscript) or aoti (AOTInductor, "
+                             "PyTorch only; on CPU it can be slower than eager PyTorch at small sizes, so time it "
+                             "with `bench --sections engines`) (default: auto)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default="encoder,decoder",
@@ -65,11 +66,14 @@ def run(args: argparse.Namespace) -> int:
     table = table_from_args(args)
     device = resolve_device(args.device)
     dtype = parse_dtype(args.dtype)
-    preflight(args.out, table, backend=args.backend, device=device, components=components, video=args.video,
+    backend, why = resolve_backend(args.backend, device)
+    if args.backend == AUTO_BACKEND:
+        print(f"backend: {backend} ({why})")
+    preflight(args.out, table, backend=backend, device=device, components=components, video=args.video,
               overwrite=args.overwrite)
     vae = load_vae(args.vae, dtype=torch.float32, device=device)
     try:
-        paths = build_engine_set(vae, args.out, table, backend=args.backend, dtype=dtype, device=device,
+        paths = build_engine_set(vae, args.out, table, backend=backend, dtype=dtype, device=device,
                                  components=components, video=args.video, overwrite=args.overwrite, source=args.vae,
                                  optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
     except (EngineError, OSError, ValueError) as e:
