@@ -26,6 +26,12 @@ class LocalStage:
     radius: int
     name: str = ""
 
+    def stride_aligned(self, rows: int) -> int:
+        """`rows` rounded up to a multiple of the stage's input stride (1/scale when it downsamples), so a crop
+        that starts that many rows before an aligned border stays on the stage's output grid."""
+        step = math.ceil(1 / self.scale) if self.scale < 1 else 1
+        return math.ceil(rows / step) * step
+
 
 @dataclass(frozen=True)
 class ExactPlan:

@@ -10,7 +10,6 @@ it is used when the band fits its share of the tile (one tile per band); otherwi
 
 from __future__ import annotations
 
-import math
 from contextlib import ExitStack
 from fractions import Fraction
 from typing import Callable, Optional, Sequence
@@ -27,8 +26,7 @@ from .collectives import Collective
 def stage_halo(stage: LocalStage) -> int:
     """Rows of context a stage reads on each side of its input band: its radius, rounded up to its stride so
     the cropped output stays on the output grid."""
-    step = math.ceil(1 / stage.scale) if stage.scale < 1 else 1
-    return math.ceil(stage.radius / step) * step
+    return stage.stride_aligned(stage.radius)
 
 
 def _join_rows(parts: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

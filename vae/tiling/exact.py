@@ -51,9 +51,7 @@ def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
     need_latent = Fraction(0)  # context needed at the output of the current stage, in latent units
     for k in range(len(stages) - 1, -1, -1):
         need_latent += Fraction(stages[k].radius) / res[k]
-        h = math.ceil(need_latent * res[k])
-        step = max(1, math.ceil(1 / stages[k].scale)) if stages[k].scale < 1 else 1
-        halos[k] = math.ceil(h / step) * step
+        halos[k] = stages[k].stride_aligned(math.ceil(need_latent * res[k]))
         need_latent = Fraction(halos[k]) / res[k]
     return halos
 
