@@ -56,7 +56,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         vae = _vae(arch, opts.quick, device, dtype)
         z = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
         f = vae.spatial_factor
-        auto = vae._auto_slice(shape[2], shape[-2] * shape[-1] * f * f, decode=True)
+        auto = vae.temporal_slice_for(shape[2], shape[-2] * shape[-1] * f * f, decode=True)
         variants: dict[str, Optional[int]] = {"whole clip": None}
         variants.update({f"slice={k}": k for k in FIXED if k < shape[2] - 1})
         variants[f"auto (slice={auto})"] = auto

@@ -9,8 +9,6 @@ import torch
 import comfy.model_management as mm
 import comfy.utils
 
-from ..vae.memory import auto_temporal_slice
-
 
 def progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
     """`progress(done, total)` for the tiling engine and the multi-device passes: drives the node's UI bar,
@@ -61,6 +59,5 @@ def progress_slice(turbo, x: torch.Tensor, *, decode: bool) -> Optional[int]:
     if frames < 2:
         return None
     px = x.shape[-1] * x.shape[-2] * (turbo.spatial_factor ** 2 if decode else 1)
-    auto = auto_temporal_slice(turbo.model.memory_model, px, frames, turbo.dtype, turbo.device,
-                               decode=decode, temporal_factor=turbo.temporal_factor)
+    auto = turbo.temporal_slice_for(frames, px, decode=decode)
     return min(auto or frames, max(1, -(-frames // PROGRESS_STEPS)))

@@ -233,7 +233,9 @@ class TurboVAE:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(device=self.device, dtype=self.dtype)
 
-    def _auto_slice(self, latent_frames: int, pixels_per_frame: int, decode: bool) -> Optional[int]:
+    def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool) -> Optional[int]:
+        """Latent frames per step that fit free memory when each frame has `pixels_per_frame` pixels (the
+        output's for decode, the input's for encode); None = the whole clip in one step."""
         return auto_temporal_slice(self.model.memory_model, pixels_per_frame, latent_frames, self.dtype,
                                    self.device, decode=decode, temporal_factor=self.temporal_factor)
 
@@ -246,7 +248,7 @@ class TurboVAE:
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
         if temporal_slice is None:
-            temporal_slice = self._auto_slice(self.latent_format.latent_frames(x.shape[2]),
+            temporal_slice = self.temporal_slice_for(self.latent_format.latent_frames(x.shape[2]),
                                               x.shape[-1] * x.shape[-2], decode=False)
         with torch.inference_mode():
             return self._model_pass(False, progress)(x, temporal_slice=temporal_slice)
@@ -286,7 +288,7 @@ class TurboVAE:
         """
         if temporal_slice is None:
             f = self.spatial_factor
-            temporal_slice = self._auto_slice(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
+            temporal_slice = self.temporal_slice_for(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
         return self._model_pass(True, progress)(z, temporal_slice=temporal_slice)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
-from ..memory import auto_temporal_slice
 from ..tiling.api import _tile_latent
 from ..tiling.exact import supports_exact
 from .collectives import DistCollective, run_on_devices
@@ -85,8 +84,7 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     tile_lat = _tile_latent(vae, tile, "exact", h_lat, w_lat, pixel_frames, decode=decode)
     if temporal_slice is None:
         px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-        temporal_slice = auto_temporal_slice(vae.model.memory_model, px, latent_frames, vae.dtype, vae.device,
-                                             decode=decode, temporal_factor=vae.temporal_factor)
+        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
     out_device = torch.device(output_device) if output_device is not None else vae.device
     # a given (or default) tile is shared by the bands; tile=0 sized it from each device's own free memory
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,

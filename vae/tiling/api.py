@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from ..api import TurboVAE, check_temporal_slice, moments_to_latents
-from ..memory import USABLE_FRACTION, auto_temporal_slice, free_memory_bytes
+from ..memory import USABLE_FRACTION, free_memory_bytes
 from .exact import supports_exact, run_exact
 from .fast import PassGeometry, run_tiled
 from .grid import TileGrid
@@ -178,8 +178,7 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
         ts = temporal_slice
         if ts is None:
             px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-            ts = auto_temporal_slice(model.memory_model, px, latent_frames, vae.dtype, vae.device, decode=decode,
-                                     temporal_factor=vae.temporal_factor)
+            ts = vae.temporal_slice_for(latent_frames, px, decode=decode)
         grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
         kind = pass_kind(mode, len(grid), has_exact)
         with torch.inference_mode():
