@@ -227,11 +227,8 @@ class _PeakMemory:
             return (torch.cuda.max_memory_allocated(self.device) - base) / 2**20, out
         if not self.cpu:
             return None, fn()
-        peak_rss.return_freed_memory()
         try:
-            base = peak_rss.reset_peak()
-            out = fn()
-            return peak_rss.peak_increase_mb(base), out
+            return peak_rss.peak_increase_of(fn)
         finally:
             peak_rss.retain_freed_memory()
 

@@ -34,7 +34,7 @@ from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiling import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow, max_abs, sync
 from .gpu import _seeded_init
-from .peak_rss import CHILD_ENV, peak_increase_mb, reset_peak, return_freed_memory, run_child, supported
+from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported
 
 SECTION = "parallel"
 WORLD = 2
@@ -70,13 +70,8 @@ def _peaks(run_once) -> tuple[float, float]:
     if not supported():
         run_once(), run_once()
         return -1.0, -1.0
-    peaks = []
-    for _ in range(2):
-        return_freed_memory()
-        base = reset_peak()
-        run_once()
-        peaks.append(peak_increase_mb(base))
-    return peaks[0], peaks[1]
+    (first, _), (later, _) = peak_increase_of(run_once), peak_increase_of(run_once)
+    return first, later
 
 
 def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:

@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Optional, TypeVar
+
+T = TypeVar("T")
 
 
 def _status_kib(field: str) -> int:
@@ -81,6 +83,15 @@ def return_freed_memory() -> None:
     children), and what the heap already retains, so peak-RSS increases measured in-process count live
     memory: a measured call cannot reuse retained blocks without their pages counting again."""
     _set_mmap_threshold(MEASURING_THRESHOLD, trim=True)
+
+
+def peak_increase_of(fn: Callable[[], T]) -> tuple[float, T]:
+    """(peak RSS increase in MB, result) of one call of `fn` in this process, counting live memory only
+    (`return_freed_memory` first). The caller restores the allocator for timed runs (`retain_freed_memory`)."""
+    return_freed_memory()
+    base = reset_peak()
+    out = fn()
+    return peak_increase_mb(base), out
 
 
 def retain_freed_memory() -> None:
