@@ -440,30 +440,28 @@ def test_core_vae_decode_shows_progress_and_stops_on_cancel():
     assert vae.decode(z).shape == (3, 1, 32, 32, 3)  # still usable (5-D latents: [B, T, H, W, C])
 
 
+def _progress_log(call):
+    """(result, [(value, total), …]) of `call()` with every UI progress update recorded (the autouse fixture
+    removes the hook after the test)."""
+    seen = []
+    comfy.utils.PROGRESS_BAR_HOOK = lambda value, total, preview, node_id=None: seen.append((value, total))
+    return call(), seen
+
+
 @pytest.mark.parametrize("name", VAE_NAMES)
 def test_core_vae_decode_and_encode_of_a_clip_step_through_slices_and_cancel_between_them(name):
     """A clip through core VAE Decode/Encode: several progress steps (temporal slices, which carry the causal
     memory, so the result is the whole-clip pass's), and Cancel stops the pass between two slices."""
     vae = _vae(name)
     z = torch.randn(1, vae.latent_channels, 9, 4, 4, generator=torch.Generator().manual_seed(5))
-    seen = []
-    comfy.utils.PROGRESS_BAR_HOOK = lambda value, total, preview, node_id=None: seen.append((value, total))
-    try:
-        out = vae.decode(z)
-    finally:
-        comfy.utils.PROGRESS_BAR_HOOK = None
+    out, seen = _progress_log(lambda: vae.decode(z))
     whole = vae.turbo.decode(z, temporal_slice=None)  # one whole-clip pass
     assert (out - vae._clip_to_image(whole, False)).abs().max().item() <= 1e-5
     assert len({v for v, _ in seen}) == 4 and seen[-1][0] == seen[-1][1]  # 9 latents: slices of 3, 2, 2, 2
     assert [v for v, _ in seen] == sorted(v for v, _ in seen)
 
     frames = torch.rand(9, 32, 32, 3, generator=torch.Generator().manual_seed(6))  # 9 frames -> 3 latents
-    enc_seen = []
-    comfy.utils.PROGRESS_BAR_HOOK = lambda value, total, preview, node_id=None: enc_seen.append((value, total))
-    try:
-        lat = vae.encode(frames)
-    finally:
-        comfy.utils.PROGRESS_BAR_HOOK = None
+    lat, enc_seen = _progress_log(lambda: vae.encode(frames))
     ref = vae.turbo.encode(vae._image_to_clip(frames))
     assert (lat - ref.float()).abs().max().item() <= 1e-5
     assert len({v for v, _ in enc_seen}) == 2 and enc_seen[-1][0] == enc_seen[-1][1]  # 3 latents: slices of 2, 1
@@ -473,12 +471,8 @@ def test_core_vae_decode_and_encode_of_a_clip_step_through_slices_and_cancel_bet
             mm.interrupt_current_processing(True)
 
     comfy.utils.PROGRESS_BAR_HOOK = cancel_at_second
-    try:
-        with pytest.raises(mm.InterruptProcessingException):
-            vae.decode(z)
-    finally:
-        mm.interrupt_processing = False
-        comfy.utils.PROGRESS_BAR_HOOK = None
+    with pytest.raises(mm.InterruptProcessingException):
+        vae.decode(z)
 
 
 def test_tile_minimum_follows_the_architecture():
