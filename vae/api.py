@@ -249,7 +249,7 @@ class TurboVAE:
         x = self._prepare(x)
         if temporal_slice is None:
             temporal_slice = self.temporal_slice_for(self.latent_format.latent_frames(x.shape[2]),
-                                              x.shape[-1] * x.shape[-2], decode=False)
+                                                     x.shape[-1] * x.shape[-2], decode=False)
         with torch.inference_mode():
             return self._model_pass(False, progress)(x, temporal_slice=temporal_slice)
 
