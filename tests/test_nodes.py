@@ -114,7 +114,12 @@ def test_core_decode_encode_contract_matches_turbovae(name):
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("simulated: whole pass too large"),
                                    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
-                                                "68719476736 bytes. Error code 12 (Cannot allocate memory)")])
+                                                "68719476736 bytes. Error code 12 (Cannot allocate memory)"),
+                                   RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                                                "`cublasCreate(handle)`"),
+                                   RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+                                   RuntimeError("CUDA error: out of memory")],
+                         ids=["torch", "cpu", "cublas", "cudnn", "cuda"])
 @pytest.mark.parametrize("name", VAE_NAMES)
 def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatch, caplog):
     """Core VAE Decode/Encode call vae.decode/encode, which (like core's VAE) must retry tiled when the
@@ -134,6 +139,7 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatc
     with caplog.at_level("WARNING"):
         images, latents = vae.decode(z), vae.encode(frames)
     assert "out of memory decoding without tiles" in caplog.text and "out of memory encoding" in caplog.text
+    assert sum("out of memory" in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 2
     torch.testing.assert_close(images, want_images, atol=1e-4, rtol=0)  # auto tiles: exact, or the untiled pass
     torch.testing.assert_close(latents, want_latents, atol=1e-4, rtol=0)
 
