@@ -342,11 +342,13 @@ def test_compile_settings_node_validates_and_builds_settings():
     with pytest.raises(ValueError, match="dynamic='maybe'"):
         TurboVAECompileSettings.execute(dynamic="maybe")
     compile_mod = pytest.importorskip("turbovae.vae.compile", reason="vae/compile.py (kernels area) not landed yet")
-    settings = TurboVAECompileSettings.execute(backend="inductor", mode="max-autotune", dynamic="false",
-                                               fullgraph=True, cache_size_limit=16).args[0]
+    settings = TurboVAECompileSettings.execute(backend="inductor", mode="max-autotune-no-cudagraphs",
+                                               dynamic="false", fullgraph=True, cache_size_limit=16).args[0]
     assert isinstance(settings, compile_mod.CompileSettings)
     assert (settings.mode, settings.dynamic, settings.fullgraph, settings.cache_size_limit) == \
-        ("max-autotune", "false", True, 16)
+        ("max-autotune-no-cudagraphs", "false", True, 16)
+    for mode in ("reduce-overhead", "max-autotune"):  # torch.compile's CUDA graph trees: not offered, refused
+        assert "not a valid choice" in TurboVAECompileSettings.validate_inputs(mode=mode)
     assert settings.cuda_graphs is False
 
 
