@@ -64,14 +64,17 @@ class ComfyTurboVAE:
         self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
         self.output_device = mm.intermediate_device()
         self.vae_dtype = turbo.dtype
-        # Engines hold device memory of their own beside the weights: model management counts both, and
-        # when it unloads this VAE to make room, the engines are released too (they reload on next use).
+        # Engines and captured CUDA graphs hold device memory of their own beside the weights: model
+        # management counts it (the graphs' pool once captured, see `_count_graph_pools`), and when it unloads
+        # this VAE to make room, both are released too (engines reload, graphs are captured again, on next use).
         engine_bytes = _engine_bytes(turbo)
+        self._base_size = mm.module_size(self.first_stage_model) + engine_bytes
         self.patcher = comfy.model_patcher.ModelPatcher(
             self.first_stage_model, load_device=self.device, offload_device=self.offload_device,
-            size=mm.module_size(self.first_stage_model) + engine_bytes)
+            size=self._base_size)
         if engine_bytes:
             self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: turbo.release_engines())
+        self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: self._release_graphs())
         # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
         # VAEEncodeForInpaint use `downscale_ratio` as a number).
         self.latent_channels = fmt.channels
@@ -267,6 +270,16 @@ class ComfyTurboVAE:
 
     def _keep(self, report: PassReport) -> None:
         self.last_report = report
+        self._count_graph_pools()
+
+    def _count_graph_pools(self) -> None:
+        """The model's size as model management sees it: weights, engines and the CUDA-graph pools captured
+        so far (a graph keeps a whole pass of activations allocated)."""
+        self.patcher.size = self._base_size + self.turbo.graph_pool_bytes()
+
+    def _release_graphs(self) -> None:
+        self.turbo.release_graphs()
+        self._count_graph_pools()
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our
