@@ -352,6 +352,26 @@ def test_compile_settings_node_validates_and_builds_settings():
     assert settings.cuda_graphs is False
 
 
+def test_node_counts_the_graph_pool_and_releases_it_on_unload():
+    """Images through core VAE Decode replay the graph (progress after it); the pool is part of the size
+    model management sees, and unloading the VAE (ComfyUI's detach) frees it."""
+    from test_cuda_graphs import _ScriptedCaptureRunner
+
+    settings = TurboVAECompileSettings.execute(backend="eager", cuda_graphs=True).args[0]
+    vae = TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings).args[0]
+    turbo = vae.turbo
+    runner = _ScriptedCaptureRunner(turbo.model.decode_latents, pool=5 << 20)
+    turbo._graphs[True] = runner
+    base = vae.patcher.model_size()
+    image = vae.decode(torch.randn(1, vae.latent_channels, 1, 4, 4))
+    assert image.shape[-1] == 3 and runner.captures == 1  # core VAE Decode of an image used the graph
+    assert vae.patcher.model_size() == base + (5 << 20)
+    vae.decode(torch.randn(1, vae.latent_channels, 5, 4, 4))  # a clip: slices with progress, eagerly
+    assert runner.captures == 1
+    vae.patcher.detach()
+    assert runner.pool_bytes == 0 and len(runner.cache) == 0 and vae.patcher.model_size() == base
+
+
 def test_loader_opts_in_to_cuda_graphs_from_compile_settings():
     settings = TurboVAECompileSettings.execute(backend="eager", cuda_graphs=True).args[0]
     vae = TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings).args[0]

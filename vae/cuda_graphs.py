@@ -196,6 +196,7 @@ class CudaGraphRunner:
         if failure is not None:  # outside the except block: the failed capture's memory can be released
             self._capture_failed(*failure)
             return self.fn(*args, **kwargs)
+        self.oom_failures = 0
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
         entry.graph.replay()
@@ -234,7 +235,6 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.fn(*s_args, **s_kwargs)
         self.pool_bytes += max(0, torch.cuda.memory_reserved(tensors[0].device) - reserved)
-        self.oom_failures = 0
         log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d; pool %.0f MiB)",
                  [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries,
                  self.pool_bytes / 2**20)
