@@ -189,20 +189,24 @@ class ComfyTurboVAE:
         slice_ = progress_slice(self.turbo, z, decode=True)
         bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
 
+        finished: list[torch.Tensor] = []  # batch items decoded whole; kept if a later one runs out of memory
+
         def whole() -> torch.Tensor:
             with reported(self.turbo, "decode", "untiled", slice_, self._keep):
-                out = []
-                for i in range(z.shape[0]):
+                for i in range(len(finished), z.shape[0]):
                     px = self.turbo.decode(z[i:i + 1], temporal_slice=slice_, progress=bar.item(i))
-                    out.append(px.to(self.output_device))  # items leave the device as they finish
+                    finished.append(px.to(self.output_device))  # items leave the device as they finish
                     bar.done(i)
-                return torch.cat(out)
+                return torch.cat(finished)
 
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("decoding")
-            return self.decode_tiles(samples_in, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
-                                     temporal_slice=None)
+            rest = self.decode_tiles(samples_in[len(finished):], tile=None, overlap=OOM_RETRY_OVERLAP_PX,
+                                     mode="auto", temporal_slice=None)
+            if not finished:
+                return rest
+            return torch.cat([self._clip_to_image(torch.cat(finished), was_4d), rest])
         return self._clip_to_image(out, was_4d)
 
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:

@@ -142,3 +142,28 @@ def test_tensorrt_deserialises_on_the_requested_device(recording, monkeypatch, t
     with pytest.raises(EngineLoadError, match="could not deserialise"):
         TB.TensorRTBackend(cache_dir=tmp_path).load(plan, [], torch.device("cuda:1"), ["latents"], ["pixels"])
     assert deserialised_on == [1] and recording.now is None and recording.exited == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpus_model_on_the_second_and_a_two_device_pass_leave_the_current_device():
+    """On a two-GPU machine (the GPU run): a model on cuda:1 decodes there (fused kernels included) while
+    cuda:0 is current, equal to the CPU decode; a two-device pass leaves the current device as it was."""
+    from turbovae import TurboVAE, decode_parallel, decode_tiled
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    torch.manual_seed(0)
+    cpu = TurboVAE(WanVAE(TINY_WAN21))
+    z = torch.randn(1, cpu.latent_channels, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    want = cpu.decode(z)
+    torch.cuda.set_device(0)
+    gpu = TurboVAE(WanVAE(TINY_WAN21)).to("cuda:1")
+    gpu.model.load_state_dict(cpu.model.state_dict())
+    for out in (gpu.decode(z.to("cuda:1")), decode_tiled(gpu, z.to("cuda:1"), tile=64, mode="exact")):
+        assert out.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+        assert (out.cpu() - want).abs().max().item() <= 1e-4
+    torch.cuda.set_device(1)
+    out = decode_parallel(gpu, z, devices=["cuda:0", "cuda:1"])
+    assert torch.cuda.current_device() == 1
+    assert (out.cpu() - want).abs().max().item() <= 1e-4
+    torch.cuda.set_device(0)

@@ -144,6 +144,25 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatc
     torch.testing.assert_close(latents, want_latents, atol=1e-4, rtol=0)
 
 
+def test_core_decode_keeps_finished_batch_items_when_a_later_one_runs_out_of_memory(monkeypatch):
+    vae = TurboVAELoader.execute(vae_name=VAE_NAMES[0], dtype="fp32").args[0]
+    torch.manual_seed(4)
+    z = torch.randn(3, vae.latent_channels, 2, 6, 5)
+    want = vae.decode(z)
+    real, calls = vae.turbo.decode, []
+
+    def second_fails(latents, **kw):
+        calls.append(latents)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(latents, **kw)
+
+    monkeypatch.setattr(vae.turbo, "decode", second_fails)
+    images = vae.decode(z)
+    assert len(calls) == 2  # item 0 decoded whole once and kept; items 1 and 2 went to tiles
+    torch.testing.assert_close(images, want, atol=1e-4, rtol=0)
+
+
 def test_core_decode_does_not_retry_other_runtime_errors(monkeypatch):
     vae = TurboVAELoader.execute(vae_name=VAE_NAMES[0], dtype="fp32").args[0]
 

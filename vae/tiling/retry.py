@@ -21,7 +21,7 @@ import torch
 from ..memory import free_memory_bytes
 from ..oom import OutOfMemory, RetriesExhausted, release_cached
 
-log = logging.getLogger("turbovae.vae.tiling.api")
+log = logging.getLogger(__name__)
 
 MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
 
