@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -91,8 +92,14 @@ class FailingLayer:
             raise self.make()
 
 
-def _hooked(layer, hook):
-    return layer.register_forward_pre_hook(hook)
+@contextmanager
+def hooked(layer, hook):
+    """`hook` as `layer`'s forward pre-hook for the block."""
+    handle = layer.register_forward_pre_hook(hook)
+    try:
+        yield hook
+    finally:
+        handle.remove()
 
 
 def _warnings(caplog):
@@ -105,12 +112,9 @@ def test_decode_tiled_retries_each_kind_with_smaller_tiles(wan, kind, caplog):
     z = torch.randn(1, wan.latent_channels, 1, 32, 32, generator=g)
     ref = wan.decode(z)
     hook = FailingLayer(OOM_KINDS[kind], limit_px=128 + 64)  # conv_out sees the tile plus its halo
-    handle = _hooked(wan.model.decoder.conv_out, hook)
-    try:
+    with hooked(wan.model.decoder.conv_out, hook):
         with caplog.at_level(logging.WARNING):
             out = decode_tiled(wan, z, tile=256, mode="exact")
-    finally:
-        handle.remove()
     assert hook.raised == 1 and max(hook.seen[1:]) <= 128 + 64  # the retry ran smaller tiles
     assert (out - ref).abs().max().item() <= 1e-4
     assert len(_warnings(caplog)) == 1
@@ -130,13 +134,9 @@ def test_exact_retry_keeps_finished_tiles(wan, caplog):
             if len(calls) == 3:
                 raise torch.OutOfMemoryError("simulated: third tile")
 
-    handle = _hooked(wan.model.decoder.conv_out, ThirdTile())
     steps = []
-    try:
-        with caplog.at_level(logging.WARNING):
-            out = decode_tiled(wan, z, tile=128, mode="exact", progress=lambda d, t: steps.append((d, t)))
-    finally:
-        handle.remove()
+    with hooked(wan.model.decoder.conv_out, ThirdTile()), caplog.at_level(logging.WARNING):
+        out = decode_tiled(wan, z, tile=128, mode="exact", progress=lambda d, t: steps.append((d, t)))
     assert (out - ref).abs().max().item() <= 1e-4
     big = [c for c in calls if max(c) > 64 + 64]
     assert len(big) == 3  # tiles 1, 2 once each, tile 3 failed once; never a restart from tile 1
@@ -156,11 +156,8 @@ def test_fast_retry_keeps_finished_tiles_and_stays_close(wan):
         if len(calls) == 3:
             raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
 
-    handle = _hooked(wan.model.decoder.conv_out, third)
-    try:
+    with hooked(wan.model.decoder.conv_out, third):
         out = decode_tiled(wan, z, tile=128, overlap=32, mode="fast")
-    finally:
-        handle.remove()
     assert calls[:3] == [128] * 3 and all(c <= 64 for c in calls[3:])  # tiles 1-2 kept; 3 on redone smaller
     assert out.shape == plain.shape and torch.isfinite(out).all()
     # fast tiles are approximate: the redone tiles blend sub-tiles, the others are the same computation
@@ -172,12 +169,9 @@ def test_encode_tiled_retries_a_cudnn_allocation_failure(wan, caplog):
     x = torch.rand(1, 3, 1, 256, 256, generator=g) * 2 - 1
     ref = wan.encode(x)
     hook = FailingLayer(OOM_KINDS["cudnn9"], limit_px=128 + 64, times=1)
-    handle = _hooked(wan.model.encoder.conv_in, hook)
-    try:
+    with hooked(wan.model.encoder.conv_in, hook):
         with caplog.at_level(logging.WARNING):
             out = encode_tiled(wan, x, tile=256, mode="exact")
-    finally:
-        handle.remove()
     assert hook.raised == 1 and (out - ref).abs().max().item() <= 1e-4
     assert len(_warnings(caplog)) == 1
 
@@ -193,18 +187,12 @@ def test_at_the_floor_the_temporal_slice_shrinks_then_a_clear_error(wan, caplog)
         if args[0].shape[2] > 4 * 1 + 1:
             raise torch.OutOfMemoryError("simulated: slice too long")
 
-    handle = _hooked(wan.model.decoder.conv_out, long_slices)
-    try:
+    with hooked(wan.model.decoder.conv_out, long_slices):
         with caplog.at_level(logging.WARNING):
             out = decode_tiled(wan, z, tile=64, mode="exact", temporal_slice=2)
-    finally:
-        handle.remove()
     assert (out - ref).abs().max().item() <= 1e-4
     assert "latent frames per slice; retrying with 1" in caplog.text
 
-    handle = _hooked(wan.model.decoder.conv_out, FailingLayer(OOM_KINDS["cuda"], limit_px=0))
-    try:
+    with hooked(wan.model.decoder.conv_out, FailingLayer(OOM_KINDS["cuda"], limit_px=0)):
         with pytest.raises(MemoryError, match=r"even with 64 px tiles .* 1 latent frame per slice"):
             decode_tiled(wan, z, tile=64, mode="exact", temporal_slice=1)
-    finally:
-        handle.remove()

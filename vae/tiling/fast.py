@@ -115,7 +115,7 @@ def _blend_tiles(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_strea
             retry.shrink(failed, f"tile {i * len(grid.cols.tiles) + j + 1} of {len(grid)}")
         # the tile (the frames it had not yet added) as a fast-tiled pass of its own crop, normalised by its
         # own weight plane, at the current size
-        sub = TileGrid.build(r.size, c.size, retry.tile_latent, grid.rows.overlap)
+        sub = TileGrid.build(r.size, c.size, retry.tile_latent, blend // s_out)  # the pass's overlap, in latents
         counter.grow(len(sub) * len(geom.slices(t_in, retry.temporal_slice)) - (len(slices) - added[1]))
         y = _blend_tiles(crop, sub, geom, open_stream, whole, blend, retry.temporal_slice, counter, device, retry)
         out[:, :, added[0]:, ys, xs].addcmul_(y[:, :, added[0]:], w2)
