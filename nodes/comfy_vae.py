@@ -21,13 +21,12 @@ from typing import Optional
 import torch
 
 import comfy.model_management as mm
-import comfy.model_patcher
 import comfy.utils
-from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.plan import plan_tiling
+from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
@@ -64,17 +63,9 @@ class ComfyTurboVAE:
         self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
         self.output_device = mm.intermediate_device()
         self.vae_dtype = turbo.dtype
-        # Engines and captured CUDA graphs hold device memory of their own beside the weights: model
-        # management counts it (the graphs' pool once captured, see `_count_graph_pools`), and when it unloads
-        # this VAE to make room, both are released too (engines reload, graphs are captured again, on next use).
-        engine_bytes = _engine_bytes(turbo)
-        self._base_size = mm.module_size(self.first_stage_model) + engine_bytes
-        self.patcher = comfy.model_patcher.ModelPatcher(
-            self.first_stage_model, load_device=self.device, offload_device=self.offload_device,
-            size=self._base_size)
-        if engine_bytes:
-            self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: turbo.release_engines())
-        self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: self._release_graphs())
+        # weights, engines and CUDA-graph pools as model management sees them; released when it unloads us
+        self.patcher, self._recount_memory = vae_patcher(turbo, self.first_stage_model, self.device,
+                                                         self.offload_device)
         # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
         # VAEEncodeForInpaint use `downscale_ratio` as a number).
         self.latent_channels = fmt.channels
@@ -274,16 +265,7 @@ class ComfyTurboVAE:
 
     def _keep(self, report: PassReport) -> None:
         self.last_report = report
-        self._count_graph_pools()
-
-    def _count_graph_pools(self) -> None:
-        """The model's size as model management sees it: weights, engines and the CUDA-graph pools captured
-        so far (a graph keeps a whole pass of activations allocated)."""
-        self.patcher.size = self._base_size + self.turbo.graph_pool_bytes()
-
-    def _release_graphs(self) -> None:
-        self.turbo.release_graphs()
-        self._count_graph_pools()
+        self._recount_memory()  # CUDA graphs captured by this pass count in the model's size
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our
@@ -305,12 +287,6 @@ def _core_overlap(tile: Optional[int], overlap: int) -> int:
     """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
     tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
     return tile // 4 if tile and 2 * overlap >= tile else overlap
-
-
-def _engine_bytes(turbo: TurboVAE) -> int:
-    """Device memory of the engines behind an engine VAE (0 for a plain one)."""
-    footprint = getattr(turbo, "engine_footprint_bytes", None)
-    return int(footprint()) if footprint is not None else 0
 
 
 def is_turbovae(vae: object) -> bool:
