@@ -181,7 +181,8 @@ class _ScriptedCaptureRunner(CudaGraphRunner):
         return _Captured(graph=_NoGraph(), inputs=list(tensors), output=self.fn(*args, **kwargs))
 
 
-CUBLAS_OOM = lambda: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")  # noqa: E731
+def CUBLAS_OOM():
+    return RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
 
 
 def test_an_out_of_memory_capture_waits_for_the_next_call(seeded, caplog):
