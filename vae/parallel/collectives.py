@@ -20,6 +20,8 @@ from typing import Callable, Optional, Protocol, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from .. import device_guard
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -137,9 +139,9 @@ def run_on_devices(devices: Sequence[torch.device], fn: Callable[[DeviceCollecti
 
     def worker(rank: int) -> Optional[T]:
         try:
-            if group.devices[rank].type == "cuda":
-                torch.cuda.set_device(group.devices[rank])
-            with torch.inference_mode():
+            # the band's device is current for its thread and restored after: rank 0 runs on the caller's
+            # thread, whose device ComfyUI's later nodes still use
+            with device_guard.on_device(group.devices[rank]), torch.inference_mode():
                 return fn(group.member(rank))
         except ParallelPassError as e:  # a consequence: every rank saw the failure flag (or the abort)
             errors[rank] = e

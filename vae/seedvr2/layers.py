@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DerivedWeights
+from ..base import CausalState, DerivedWeights
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
@@ -23,7 +23,7 @@ from .layerwise import SplitPolicy
 from .config import FastPaths
 
 
-class PassContext:
+class PassContext(CausalState):
     """State of one encode/decode step: fast paths plus causal memory in and out.
 
     `memory_in` None means "first slice": causal convs replicate the first frame as head padding and
@@ -60,6 +60,13 @@ class PassContext:
     def put(self, t: torch.Tensor) -> None:
         if self.collect:
             self.memory_out.append(t)
+
+    def snapshot(self) -> object:
+        return self._pos, len(self.memory_out)
+
+    def restore(self, saved: object) -> None:
+        self._pos, produced = saved
+        del self.memory_out[produced:]
 
     def finish(self) -> tuple[torch.Tensor, ...]:
         if not self.first and self._pos != len(self._memory_in):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DerivedWeights
+from ..base import CausalState, DerivedWeights
 from ..ops import rms_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -34,7 +34,7 @@ class WanFlags:
 
 
 @dataclass
-class StreamContext:
+class StreamContext(CausalState):
     """State shared by all blocks during one pass: flags, causal caches keyed by module, stream start."""
 
     flags: WanFlags
@@ -46,6 +46,14 @@ class StreamContext:
     def clear(self) -> None:
         self.cache.clear()
         self.first = True
+
+    def snapshot(self) -> object:
+        return dict(self.cache), self.first
+
+    def restore(self, saved: object) -> None:
+        cache, self.first = saved
+        self.cache.clear()
+        self.cache.update(cache)
 
 
 def _can_inplace(flags: WanFlags) -> bool:
