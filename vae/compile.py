@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from . import fast_paths
+
 log = logging.getLogger("turbovae")
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -114,16 +116,27 @@ class _RegionCall:
 
     def __call__(self, *args, **kwargs):
         module = self._module()
-        if self.state.failed:
+        device = _device_of(module, args)
+        if self.state.failed or not fast_paths.enabled("compile", device):
             return module._call_impl(*args, **kwargs)
         try:
-            return self.compiled(*args, **kwargs)
+            out = self.compiled(*args, **kwargs)
         except Exception as compile_exc:
             out = module._call_impl(*args, **kwargs)  # raises the genuine error if there is one
             self.state.failed = True
-            log.warning("turbovae: torch.compile (%s) failed, running the VAE eagerly: %s",
-                        _describe(self.settings), _root_cause(compile_exc))
+            fast_paths.fail("compile", device, f"torch.compile ({_describe(self.settings)}) failed: "
+                                               f"{_root_cause(compile_exc)}")
             return out
+        fast_paths.used("compile")
+        return out
+
+
+def _device_of(module: nn.Module, args: tuple) -> torch.device:
+    """Where a region runs: its weights' device, else its first tensor argument's (the CPU if neither)."""
+    weight = next(module.parameters(), None)
+    if weight is not None:
+        return weight.device
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 def _describe(settings: CompileSettings) -> str:

@@ -28,6 +28,8 @@ from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 import torch
 
+from . import fast_paths
+
 log = logging.getLogger("turbovae")
 
 E = TypeVar("E")
@@ -94,6 +96,7 @@ class _Captured:
     graph: "torch.cuda.CUDAGraph"
     inputs: list  # static tensors, in the order of the flattened tensor arguments
     output: Any
+    reference: Any = None  # the last warm-up's eager output, until the first replay is self-checked
 
 
 def _flatten_tensors(obj: Any, out: list) -> None:
@@ -160,7 +163,8 @@ class CudaGraphRunner:
 
     def _eligible(self, tensors: list) -> bool:
         """Whether this call may use a graph: all tensor arguments on CUDA, and not inside another capture."""
-        return bool(tensors) and all(t.is_cuda for t in tensors) and not torch.cuda.is_current_stream_capturing()
+        return bool(tensors) and all(fast_paths.applies_to(t.device) for t in tensors) \
+            and fast_paths.enabled("cuda_graphs", tensors[0].device) and not torch.cuda.is_current_stream_capturing()
 
     def __call__(self, *args, **kwargs):
         tensors: list = []
@@ -178,12 +182,28 @@ class CudaGraphRunner:
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             self.disabled = f"{type(exc).__name__}: {exc}"
             self.invalidate()
-            log.warning("turbovae: CUDA graph capture failed (%s); running eagerly from now on", self.disabled)
+            fast_paths.fail("cuda_graphs", tensors[0].device, f"capture failed: {self.disabled}")
             return self.fn(*args, **kwargs)
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
-        entry.graph.replay()
+        try:
+            entry.graph.replay()
+        except Exception as exc:  # noqa: BLE001 - a graph that cannot replay: eager from now on
+            return self._give_up(f"replay failed: {type(exc).__name__}: {exc}", tensors, args, kwargs)
+        if entry.reference is not None:  # first replay of this graph: it must equal the eager warm-up
+            reference, entry.reference = entry.reference, None
+            what = f"graph for {[tuple(t.shape) for t in tensors]} {tensors[0].dtype}"
+            if not fast_paths.check("cuda_graphs", tensors[0].device, what, lambda: entry.output, lambda: reference):
+                return self._give_up("its first replay differs from the eager pass", tensors, args, kwargs)
+        fast_paths.used("cuda_graphs")
         return _map_output(entry.output, torch.clone) if self.clone_outputs else entry.output
+
+    def _give_up(self, why: str, tensors: list, args: tuple, kwargs: dict):
+        """Switch graphs off for the device (one warning, in vae/fast_paths) and run this call eagerly."""
+        self.disabled = why
+        self.invalidate()
+        fast_paths.fail("cuda_graphs", tensors[0].device, why)
+        return self.fn(*args, **kwargs)
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
         statics = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in tensors]
@@ -196,11 +216,12 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.fn(*s_args, **s_kwargs)
+                reference = self.fn(*s_args, **s_kwargs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.fn(*s_args, **s_kwargs)
         log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d)",
                  [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries)
-        return _Captured(graph, statics, output)
+        checked = fast_paths.self_check_enabled() and self.warmup > 0
+        return _Captured(graph, statics, output, reference if checked else None)
