@@ -164,7 +164,8 @@ class CudaGraphRunner:
     def _eligible(self, tensors: list) -> bool:
         """Whether this call may use a graph: all tensor arguments on CUDA, and not inside another capture."""
         return bool(tensors) and all(fast_paths.applies_to(t.device) for t in tensors) \
-            and fast_paths.enabled("cuda_graphs", tensors[0].device) and not torch.cuda.is_current_stream_capturing()
+            and fast_paths.enabled("cuda_graphs", tensors[0].device) \
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
     def __call__(self, *args, **kwargs):
         tensors: list = []
