@@ -138,6 +138,8 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if route.reason not in _LOGGED:
         _LOGGED.add(route.reason)
         log.info("turbovae conv3d guard: %s", route.reason)
+    if route.route in CHECKED_ROUTES and torch.compiler.is_compiling():  # traced: checked when run eagerly
+        return _routed(route, x, weight, bias, stride, padding, dilation, groups)
     if route.route in CHECKED_ROUTES:
         args = (stride, padding, dilation, groups)
         if _route_trusted(route, x, weight, bias, *args):
