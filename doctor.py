@@ -11,6 +11,7 @@ random weights: no checkpoint is needed. The JSON fields are documented in docs/
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import importlib.metadata
 import importlib.util
@@ -279,9 +280,10 @@ def micro_bench(device: torch.device, dtype: torch.dtype, budget_s: float) -> li
         if time.perf_counter() - start > budget_s:
             rows += [dict(base, direction=d, status="skipped: over the time budget") for d in ("decode", "encode")]
             continue
-        reference = TurboVAE(_seeded_model(build, device))  # fp32, the architecture's plain path
-        set_arch_paths(reference.model, fast=False, channels_last=False)
-        fast = TurboVAE(_seeded_model(build, device).to(dtype))  # as loaded: default dtype and paths
+        model = _seeded_model(build, device)
+        fast = TurboVAE(copy.deepcopy(model).to(dtype))  # as loaded: the default dtype and paths
+        set_arch_paths(model, fast=False, channels_last=False)
+        reference = TurboVAE(model)  # the same weights in fp32 on the architecture's plain path
         f = reference.spatial_factor
         g = torch.Generator().manual_seed(0)
         inputs = {"decode": torch.randn(1, reference.latent_channels, 1, px // f, px // f, generator=g),
@@ -357,7 +359,7 @@ def format_text(report: dict) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON (fields: docs/gpu.md)")
-    parser.add_argument("--out", help="also write the JSON report to this file (refuses to replace one)")
+    parser.add_argument("--out", help="also write the JSON report to this file, which must not exist (default: none)")
     parser.add_argument("--device", help="the device to check and bench (default: cuda when available, else cpu)")
     parser.add_argument("--no-bench", action="store_true", help="skip the micro-benchmark")
     parser.add_argument("--bench-seconds", type=float, help="the micro-benchmark's time budget (default: "
