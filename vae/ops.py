@@ -91,7 +91,8 @@ def _run_fused(x: torch.Tensor, key: str, fused, reference):
         return reference(probe) if out is None else out  # declined: nothing to check
 
     fmt = _memory_format(x)
-    layout = f"{str(x.dtype).removeprefix('torch.')} {x.ndim}-D{' channels-last' if fmt != torch.contiguous_format else ''}"
+    layout = (f"{str(x.dtype).removeprefix('torch.')} {x.ndim}-D"
+              + (" channels-last" if fmt != torch.contiguous_format else ""))
     if not fast_paths.check("triton_norms", x.device, f"{key}, {layout}", fused_probe, lambda: reference(_probe_of(x))):
         return None
     try:
