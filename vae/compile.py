@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from . import fast_paths
 from .base import CausalState
 from .oom import is_out_of_memory, release_cached
 
@@ -131,7 +132,8 @@ class _RegionCall:
 
     def __call__(self, *args, **kwargs):
         module = self._module()
-        if self.state.failed:
+        device = _device_of(module, args)
+        if self.state.failed or not fast_paths.enabled("compile", device):
             return module._call_impl(*args, **kwargs)
         geometry = _geometry(args, kwargs)
         kept = None if geometry in self.settled else _with_cloned_tensors(args, kwargs)
@@ -145,6 +147,7 @@ class _RegionCall:
             failure = _root_cause(compile_exc)
         if failure is None:
             self.settled.add(geometry)
+            fast_paths.used("compile")
             return out
         # Outside the except block: the failed attempt's tensors are released; the region starts again from
         # the causal state (and, where kept, the inputs) it was called with.
@@ -155,8 +158,7 @@ class _RegionCall:
         release_cached()
         out = module._call_impl(*args, **kwargs)  # raises the genuine error if there is one
         self.state.failed = True
-        log.warning("turbovae: torch.compile (%s) failed, running the VAE eagerly: %s",
-                    _describe(self.settings), failure)
+        fast_paths.fail("compile", device, f"torch.compile ({_describe(self.settings)}) failed: {failure}")
         return out
 
 
@@ -173,6 +175,14 @@ def _with_cloned_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return a.clone() if isinstance(a, torch.Tensor) else a
 
     return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}
+
+
+def _device_of(module: nn.Module, args: tuple) -> torch.device:
+    """Where a region runs: its weights' device, else its first tensor argument's (the CPU if neither)."""
+    weight = next(module.parameters(), None)
+    if weight is not None:
+        return weight.device
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 def _describe(settings: CompileSettings) -> str:

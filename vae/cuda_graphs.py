@@ -32,6 +32,7 @@ from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 import torch
 
+from . import fast_paths
 from .oom import describe, is_out_of_memory, release_cached
 
 log = logging.getLogger("turbovae")
@@ -102,6 +103,7 @@ class _Captured:
     graph: "torch.cuda.CUDAGraph"
     inputs: list  # static tensors, in the order of the flattened tensor arguments
     output: Any
+    reference: Any = None  # the last warm-up's eager output, until the first replay is self-checked
 
 
 def _flatten_tensors(obj: Any, out: list) -> None:
@@ -175,7 +177,9 @@ class CudaGraphRunner:
 
     def _eligible(self, tensors: list) -> bool:
         """Whether this call may use a graph: all tensor arguments on CUDA, and not inside another capture."""
-        return bool(tensors) and all(t.is_cuda for t in tensors) and not torch.cuda.is_current_stream_capturing()
+        return bool(tensors) and all(fast_paths.applies_to(t.device) for t in tensors) \
+            and fast_paths.enabled("cuda_graphs", tensors[0].device) \
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
     def __call__(self, *args, **kwargs):
         tensors: list = []
@@ -194,15 +198,24 @@ class CudaGraphRunner:
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             failure = describe(exc), is_out_of_memory(exc)
         if failure is not None:  # outside the except block: the failed capture's memory can be released
-            self._capture_failed(*failure)
+            self._capture_failed(*failure, tensors[0].device)
             return self.fn(*args, **kwargs)
         self.oom_failures = 0
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
-        entry.graph.replay()
+        try:
+            entry.graph.replay()
+        except Exception as exc:  # noqa: BLE001 - a graph that cannot replay: eager from now on
+            return self._give_up(f"replay failed: {type(exc).__name__}: {exc}", tensors, args, kwargs)
+        if entry.reference is not None:  # first replay of this graph: it must equal the eager warm-up
+            reference, entry.reference = entry.reference, None
+            what = f"graph for {[tuple(t.shape) for t in tensors]} {tensors[0].dtype}"
+            if not fast_paths.check("cuda_graphs", tensors[0].device, what, lambda: entry.output, lambda: reference):
+                return self._give_up("its first replay differs from the eager pass", tensors, args, kwargs)
+        fast_paths.used("cuda_graphs")
         return _map_output(entry.output, torch.clone) if self.clone_outputs else entry.output
 
-    def _capture_failed(self, reason: str, out_of_memory: bool) -> None:
+    def _capture_failed(self, reason: str, out_of_memory: bool, device: torch.device) -> None:
         """Release the pool; switch graphs off for good unless it was a (transient) out-of-memory, and
         after `OOM_FAILURES_TO_DISABLE` of those in a row. One warning either way."""
         self.invalidate()
@@ -214,8 +227,18 @@ class CudaGraphRunner:
                                 "the next one captures again", reason)
                 return
             reason = f"out of memory {self.oom_failures} times in a row; last: {reason}"
-        self.disabled = reason
-        log.warning("turbovae: CUDA graph capture failed (%s); running eagerly from now on", self.disabled)
+        self._switch_off(reason, device, stage="capture failed: ")
+
+    def _give_up(self, why: str, tensors: list, args: tuple, kwargs: dict):
+        """Switch graphs off and run this call eagerly."""
+        self._switch_off(why, tensors[0].device)
+        return self.fn(*args, **kwargs)
+
+    def _switch_off(self, why: str, device: torch.device, stage: str = "") -> None:
+        """Graphs off for good on this runner, and for the device in vae/fast_paths (its one warning)."""
+        self.disabled = why
+        self.invalidate()
+        fast_paths.fail("cuda_graphs", device, stage + why)
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
         reserved = torch.cuda.memory_reserved(tensors[0].device)
@@ -229,7 +252,7 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.fn(*s_args, **s_kwargs)
+                reference = self.fn(*s_args, **s_kwargs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
@@ -238,4 +261,5 @@ class CudaGraphRunner:
         log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d; pool %.0f MiB)",
                  [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries,
                  self.pool_bytes / 2**20)
-        return _Captured(graph, statics, output)
+        checked = fast_paths.self_check_enabled() and self.warmup > 0
+        return _Captured(graph, statics, output, reference if checked else None)
