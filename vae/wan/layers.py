@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DerivedWeights
 from ..ops import rms_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -68,29 +67,24 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu)
 
 
-def cached_weight(module: nn.Module, derive, channels_last: bool = False, tag: str = "") -> torch.Tensor:
-    """`derive(module.weight)` as a contiguous (or channels-last) tensor, cached until the weight changes.
+def weight_as(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`weight` (or a view of it) in the memory format of the activation `x`, which is what the conv kernel
+    reads: a view when the parameter is stored so (`vae/weight_layout.py`), else a transient copy for this
+    call only. Nothing is kept: the parameter is the only resident copy of the weight."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=_channels_last(x.ndim)):
+        return weight.contiguous()
+    return weight.contiguous(memory_format=_channels_last(weight.ndim))
 
-    Why: the folded / unsqueezed / re-laid-out weights would otherwise be rebuilt on every call.
-    """
-    w = module.weight
-    cache = module.__dict__.get("_derived_weights")
-    if cache is None:
-        cache = module.__dict__["_derived_weights"] = DerivedWeights()
 
-    def make() -> torch.Tensor:
-        d = derive(w)
-        fmt = (torch.channels_last if d.ndim == 4 else torch.channels_last_3d) if channels_last else torch.contiguous_format
-        return d.contiguous(memory_format=fmt)
-
-    return cache.get(f"{tag}:{channels_last}", (w,), make)
+def _channels_last(ndim: int) -> torch.memory_format:
+    return torch.channels_last if ndim == 4 else torch.channels_last_3d
 
 
 class CausalConv3d(nn.Conv3d):
     """Conv3d with zero causal padding in time (k_t - 1 frames of history) and symmetric spatial padding.
 
-    The weight keeps the checkpoint layout [O, I, kt, kh, kw]; `image()` runs the 2-D fold with a
-    cached copy of the last temporal tap.
+    The weight keeps the checkpoint's shape [O, I, kt, kh, kw] but is stored channels-last (`WanVAE`
+    lays it out at load); `image()` runs the 2-D fold on a view of the last temporal tap.
     """
 
     def __init__(self, cin: int, cout: int, kernel: int | tuple[int, int, int], stride=1,
@@ -101,18 +95,13 @@ class CausalConv3d(nn.Conv3d):
         self.pad_hw = (pad[1], pad[2])
 
     # -- image ---------------------------------------------------------------------------------
-    def folded_weight(self, channels_last: bool = False) -> torch.Tensor:
-        return cached_weight(self, lambda w: w[:, :, -1], channels_last, tag="fold")
-
     def image(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.folded_weight(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
-        return F.conv2d(x, w, self.bias, self.stride[1:], self.pad_hw)
+        return F.conv2d(x, weight_as(self.weight[:, :, -1], x), self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
     def video(self, x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
         """Causal conv over a chunk; with a context, the last input frames are kept as next step's history."""
-        cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
-        weight = cached_weight(self, lambda w: w, cl) if cl else self.weight
+        weight = weight_as(self.weight, x)
         if self.time_history == 0:
             return guarded_conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.cache.get(self) if ctx is not None else None
@@ -141,12 +130,9 @@ class CausalConv3d(nn.Conv3d):
 def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, padding=None) -> torch.Tensor:
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
-    cl = not x.is_contiguous() and x.is_contiguous(
-        memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
     if x.ndim == 4:
-        return F.conv2d(x, cached_weight(conv, lambda w: w, cl), conv.bias, conv.stride, pad)
-    weight = cached_weight(conv, lambda w: w.unsqueeze(2), cl, tag="3d")
-    return guarded_conv3d(x, weight, conv.bias, (1, *conv.stride), (0, *pad))
+        return F.conv2d(x, weight_as(conv.weight, x), conv.bias, conv.stride, pad)
+    return guarded_conv3d(x, weight_as(conv.weight.unsqueeze(2), x), conv.bias, (1, *conv.stride), (0, *pad))
 
 
 class ResidualBlock(nn.Module):
