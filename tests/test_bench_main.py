@@ -105,6 +105,6 @@ def test_timed_runs_alternate_between_the_sides():
 
     opts = job.BenchOptions(device="cpu", repeat=3)
     (ref_ms, _, ref_out), (ms, _, out) = job._sides(side("ref"), side("ours"), torch.zeros(2), opts,
-                                                    job._PeakMemory(torch.device("cpu")), lambda: None)
+                                                    job.PeakMemory(torch.device("cpu")), lambda: None)
     assert order == ["ref", "ours"] + ["ref", "ours"] * 3
     assert ref_ms >= 0 and ms >= 0 and torch.equal(ref_out, out)
