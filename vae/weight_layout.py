@@ -10,18 +10,22 @@ NHWC for 2-D ones). The checkpoint's shape [O, I, kt, kh, kw] is kept, so keys, 
 
 Every other reader takes a view: a temporal tap `w[:, :, t]` (the image path's folded last tap, or a
 per-tap 2-D formulation) is a strided view whose O stride spans the other taps. A conv kernel wants it
-packed, so that reader copies one layer's tap for the duration of one call (a third of the layer's
-weight, freed when the conv returns). Storing the taps tap-major instead would make the taps packed
-views but the whole 3-D weight strided, so every clip-path conv would copy the whole layer's weight per
-call: measured slower (docs/wan.md, "Weights held once").
+packed, so the image path packs the tap into a `PassScratch`: one buffer per pass, reused by every conv
+of the pass and freed with it, so it is bounded by the largest single tap and never held between calls.
+(A fresh tensor per conv would cost as much time as the conv itself for taps above glibc's 32 MiB mmap
+threshold, Wan 2.2's 1024-channel convs: each is a new mapping whose pages fault in.) Storing the taps
+tap-major instead would make each tap packed but the whole 3-D weight strided, so every clip-path conv
+would copy the layer's whole weight per call.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 from torch import nn
+
+from .base import tracing
 
 
 def channels_last(weight: torch.Tensor) -> torch.Tensor:
@@ -45,6 +49,45 @@ def hold_channels_last(modules: Iterable[nn.Module]) -> None:
             w = getattr(m, "weight", None)
             if isinstance(w, nn.Parameter) and not is_channels_last(w):
                 w.data = channels_last(w.data)
+
+
+class PassScratch:
+    """One reusable buffer for the weights that one pass's convs must pack (the image path's last temporal
+    tap of a channels-last 3-D weight): each conv copies its tap in and the next conv overwrites it. It
+    grows to the largest such tap of the pass and is freed with the pass (the `StreamContext` owns it), so
+    nothing beside the parameters outlives a call. Fresh tensors instead where reusing storage is unsafe or
+    buys nothing: under tracing, when autograd records the copy, and on CUDA (its caching allocator makes
+    a fresh tensor free, and kernels may still read the previous one)."""
+
+    def __init__(self) -> None:
+        self._buf: Optional[torch.Tensor] = None
+
+    def packed(self, weight: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+        """`weight` contiguous in `memory_format`: itself when it already is, else a copy in the scratch."""
+        if weight.is_contiguous(memory_format=memory_format):
+            return weight
+        if (weight.device.type != "cpu" or tracing() or (torch.is_grad_enabled() and weight.requires_grad)
+                or weight.ndim not in (4, 5)):
+            return weight.contiguous(memory_format=memory_format)
+        n = weight.numel()
+        buf = self._buf
+        if buf is None or buf.numel() < n or buf.dtype != weight.dtype or buf.device != weight.device:
+            buf = self._buf = torch.empty(n, dtype=weight.dtype, device=weight.device)
+        return _shaped(buf[:n], weight.shape, memory_format).copy_(weight)
+
+    def clear(self) -> None:
+        self._buf = None
+
+
+def _shaped(flat: torch.Tensor, shape: torch.Size, memory_format: torch.memory_format) -> torch.Tensor:
+    """`flat` viewed as a tensor of `shape` laid out contiguously in `memory_format`."""
+    if memory_format == torch.channels_last:
+        o, i, h, w = shape
+        return flat.view(o, h, w, i).permute(0, 3, 1, 2)
+    if memory_format == torch.channels_last_3d:
+        o, i, t, h, w = shape
+        return flat.view(o, t, h, w, i).permute(0, 4, 1, 2, 3)
+    return flat.view(shape)
 
 
 def checkpoint_layout(state: dict) -> dict:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import rms_norm_silu
+from ..weight_layout import PassScratch
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
@@ -41,10 +42,13 @@ class StreamContext:
     first: bool = True  # True during the first step of a stream
     # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
     shard: Optional[object] = None
+    # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
+    scratch: PassScratch = field(default_factory=PassScratch)
 
     def clear(self) -> None:
         self.cache.clear()
         self.first = True
+        self.scratch.clear()
 
 
 def _can_inplace(flags: WanFlags) -> bool:
@@ -67,17 +71,24 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu)
 
 
-def weight_as(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """`weight` (or a view of it) in the memory format of the activation `x`, which is what the conv kernel
-    reads: a view when the parameter is stored so (`vae/weight_layout.py`), else a transient copy for this
-    call only. Nothing is kept: the parameter is the only resident copy of the weight."""
-    if x.is_contiguous() or not x.is_contiguous(memory_format=_channels_last(x.ndim)):
-        return weight.contiguous()
-    return weight.contiguous(memory_format=_channels_last(weight.ndim))
+def kernel_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format a conv on `x` runs in: channels-last when `x` is (and not also plain contiguous)."""
+    cl = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
+    return cl if not x.is_contiguous() and x.is_contiguous(memory_format=cl) else torch.contiguous_format
 
 
-def _channels_last(ndim: int) -> torch.memory_format:
-    return torch.channels_last if ndim == 4 else torch.channels_last_3d
+def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_format:
+    """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
+    stored so: the kernel reads the parameter itself), else `x`'s own."""
+    if ctx is not None:
+        return torch.channels_last_3d if ctx.flags.channels_last else torch.contiguous_format
+    return kernel_format(x)
+
+
+def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[StreamContext]) -> torch.Tensor:
+    """`weight` (a parameter or a view of one) packed in `fmt`: itself when stored so, else a copy for this
+    conv only (in the pass's scratch). Nothing is kept: the parameter is the only resident copy."""
+    return ctx.scratch.packed(weight, fmt) if ctx is not None else weight.contiguous(memory_format=fmt)
 
 
 class CausalConv3d(nn.Conv3d):
@@ -95,28 +106,33 @@ class CausalConv3d(nn.Conv3d):
         self.pad_hw = (pad[1], pad[2])
 
     # -- image ---------------------------------------------------------------------------------
-    def image(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, weight_as(self.weight[:, :, -1], x), self.bias, self.stride[1:], self.pad_hw)
+    def image(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        weight = packed(self.weight[:, :, -1], kernel_format(x), ctx)
+        return F.conv2d(x, weight, self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
-    def video(self, x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
-        """Causal conv over a chunk; with a context, the last input frames are kept as next step's history."""
-        weight = weight_as(self.weight, x)
+    def video(self, x: torch.Tensor, ctx: Optional[StreamContext], fmt_ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Causal conv over a chunk; with a context, the last input frames are kept as next step's history.
+        `fmt_ctx`: the pass whose memory format and scratch a context-free call (no history) uses."""
+        fmt_ctx = ctx if ctx is not None else fmt_ctx
+        fmt = pass_format(x, fmt_ctx)
+        weight = packed(self.weight, fmt, fmt_ctx)
         if self.time_history == 0:
-            return guarded_conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
+            return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.cache.get(self) if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
         fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
         if fold:
-            out = self.image(x[:, :, 0]).unsqueeze(2)
+            out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
             xin = x
         else:
             parts = [x]
             if n_hist:
                 parts.insert(0, hist)
             if n_hist < self.time_history:
-                parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:]))
-            xin = torch.cat(parts, dim=2) if len(parts) > 1 else x
+                zeros = (x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:])
+                parts.insert(0, torch.empty(zeros, dtype=x.dtype, device=x.device, memory_format=fmt).zero_())
+            xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
             out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
         if ctx is not None:
             # A folded first frame keeps just itself: missing history frames count as zeros next step.
@@ -124,15 +140,17 @@ class CausalConv3d(nn.Conv3d):
         return out
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        return self.image(x) if x.ndim == 4 else self.video(x, ctx)
+        return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
 
 
-def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, padding=None) -> torch.Tensor:
+def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[StreamContext], padding=None) -> torch.Tensor:
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
     if x.ndim == 4:
-        return F.conv2d(x, weight_as(conv.weight, x), conv.bias, conv.stride, pad)
-    return guarded_conv3d(x, weight_as(conv.weight.unsqueeze(2), x), conv.bias, (1, *conv.stride), (0, *pad))
+        return F.conv2d(x, packed(conv.weight, kernel_format(x), ctx), conv.bias, conv.stride, pad)
+    fmt = pass_format(x, ctx)
+    weight = packed(conv.weight.unsqueeze(2), fmt, ctx)
+    return guarded_conv3d(x.contiguous(memory_format=fmt), weight, conv.bias, (1, *conv.stride), (0, *pad))
 
 
 class ResidualBlock(nn.Module):
@@ -251,9 +269,9 @@ class Resample(nn.Module):
                 x = self._time_up(x, ctx)
             scale = (2.0, 2.0) if x.ndim == 4 else (1.0, 2.0, 2.0)
             x = F.interpolate(x, scale_factor=scale, mode="nearest")
-            return _conv2d_any(self.resample[1], x)
+            return _conv2d_any(self.resample[1], x, ctx)
         x = F.pad(x, (0, 1, 0, 1))
-        x = _conv2d_any(self.resample[1], x, padding=(0, 0))
+        x = _conv2d_any(self.resample[1], x, ctx, padding=(0, 0))
         if self.time_conv is not None and x.ndim == 5:
             x = self._time_down(x, ctx)
         return x
@@ -274,11 +292,11 @@ class Resample(nn.Module):
         if prev is None:
             if t % 2 != 1:
                 raise ValueError(f"a causal encode stream must start with 1+4k frames (got {t} at a time downsample)")
-            out = x[:, :, :1] if t == 1 else torch.cat([x[:, :, :1], self.time_conv.video(x, None)], dim=2)
+            out = x[:, :, :1] if t == 1 else torch.cat([x[:, :, :1], self.time_conv.video(x, None, ctx)], dim=2)
         else:
             if t % 2:
                 raise ValueError(f"after the first step an encode stream takes 4k frames (got {t} at a time downsample)")
-            out = self.time_conv.video(torch.cat([prev, x], dim=2), None)
+            out = self.time_conv.video(torch.cat([prev, x], dim=2), None, ctx)
         ctx.cache[self] = x[:, :, -1:].clone()
         return out
 
