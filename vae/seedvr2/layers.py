@@ -87,7 +87,7 @@ class CausalConv3d(nn.Conv3d):
 
         Made for this call and freed after it (a third of this layer's weight): the parameters are the
         only resident copy of the weights (`vae/weight_layout.py` says why)."""
-        return tap_sum(self.weight, slice(None))
+        return tap_sum(self.weight)
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if ctx.split is not None:
@@ -118,7 +118,9 @@ class CausalConv3d(nn.Conv3d):
         sp_stride, sp_pad = self.stride[1:], self.padding[1:]
         # The pair's weights and the last tap are made for this call only (see `folded_weight`).
         w = self.weight
-        pair_w = torch.cat([tap_sum(w, slice(None)), tap_sum(w, slice(0, 2))])
+        first_two = w[:, :, 0].float() + w[:, :, 1].float()  # = w[:, :, :2].float().sum(2), at memory speed
+        pair_w = torch.cat([first_two + w[:, :, 2].float(), first_two]).to(w.dtype)
+        del first_two
         pair_b = torch.cat([self.bias, torch.zeros_like(self.bias)])
         heads = F.conv2d(x[:, :, 0], pair_w, pair_b, sp_stride, sp_pad)
         del pair_w
@@ -175,9 +177,14 @@ class CausalConv3d(nn.Conv3d):
         return y.unsqueeze(2)
 
 
-def tap_sum(weight: torch.Tensor, taps: slice) -> torch.Tensor:
-    """Σ of the temporal taps `taps` of a 5-D weight, accumulated in fp32, as a contiguous 4-D weight."""
-    return weight[:, :, taps].float().sum(2).to(weight.dtype).contiguous()
+def tap_sum(weight: torch.Tensor) -> torch.Tensor:
+    """Σ of the temporal taps of a 5-D weight, accumulated in fp32 in tap order, as a contiguous 4-D weight.
+    Elementwise adds of the tap views: the same values as `weight.float().sum(2)`, read at memory speed
+    (a strided reduction over the tap axis took several times longer)."""
+    total = weight[:, :, 0].float().clone() if weight.shape[2] == 1 else weight[:, :, 0].float() + weight[:, :, 1].float()
+    for t in range(2, weight.shape[2]):
+        total.add_(weight[:, :, t].float())
+    return total.to(weight.dtype)
 
 
 def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
