@@ -181,7 +181,9 @@ def tap_sum(weight: torch.Tensor) -> torch.Tensor:
     """Σ of the temporal taps of a 5-D weight, accumulated in fp32 in tap order, as a contiguous 4-D weight.
     Elementwise adds of the tap views: the same values as `weight.float().sum(2)`, read at memory speed
     (a strided reduction over the tap axis took several times longer)."""
-    total = weight[:, :, 0].float().clone() if weight.shape[2] == 1 else weight[:, :, 0].float() + weight[:, :, 1].float()
+    if weight.shape[2] == 1:
+        return weight[:, :, 0]  # one tap: a view of the parameter (packed already), no copy
+    total = weight[:, :, 0].float() + weight[:, :, 1].float()
     for t in range(2, weight.shape[2]):
         total.add_(weight[:, :, t].float())
     return total.to(weight.dtype)
