@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 Row = Mapping[str, object]
-HEADER = ("case", "path", "time", "vs reference", "peak MB", "max abs err", "PSNR dB")
+HEADER = ("case", "path", "time", "vs reference", "peak MB", "held MB", "max abs err", "PSNR dB")
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -36,13 +36,14 @@ def cells(row: Row) -> list[str]:
     speedup = row.get("speedup")
     # Older results files have no "reference" field; their reference rows are their own baseline.
     reference = row.get("reference", row.get("baseline_ms") == row.get("ms") and speedup in (None, 1.0))
-    peak, err, db = row.get("peak_mb"), row.get("max_abs_err"), row.get("psnr_db")
+    peak, held, err, db = row.get("peak_mb"), row.get("held_mb"), row.get("max_abs_err"), row.get("psnr_db")
     return [
         str(row["case"]),
         str(row["variant"]),
         _seconds(row["ms"]),
         "reference" if reference else (f"{speedup:.2f}x" if speedup else ""),
         f"{peak:.0f}" if peak is not None else "",
+        f"{held:.0f}" if held is not None else "",  # older results files have no held memory
         f"{err:.1e}" if err is not None else "",
         ("inf" if db == float("inf") else f"{db:.1f}") if db is not None else "",
     ]
@@ -56,8 +57,38 @@ def format_text(rows: Iterable[Row]) -> str:
 
 
 def format_markdown(rows: Iterable[Row]) -> str:
+    """The results table; rows of the held-memory section (`bench/held.py`) as its own table."""
+    rows = list(rows)
+    if rows and all(r.get("section") == HELD_SECTION for r in rows):
+        return format_held_markdown(rows)
     out = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+HELD_SECTION = "held"
+
+
+def format_held_markdown(rows: Sequence[Row]) -> str:
+    """One line per model: its parameters, then what it holds beyond them after each step in turn (the
+    steps in the order they ran), as MB and as a share of the parameters."""
+    models: dict[str, list[Row]] = {}
+    for r in rows:
+        models.setdefault(str(r["variant"]), []).append(r)
+    steps = list(dict.fromkeys(str(r["case"]) for r in rows))
+    out = ["| model | parameters | " + " | ".join(steps) + " |", "|" + "---|" * (len(steps) + 2)]
+    for model, model_rows in models.items():
+        by_step = {str(r["case"]): r for r in model_rows}
+        params = float(model_rows[0]["model_mb"])
+
+        def held(step: str) -> str:
+            r = by_step.get(step)
+            if r is None or r.get("held_mb") is None:
+                return ""
+            mb = float(r["held_mb"])
+            return f"{mb:+.0f} MB ({100 * mb / params:.1f} %)"
+
+        out.append(f"| {model} | {params:.0f} MB | " + " | ".join(held(s) for s in steps) + " |")
     return "\n".join(out)
 
 

@@ -19,6 +19,7 @@ from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dic
     unwrap_vae_keys
 from .cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype
+from .weight_layout import checkpoint_layout
 from .memory import auto_temporal_slice, check_fits
 
 log = logging.getLogger("turbovae")
@@ -187,7 +188,12 @@ class TurboVAE:
         return with_progress
 
     def state_dict(self) -> StateDict:
-        return self.model.state_dict()
+        """The checkpoint's keys, shapes, values and layout (contiguous tensors, ready for safetensors).
+
+        The model stores some weights in another memory layout (`vae/weight_layout.py`); this returns
+        contiguous copies of those, so it costs their size while the caller holds it. `model.state_dict()`
+        returns the parameters themselves (same shapes and values, no copies)."""
+        return checkpoint_layout(self.model.state_dict())
 
     def __repr__(self) -> str:
         return f"TurboVAE(kind={self.kind!r}, dtype={self.dtype}, device={self.device}, source={self.source!r})"

@@ -2,7 +2,7 @@
 
 Whole-clip passes, temporal slicing and streams all run through `encode_step` / `decode_step`,
 pure functions of (slice, causal memory) -> (output, new memory). Nothing is cached on the modules
-between calls except weights derived for the T=1 image path.
+between calls: weights derived for the T=1 image path are made per call (`layers.tap_sum`).
 
 Memory layout (`memory_layout()` lists it): one tensor per causal conv whose temporal kernel
 exceeds its stride, in execution order; each holds the last `k_t - s_t` frames of that conv's
