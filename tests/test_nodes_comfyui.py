@@ -480,21 +480,23 @@ def test_seedvr2_workflow_runs_as_shipped(comfy):
 
 
 def test_engine_build_then_engine_load_decode_workflows(comfy):
+    """The two engine workflows connect as shipped on a machine without TensorRT: Build Engine's backend
+    auto builds AOTInductor engines into the folder whose manifest.json the load workflow names."""
     info = comfy.object_info()
     build = load_workflow("engine_build")
-    for name, value in (("backend", "aoti"), ("width", ENGINE_SIZE), ("height", ENGINE_SIZE)):
+    for name, value in (("width", ENGINE_SIZE), ("height", ENGINE_SIZE)):  # a CPU-sized engine; backend as shipped
         build = comfy_workflow.set_widget(build, "TurboVAEBuildEngine", name, value, info)
-    run_workflow(comfy, build)
+    _, build_log = run_workflow(comfy, build)
     folder_name = build["nodes"][0]["widgets_values"][1]
     engines = sorted(p.name for p in (comfy.base / "models" / "tensorrt" / folder_name).iterdir())
     size = f"{ENGINE_SIZE}x{ENGINE_SIZE}"
-    assert engines == [f"decoder_{size}.pt2", f"encoder_{size}.pt2", "manifest.json"]
+    assert engines == [f"decoder_{size}.pt2", f"encoder_{size}.pt2", "manifest.json"], build_log
 
     info = comfy.object_info()  # the new engines are offered without a restart
-    engine = f"{folder_name}/decoder_{size}.pt2"
+    load = load_workflow("engine_load_decode")
+    engine = load["nodes"][0]["widgets_values"][0]
+    assert engine == f"{folder_name}/manifest.json"
     assert engine in info["TurboVAELoadEngine"]["input"]["required"]["engine"][1]["options"]
-    load = comfy_workflow.set_widget(load_workflow("engine_load_decode"), "TurboVAELoadEngine", "engine", engine,
-                                     info)
     # as shipped (pad_to_bucket off): the 64x48 image is not a size the 64x64 engines compute exactly, so it
     # runs on the PyTorch VAE, exactly, with a warning naming the option
     entry, log = run_workflow(comfy, load)
