@@ -88,6 +88,11 @@ def test_tool_comfy_fields_the_registry_reads():
         assert image.width == image.height <= 400, image.size
 
 
+def test_the_package_reports_the_version_pyproject_publishes():
+    text = (ROOT / "__init__.py").read_text()
+    assert re.search(r'^__version__ = "([^"]+)"$', text, flags=re.MULTILINE).group(1) == PROJECT["version"]
+
+
 def test_changelog_says_what_this_version_changed():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     versions = re.findall(r"^## (\d+\.\d+\.\d+)\s*$", changelog, flags=re.MULTILINE)
