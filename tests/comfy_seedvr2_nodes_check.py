@@ -112,4 +112,7 @@ def main(tree: str, vae_file: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    import torch
+
+    with torch.inference_mode():  # as ComfyUI's executor runs every node
+        print(json.dumps(main(sys.argv[1], sys.argv[2])))
