@@ -177,13 +177,14 @@ class ComfyTurboVAE:
             raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels] or a video IMAGE "
                              f"[clips, frames, height, width, channels]; got "
                              f"{tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__}")
-        clips = pixels if pixels.ndim == 5 else pixels.unsqueeze(0)
-        b, t = clips.shape[:2]
-        frames = self.vae_encode_crop_pixels(clips.reshape(b * t, *clips.shape[2:]))
+        b, t = pixels.shape[:2] if pixels.ndim == 5 else (1, pixels.shape[0])
+        frames = self.vae_encode_crop_pixels(pixels.reshape(b * t, *pixels.shape[-3:]))
         if frames.shape[1] == 0 or frames.shape[2] == 0:
             raise ValueError(f"image is smaller than {self.turbo.spatial_factor}x{self.turbo.spatial_factor} "
                              "pixels; nothing to encode")
-        return self.process_input(frames.reshape(b, t, *frames.shape[1:]).permute(0, 4, 1, 2, 3).float())
+        channels_first = frames.movedim(-1, 0)  # [C, B*T, H, W]
+        clips = channels_first.unsqueeze(0) if b == 1 else channels_first.unflatten(1, (b, t)).movedim(1, 0)
+        return self.process_input(clips.float())
 
     def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
         """[B, C, T, H, W] (-1..1) -> [B, T, H, W, C] (0..1); 4-D latents give [B, H, W, C]."""
