@@ -17,7 +17,7 @@ __all__ = [
     "LatentFormat", "CheckpointError", "decode_parallel", "encode_parallel", "ParallelPassError",
     "comfy_entrypoint",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 async def comfy_entrypoint():

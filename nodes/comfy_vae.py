@@ -8,7 +8,11 @@ core's full-tensor guesses. Every public attribute of `comfy.sd.VAE` that core n
 read is provided with the meaning core gives it.
 
 Layouts: IMAGE is [N, H, W, C] in 0..1 on the intermediate device; for these 3-D VAEs an IMAGE batch
-is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are raw latents.
+is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are what core's
+own VAE of the same kind puts in a LATENT (`CORE_LATENT_SCALED_KINDS`): raw latents for Wan/Qwen-Image (core's
+model applies the statistics), raw latents times the scaling factor for SeedVR2 (core's native SeedVR2 VAE
+scales in the VAE and its SeedVR2 nodes and DiT expect that), so latents pass between our VAE, core's VAE
+and core's nodes either way.
 C is the VAE's image channels (`output_channels`, core's name): 3, or 4 (RGBA) for Qwen-Image-Layered, whose
 decode gives an RGBA IMAGE as core's does; encode fits the image to C channels as core does (extra channels
 dropped, a missing alpha filled with 1.0 = opaque).
@@ -25,6 +29,7 @@ import comfy.utils
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+from ..vae.tiling.api import MIN_TILE_LATENT
 from ..vae.tiling.plan import plan_tiling
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
@@ -39,6 +44,13 @@ RESERVED_LATENT_FRAMES = 4
 # pads its Qwen/Wan 2.1 VAE with the same `pad_channel_value`). RGB VAEs pad nothing.
 ALPHA_PAD_VALUE = 1.0
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# VAE kinds whose LATENT core scales inside the VAE: core's native SeedVR2 VAE (comfy/ldm/seedvr, PR #14424)
+# multiplies the encoder's mean by the scaling factor before returning it and divides by it before
+# decoding; core's Wan/Qwen-Image VAEs return raw latents.
+CORE_LATENT_SCALED_KINDS = frozenset({"seedvr2"})
+# Defaults core's SeedVR2 VAE gives a `seedvr2_tiling` option that leaves out tile_size / tile_overlap (px).
+CORE_SEEDVR2_TILE_PX = (512, 512)
+CORE_SEEDVR2_OVERLAP_PX = (64, 64)
 
 
 class _PatcherModule(torch.nn.Module):
@@ -85,6 +97,8 @@ class ComfyTurboVAE:
         self.process_input = lambda image: image * 2.0 - 1.0
         self.process_output = lambda image: torch.clamp((image + 1.0) / 2.0, min=0.0, max=1.0)
         self.last_report: Optional[PassReport] = None  # what the last pass did (the nodes show it)
+        self.latent_scale = fmt.scaling_factor if turbo.kind in CORE_LATENT_SCALED_KINDS else 1.0
+        self.latent_shift = fmt.shift_factor if turbo.kind in CORE_LATENT_SCALED_KINDS else 0.0
 
     # -- what core nodes query --------------------------------------------------------------
     @property
@@ -151,15 +165,20 @@ class ComfyTurboVAE:
         return pixels
 
     def _image_to_clip(self, pixels: torch.Tensor) -> torch.Tensor:
-        """IMAGE [N, H, W, C] (0..1) -> one clip [1, C', N, H, W] (-1..1), C' the VAE's image channels."""
-        if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4:
-            raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels]; got "
+        """IMAGE [N, H, W, C] (0..1) -> one clip [1, C', N, H, W] (-1..1), C' the VAE's image channels;
+        a video IMAGE [B, T, H, W, C] (what core's SeedVR2 Preprocess gives VAE Encode) -> B clips."""
+        if not isinstance(pixels, torch.Tensor) or pixels.ndim not in (4, 5):
+            raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels] or a video IMAGE "
+                             f"[clips, frames, height, width, channels]; got "
                              f"{tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__}")
-        pixels = self.vae_encode_crop_pixels(pixels)
-        if pixels.shape[1] == 0 or pixels.shape[2] == 0:
+        b, t = pixels.shape[:2] if pixels.ndim == 5 else (1, pixels.shape[0])
+        frames = self.vae_encode_crop_pixels(pixels.reshape(b * t, *pixels.shape[-3:]))
+        if frames.shape[1] == 0 or frames.shape[2] == 0:
             raise ValueError(f"image is smaller than {self.turbo.spatial_factor}x{self.turbo.spatial_factor} "
                              "pixels; nothing to encode")
-        return self.process_input(pixels.movedim(-1, 0).unsqueeze(0).float())
+        channels_first = frames.movedim(-1, 0)  # [C, B*T, H, W]
+        clips = channels_first.unsqueeze(0) if b == 1 else channels_first.unflatten(1, (b, t)).movedim(1, 0)
+        return self.process_input(clips.float())
 
     def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
         """[B, C, T, H, W] (-1..1) -> [B, T, H, W, C] (0..1); 4-D latents give [B, H, W, C]."""
@@ -168,12 +187,32 @@ class ComfyTurboVAE:
             out = out[:, :, 0]
         return out.movedim(1, -1)
 
+    def to_comfy_latents(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw latents from our passes -> the LATENT samples core's VAE of this kind produces."""
+        if self.latent_scale == 1.0 and self.latent_shift == 0.0:
+            return raw
+        return (raw - self.latent_shift) * self.latent_scale
+
     def _check_latents(self, samples: torch.Tensor) -> torch.Tensor:
-        return self.turbo.check_latents(samples)
+        """LATENT samples (core's layout for this kind) -> checked raw latents for our passes."""
+        z = self.turbo.check_latents(samples)
+        if self.latent_scale == 1.0 and self.latent_shift == 0.0:
+            return z
+        return z / self.latent_scale + self.latent_shift
 
     # -- whole passes (core VAEDecode / VAEEncode) ----------------------------------------------
     def decode(self, samples_in: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
+        """Core VAEDecode contract. `vae_options` is what core forwards to its model's decode; the one
+        option core's SeedVR2 VAE reads, `seedvr2_tiling` (enable_tiling, tile_size and tile_overlap in
+        pixels), selects our exact tiled decode with that tile (at least our minimum) and overlap."""
         self.throw_exception_if_invalid()
+        tiling = (vae_options or {}).get("seedvr2_tiling") or {}
+        if tiling.get("enable_tiling"):
+            # our tiles are exact, so a tile below our minimum only changes memory: round it up
+            tile = max(max(tiling.get("tile_size", CORE_SEEDVR2_TILE_PX)), MIN_TILE_LATENT * self.turbo.spatial_factor)
+            overlap = min(tiling.get("tile_overlap", CORE_SEEDVR2_OVERLAP_PX))
+            return self.decode_tiles(samples_in, tile=tile, overlap=_core_overlap(tile, overlap), mode="auto",
+                                     temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
@@ -218,7 +257,7 @@ class ComfyTurboVAE:
             return self.encode_tiles(pixel_samples, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
                                      temporal_slice=None)
         bar.done(0)
-        return out.to(self.output_device).float()
+        return self.to_comfy_latents(out.to(self.output_device).float())
 
     # -- tiled passes ---------------------------------------------------------------------
     def decode_tiles(self, samples: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
@@ -240,7 +279,7 @@ class ComfyTurboVAE:
         with reported(self.turbo, "encode", how, temporal_slice, self._keep):
             out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
                                 progress=progress_callback(node_id), output_device=self.output_device)
-        return out.to(self.output_device).float()
+        return self.to_comfy_latents(out.to(self.output_device).float())
 
     def latents_for_pass(self, samples: torch.Tensor, tile: Optional[int], temporal_slice: Optional[int]) -> torch.Tensor:
         """Checked latents, with model management asked for one tile × slice of decode working set (any

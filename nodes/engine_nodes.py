@@ -15,7 +15,7 @@ import comfy.utils
 from comfy_api.latest import io
 
 from ..trt.backend import AUTO_BACKEND, BACKEND_NAMES, missing_onnx_export, resolve_backend
-from ..trt.formats import ENGINE_SUFFIXES
+from ..trt.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
 from ..vae.dtypes import DTYPE_NAMES
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, list_model_files, model_roots, \
@@ -31,7 +31,7 @@ SCOPES = ("folder", "file")
 
 def _engine_names() -> list[str]:
     register_tensorrt_folder()
-    return list_model_files(TENSORRT_KEY, ENGINE_SUFFIXES)
+    return list_model_files(TENSORRT_KEY, LOADABLE_ENGINE_NAMES)
 
 
 class TurboVAEBuildEngine(io.ComfyNode):
@@ -142,10 +142,11 @@ class TurboVAELoadEngine(io.ComfyNode):
                         "any engine problem also run the PyTorch VAE, with one warning.",
             inputs=[
                 io.Combo.Input("engine", options=_engine_names(),
-                               tooltip="An engine file in models/tensorrt (built by Build Engine)"),
+                               tooltip="A folder's manifest.json in models/tensorrt (every engine Build "
+                                       "Engine wrote there, TensorRT or AOTInductor) or one engine file"),
                 io.Combo.Input("scope", options=list(SCOPES), default="folder",
                                tooltip="folder: load every engine next to this one (encoder + decoder, all "
-                                       "buckets); file: only this engine"),
+                                       "buckets); file: only this engine (a manifest.json always loads its folder)"),
                 io.Combo.Input("fallback_vae", options=["(built from)"] + list_model_files(VAE_KEY),
                                tooltip="Checkpoint for the PyTorch path; default: the one the engines were "
                                        "built from"),
@@ -169,7 +170,8 @@ class TurboVAELoadEngine(io.ComfyNode):
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         register_tensorrt_folder()
         path = resolve_model_file(TENSORRT_KEY, engine)
-        target = os.path.dirname(path) if scope == "folder" else path
+        # a manifest stands for its whole folder, whatever the scope
+        target = os.path.dirname(path) if scope == "folder" or os.path.basename(path) == MANIFEST_NAME else path
         fallback = None if fallback_vae == "(built from)" else resolve_model_file(VAE_KEY, fallback_vae)
         load_device = mm.vae_device()
         dtype = mm.vae_dtype(load_device, WORKING_DTYPES)

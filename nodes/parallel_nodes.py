@@ -88,7 +88,7 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
                                                      "height and width are centre-cropped to multiples of 8."),
                     io.Vae.Input("vae", tooltip="A VAE from the TurboVAE Loader."),
                     *_inputs(1024)],
-            outputs=[io.Latent.Output(tooltip="Raw latents (what samplers and VAE Decode expect).")],
+            outputs=[io.Latent.Output(tooltip="Latents as ComfyUI's own VAE of this kind gives them (what samplers and VAE Decode expect).")],
             hidden=[io.Hidden.unique_id],
         )
 
@@ -99,7 +99,7 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
         clip = vae.clip_for_pass(pixels, tile, slice_)
         latents = encode_parallel(vae.turbo, clip, devices=devs, tile=tile, temporal_slice=slice_,
                                   progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
-        return io.NodeOutput({"samples": latents.float()})
+        return io.NodeOutput({"samples": vae.to_comfy_latents(latents.float())})
 
 
 PARALLEL_NODES = [TurboVAEMultiGPUDecode, TurboVAEMultiGPUEncode]

@@ -14,7 +14,7 @@ from typing import Iterable
 
 import folder_paths  # ComfyUI module; this package's nodes are only imported inside ComfyUI (or its test doubles)
 
-from ..trt.formats import ENGINE_SUFFIXES
+from ..trt.formats import ENGINE_SUFFIXES, MANIFEST_NAME
 
 TENSORRT_KEY = "tensorrt"
 VAE_KEY = "vae"
@@ -85,7 +85,7 @@ def list_model_files(key: str, suffixes: Iterable[str] = ()) -> list[str]:
     return sorted(n for n in names if not wanted or n.lower().endswith(wanted))
 
 
-def register_tensorrt_folder(extensions: Iterable[str] = ENGINE_SUFFIXES) -> list[str]:
+def register_tensorrt_folder(extensions: Iterable[str] = ENGINE_SUFFIXES + (os.path.splitext(MANIFEST_NAME)[1],)) -> list[str]:
     """Make sure the `tensorrt` key lists models/tensorrt and our engine suffixes, keeping user entries.
 
     `extra_model_paths.yaml` is read before custom nodes import, so a `tensorrt` entry may already exist

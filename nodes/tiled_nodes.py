@@ -110,7 +110,7 @@ class TurboVAETiledEncode(io.ComfyNode):
                     io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
                                                 "own tiled encode."),
                     *_tile_inputs("encoding", 1024)],
-            outputs=[io.Latent.Output(tooltip="Raw latents (what samplers and VAE Decode expect).")],
+            outputs=[io.Latent.Output(tooltip="Latents as ComfyUI's own VAE of this kind gives them (what samplers and VAE Decode expect).")],
             hidden=[io.Hidden.unique_id],
         )
 

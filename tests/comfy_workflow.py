@@ -20,7 +20,10 @@ from typing import Any, Iterable
 
 NOTE_TYPES = {"Note", "MarkdownNote"}
 UNSUPPORTED_TYPES = {"Reroute", "PrimitiveNode"}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+# A V3 DynamicCombo (e.g. core's Split SeedVR2 Latent `chunking_mode`): a combo of option keys whose selected option
+# may add widgets of its own; the API prompt names those `<combo>.<input>`. Only options without inputs are modelled.
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", DYNAMIC_COMBO}
 CONTROL_VALUES = ("fixed", "increment", "decrement", "randomize")
 MODE_ALWAYS, MODE_MUTED, MODE_BYPASS = 0, 2, 4
 
@@ -52,7 +55,7 @@ def widget_slots(info: dict) -> list[tuple[str, str, dict]]:
     {}) and ("<upload>", "UPLOAD", {})."""
     slots = []
     for name, kind, opts, _ in input_specs(info):
-        if kind not in WIDGET_TYPES:
+        if kind not in WIDGET_TYPES or opts.get("forceInput"):  # forceInput: a socket only, no widget
             continue
         slots.append((name, kind, opts))
         if kind == "INT" and (opts.get("control_after_generate") or name in ("seed", "noise_seed")):
@@ -72,6 +75,12 @@ def check_value(kind: str, opts: dict, value: Any) -> str | None:
         options = opts.get("options", [])
         shown = options if len(options) <= 8 else [*options[:8], "..."]
         return None if value in options else f"{value!r} is not one of {shown}"
+    if kind == DYNAMIC_COMBO:
+        chosen = [o for o in opts.get("options", []) if o.get("key") == value]
+        if not chosen:
+            return f"{value!r} is not one of {[o.get('key') for o in opts.get('options', [])]}"
+        if any(chosen[0].get("inputs", {}).get(section) for section in ("required", "optional")):
+            raise UnsupportedWorkflow(f"dynamic combo option {value!r} has inputs of its own; not modelled")
     if kind == "BOOLEAN":
         return None if isinstance(value, bool) else f"{value!r} is not a boolean"
     if kind == "STRING":

@@ -62,7 +62,7 @@ def test_load_trt_vae_without_tensorrt_falls_back_and_names_the_fix(comfy_root, 
     base, ckpt, cfg = comfy_root
     _fake_trt_set(base / "models" / "tensorrt" / "qwen_set", ckpt, cfg)
     monkeypatch.setitem(sys.modules, "tensorrt", None)
-    assert engine_nodes._engine_names() == ["qwen_set/decoder_64x64.engine"]
+    assert engine_nodes._engine_names() == ["qwen_set/decoder_64x64.engine", "qwen_set/manifest.json"]
     with pytest.warns(EngineFallbackWarning, match="pip install tensorrt"):
         out = engine_nodes.TurboVAELoadEngine.execute(engine="qwen_set/decoder_64x64.engine")
     vae = out.args[0]
@@ -162,3 +162,40 @@ def test_requirements_install_only_what_the_nodes_need():
     names = {line.split(">")[0].split("=")[0].split("!")[0].strip() for line in lines if line.strip()
              and not line.lstrip().startswith("#")}
     assert names == {"safetensors", "numpy"}  # onnx/onnxscript/tensorrt are optional extras
+
+
+def test_a_folder_manifest_is_offered_and_loads_the_whole_set(comfy_root, monkeypatch):
+    """Load TRT VAE offers each engine folder's manifest.json and loads the folder from it (any scope), so a
+    workflow can name what Build Engine wrote without knowing which backend built it."""
+    base, ckpt, cfg = comfy_root
+    _fake_trt_set(base / "models" / "tensorrt" / "qwen_set", ckpt, cfg)
+    (base / "models" / "tensorrt" / "notes.json").write_text("{}")  # other JSON files are not offered
+    assert engine_nodes._engine_names() == ["qwen_set/decoder_64x64.engine", "qwen_set/manifest.json"]
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    loaded, real_load = [], engine_vae.load_engine_vae
+
+    def record(target, **kw):
+        loaded.append(Path(target))
+        return real_load(target, **kw)
+
+    monkeypatch.setattr(engine_vae, "load_engine_vae", record)
+    with pytest.warns(EngineFallbackWarning, match="pip install tensorrt"):
+        vae = engine_nodes.TurboVAELoadEngine.execute(engine="qwen_set/manifest.json", scope="file").args[0]
+    assert loaded == [base / "models" / "tensorrt" / "qwen_set"]  # the folder, though scope is file
+    z = torch.randn(1, 4, 4, 6)
+    torch.testing.assert_close(vae.turbo.decode(z), load_vae(ckpt, config=cfg, device="cpu",
+                                                             dtype=vae.turbo.dtype).decode(z), atol=0, rtol=0)
+
+
+def test_the_shipped_engine_workflows_name_the_same_folder():
+    """engine_build.json writes models/tensorrt/<name>/ whatever the backend; engine_load_decode.json loads
+    <name>/manifest.json, which every build writes (TensorRT or AOTInductor)."""
+    import json
+
+    root = Path(__file__).resolve().parents[1] / "workflows"
+    build = json.loads((root / "engine_build.json").read_text())
+    load = json.loads((root / "engine_load_decode.json").read_text())
+    (build_node,) = [n for n in build["nodes"] if n["type"] == "TurboVAEBuildEngine"]
+    (load_node,) = [n for n in load["nodes"] if n["type"] == "TurboVAELoadEngine"]
+    assert build_node["widgets_values"][5] == "auto"  # backend: TensorRT where it can, else AOTInductor
+    assert load_node["widgets_values"][0] == f"{build_node['widgets_values'][1]}/manifest.json"

@@ -60,6 +60,7 @@ from safetensors.torch import save_file  # noqa: E402
 import comfy_workflow  # noqa: E402
 import test_workflows as offline  # noqa: E402  (our node signatures as the offline validator sees them)
 
+import turbovae  # noqa: E402
 from turbovae.vae.seedvr2 import SeedVR2Config, expected_shapes as seedvr2_shapes  # noqa: E402
 from turbovae.vae.wan import WAN21, expected_shapes as wan_shapes  # noqa: E402
 from turbovae.vae.wan.keys import diffusers_to_original  # noqa: E402
@@ -74,6 +75,9 @@ IMAGE_W, IMAGE_H = 64, 48  # example.png
 ENGINE_SIZE = 64  # Build Engine's minimum
 PACK_FAILURE_MARKERS = ("IMPORT FAILED", "Cannot import", "Error while calling comfy_entrypoint",
                         "did not return", "Skip ", "engine nodes unavailable")
+# Post-Process SeedVR2 Output's lab correction histogram-matches pixels by rank: inputs equal to 1e-7 can still
+# swap two pixels' ranks, moving an output by the gap between neighbouring values (measured: docs/nodes.md).
+LAB_RANK_TOLERANCE = 1e-2
 ENGINE_FALLBACK_MARKERS = ("TurboVAE engine", "are not used", "EngineFallbackWarning")
 
 
@@ -357,19 +361,29 @@ def signature_of(info: dict, like: dict) -> dict:
         entry = {"type": kind, "optional": optional}
         if kind == "COMBO":
             entry["options"] = None if want.get("options", ...) is None else list(opts["options"])
+        if kind == comfy_workflow.DYNAMIC_COMBO:  # the table lists the option keys
+            entry["options"] = [option["key"] for option in opts["options"]]
         for key in ("min", "max", "control_after_generate", "image_upload", "multiline"):
             if key in opts and (key != "multiline" or key in want):
                 entry[key] = opts[key]
+        if opts.get("forceInput"):
+            entry["force_input"] = True
         inputs[name] = entry
     return {"input_order": [name for name, *_ in comfy_workflow.input_specs(info)], "inputs": inputs,
             "outputs": list(info["output"]), "output_node": bool(info["output_node"])}
 
 
+def _newer_core_nodes() -> set[str]:
+    """Core nodes of the table that only newer cores have (native SeedVR2): absent from a release is allowed."""
+    return set(json.loads(CORE_TABLE.read_text())["_newer_core_nodes"]["nodes"])
+
+
 def test_core_node_signature_table_matches_object_info(comfy):
     table = {k: v for k, v in json.loads(CORE_TABLE.read_text()).items() if not k.startswith("_")}
     info = comfy.object_info()
-    missing = sorted(set(table) - set(info))
+    missing = sorted(set(table) - set(info) - _newer_core_nodes())
     assert missing == [], f"core nodes missing from this ComfyUI: {missing}"
+    table = {k: v for k, v in table.items() if k in info}
     diffs = {name: {"table": sig, "object_info": live}
              for name, sig in table.items() if (live := _grown_combos_as_table(signature_of(info[name], sig), sig)) != sig}
     assert diffs == {}, json.dumps(diffs, indent=1)
@@ -480,21 +494,23 @@ def test_seedvr2_workflow_runs_as_shipped(comfy):
 
 
 def test_engine_build_then_engine_load_decode_workflows(comfy):
+    """The two engine workflows connect as shipped on a machine without TensorRT: Build Engine's backend
+    auto builds AOTInductor engines into the folder whose manifest.json the load workflow names."""
     info = comfy.object_info()
     build = load_workflow("engine_build")
-    for name, value in (("backend", "aoti"), ("width", ENGINE_SIZE), ("height", ENGINE_SIZE)):
+    for name, value in (("width", ENGINE_SIZE), ("height", ENGINE_SIZE)):  # a CPU-sized engine; backend as shipped
         build = comfy_workflow.set_widget(build, "TurboVAEBuildEngine", name, value, info)
-    run_workflow(comfy, build)
+    _, build_log = run_workflow(comfy, build)
     folder_name = build["nodes"][0]["widgets_values"][1]
     engines = sorted(p.name for p in (comfy.base / "models" / "tensorrt" / folder_name).iterdir())
     size = f"{ENGINE_SIZE}x{ENGINE_SIZE}"
-    assert engines == [f"decoder_{size}.pt2", f"encoder_{size}.pt2", "manifest.json"]
+    assert engines == [f"decoder_{size}.pt2", f"encoder_{size}.pt2", "manifest.json"], build_log
 
     info = comfy.object_info()  # the new engines are offered without a restart
-    engine = f"{folder_name}/decoder_{size}.pt2"
+    load = load_workflow("engine_load_decode")
+    engine = load["nodes"][0]["widgets_values"][0]
+    assert engine == f"{folder_name}/manifest.json"
     assert engine in info["TurboVAELoadEngine"]["input"]["required"]["engine"][1]["options"]
-    load = comfy_workflow.set_widget(load_workflow("engine_load_decode"), "TurboVAELoadEngine", "engine", engine,
-                                     info)
     # as shipped (pad_to_bucket off): the 64x48 image is not a size the 64x64 engines compute exactly, so it
     # runs on the PyTorch VAE, exactly, with a warning naming the option
     entry, log = run_workflow(comfy, load)
@@ -515,7 +531,8 @@ def _refused_only_for_missing_models(comfy, workflow: str) -> dict:
     those two file names must be valid for its input, and the server's own validation must agree. Returns
     the converted prompt."""
     wf = load_workflow(workflow)
-    missing_files = {("UNETLoader", "unet_name"), ("CLIPLoader", "clip_name")}
+    missing_files = {(n["type"], name) for n in wf["nodes"] for t, name in
+                     (("UNETLoader", "unet_name"), ("CLIPLoader", "clip_name")) if n["type"] == t}
     prompt, problems = comfy_workflow.convert(wf, comfy.object_info(), unchecked=missing_files)
     assert problems == []
     assert {v["class_type"] for v in prompt.values()} == {n["type"] for n in wf["nodes"]} - comfy_workflow.NOTE_TYPES
@@ -554,7 +571,47 @@ def test_qwen_image_layered_workflow_converts_and_its_vae_part_runs(comfy):
     assert len(files) == 1 and png_color_type(files[0]) == 6, files  # RGBA
 
 
+def _needs_native_seedvr2(comfy) -> None:
+    if not _newer_core_nodes() <= set(comfy.object_info()):
+        pytest.skip(f"this ComfyUI has no native SeedVR2 nodes ({CHECKOUT}); assemble one with "
+                    "scripts/assemble_comfyui_tree.py (docs/nodes.md)")
+
+
+def test_seedvr2_upscale_core_nodes_workflow_validates(comfy):
+    """Core's native SeedVR2 pipeline with our VAE: as shipped, the server refuses it only for the DiT the user
+    supplies."""
+    _needs_native_seedvr2(comfy)
+    prompt = _refused_only_for_missing_models(comfy, "seedvr2_upscale_core_nodes_turbovae")
+    assert {v["class_type"] for v in prompt.values()} >= _newer_core_nodes()
+
+
+def test_core_seedvr2_nodes_with_our_vae_equal_cores_vae(comfy, tmp_path):
+    """Core's SeedVR2 nodes and core VAE nodes run in-process in this ComfyUI (tests/comfy_seedvr2_nodes_check.py)
+    with core's VAE and ours on the same seeded weights: latents, conditioning, merged chunks, decoded frames,
+    tiled passes and core's seedvr2_tiling option agree within 1e-4 (fp32)."""
+    _needs_native_seedvr2(comfy)
+    weights = tmp_path / "seedvr2_seeded.safetensors"
+    write_random_vae(weights, seedvr2_shapes(SeedVR2Config()), seed=7)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(turbovae.__file__).parents[1]),
+                                                                    os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([comfy_python(), str(Path(__file__).parent / "comfy_seedvr2_nodes_check.py"), str(CHECKOUT),
+                          str(weights)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["core_vae"] == "comfy.ldm.seedvr.vae.VideoAutoencoderKLWrapper", report
+    assert report["encode"]["core_shape"] == report["encode"]["ours_shape"]
+    assert report["decode"]["core_shape"] == report["decode"]["ours_shape"]
+    assert report["chunks"]["count"] == 2 and report["chunks"]["condition_channels"] == 17
+    exact = [report["encode"]["max_abs"], report["chunks"]["condition_max_abs"], report["chunks"]["merged_max_abs"],
+             report["decode"]["max_abs"], report["decode"]["own_latents_max_abs"], report["tiled"]["decode_max_abs"],
+             report["tiled"]["encode_max_abs"], report["seedvr2_tiling_option_max_abs"]]
+    exact += [report["postprocess"][m]["max_abs"] for m in ("none", "adain", "wavelet")]
+    assert max(exact) <= 1e-4, report
+    # lab: histogram matching ranks pixels, so rounding-level input differences can swap neighbours' values
+    assert report["postprocess"]["lab"]["max_abs"] <= LAB_RANK_TOLERANCE, report
+
+
 def test_every_shipped_workflow_is_exercised():
     covered = {"tiled_encode_decode_roundtrip", "seedvr2_video_decode_tiled", "engine_build", "engine_load_decode",
-               "qwen_image_t2i_turbovae", "qwen_image_layered_turbovae"}
+               "qwen_image_t2i_turbovae", "qwen_image_layered_turbovae", "seedvr2_upscale_core_nodes_turbovae"}
     assert {p.stem for p in (REPO / "workflows").glob("*.json")} == covered

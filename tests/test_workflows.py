@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import node_helpers  # noqa: E402
+from comfy_workflow import DYNAMIC_COMBO  # noqa: E402
 
 node_helpers.use_comfy_stubs()
 
@@ -49,7 +50,7 @@ def our_signatures() -> dict:
 
 
 SIGNATURES = {**CORE, **our_signatures()}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", DYNAMIC_COMBO}
 
 
 def widget_names(sig: dict) -> list[tuple[str, dict]]:
@@ -57,7 +58,7 @@ def widget_names(sig: dict) -> list[tuple[str, dict]]:
     slots = []
     for name in sig["input_order"]:
         spec = sig["inputs"][name]
-        if spec["type"] not in WIDGET_TYPES:
+        if spec["type"] not in WIDGET_TYPES or spec.get("force_input"):  # a socket only, no widget
             continue
         slots.append((name, spec))
         if spec.get("control_after_generate") or name in ("seed", "noise_seed"):
@@ -73,6 +74,8 @@ def check_widget(node_type: str, name: str, spec: dict, value) -> str | None:
         return None if value in ("fixed", "increment", "decrement", "randomize") else f"bad control {value!r}"
     if kind == "UPLOAD":
         return None if value == "image" else f"bad upload slot {value!r}"
+    if kind == DYNAMIC_COMBO:  # the table lists its option keys
+        return None if value in spec["options"] else f"{name}={value!r} not in {spec['options']}"
     if kind == "COMBO":
         if not isinstance(value, (str, int)):
             return f"{name}: combo value {value!r}"
@@ -118,7 +121,7 @@ def validate_workflow(wf: dict) -> list[str]:
         linked = {i["name"] for i in node.get("inputs", []) if i.get("link") is not None}
         for name in sig["input_order"]:
             spec = sig["inputs"][name]
-            if spec["type"] not in WIDGET_TYPES and not spec["optional"] and name not in linked:
+            if (spec["type"] not in WIDGET_TYPES or spec.get("force_input")) and not spec["optional"] and name not in linked:
                 errors.append(f"{t} #{node['id']}: required input {name} is not connected")
         if [o["type"] for o in node.get("outputs", [])] != sig["outputs"]:
             errors.append(f"{t} #{node['id']}: outputs {[o['type'] for o in node['outputs']]} != {sig['outputs']}")

@@ -6,6 +6,9 @@ from pathlib import Path
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".pt2")
 MANIFEST_NAME = "manifest.json"
+# What a user can pick to load engines: an engine file, or a folder's manifest (the whole set Build Engine wrote,
+# whichever backend built it), so a load names the same file on machines with and without TensorRT.
+LOADABLE_ENGINE_NAMES = ENGINE_SUFFIXES + (MANIFEST_NAME,)
 
 
 def is_engine_path(path: Path) -> bool:
