@@ -86,9 +86,20 @@ def profile_cells(row: Row) -> list[str]:
             f"{conv_gflop / (conv_ms / 1e3):.0f}" if conv_ms else ""] + kinds
 
 
+FLOPS_HEADER = ("case", "path", "GFLOP", "reference FLOPs / ours", "GB touched", "FLOP/byte", "time at conv peak")
+
+
+def flops_cells(row: Row) -> list[str]:
+    """A FLOP-count row (bench/roofline.py FlopRow): counted on meta; its time is the FLOPs at the conv peak."""
+    speedup = row.get("speedup")
+    return [str(row["case"]), str(row["variant"]), _num(row.get("gflop"), ".0f"),
+            "reference" if row.get("reference") else (f"{speedup:.2f}x" if speedup else ""),
+            _num(row.get("gb_touched"), ".2f"), _num(row.get("flop_per_byte"), ".0f"), _seconds(row["ms"])]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
-           "profile": (PROFILE_HEADER, profile_cells)}
+           "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells)}
 
 
 def _layout(rows: Sequence[Row]):

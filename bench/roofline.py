@@ -7,6 +7,10 @@ bench/op_costs.py: FLOPs from the real layer shapes and the bytes its operations
 its achieved GFLOP/s, the percent of the peak that bounds it (the conv peak where convolutions do most of the
 FLOPs, else the GEMM peak), and its arithmetic intensity against the machine's ridge point
 (peak FLOP/s / bandwidth): below the ridge the roofline says memory bandwidth bounds it, above it arithmetic.
+
+The same run counts, on the meta device (no weights, instant), the FLOPs of the clip lengths and sizes the
+clip targets name (`FLOP_CASES`), ours and reference: the time those FLOPs need at the measured conv peak is a
+floor no formulation of the same operations can beat, and the FLOP ratio is the speedup fewer FLOPs alone give.
 """
 
 from __future__ import annotations
@@ -129,6 +133,91 @@ def case_row(case_name: str, row: BenchRow, costs: op_costs.Costs, peaks: Peaks)
                        pct_of_peak=100 * achieved / peak, flop_per_byte=intensity, bound=bound)
 
 
+@dataclass
+class FlopRow(BenchRow):
+    """FLOPs of one side of a clip case counted on the meta device (no weights, no time): `ms` is the time
+    the FLOPs need at the measured conv peak, so `speedup` is the reference's FLOPs over ours."""
+
+    table: str = "flops"
+    gflop: Optional[float] = None
+    gb_touched: Optional[float] = None
+    flop_per_byte: Optional[float] = None
+
+
+# (architecture, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
+FLOP_CASES = tuple(("SeedVR2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
+    ("SeedVR2", "encode", n, 128) for n in (5, 21)) + tuple(("Wan 2.1", "decode", n, 128) for n in (1, 5, 21)) + (
+    ("Wan 2.1", "encode", 5, 128),)
+
+
+def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
+    """(reference name, fn), (ours name, fn) and the latent layout, models built on the meta device."""
+    if arch == "SeedVR2":
+        from ..vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
+
+        cfg = SeedVR2Config.tiny() if quick else SeedVR2Config()
+        with torch.device("meta"):
+            model = SeedVR2VAE(cfg).eval()
+
+        def side(fast: FastPaths) -> Callable:
+            def run(x: torch.Tensor) -> torch.Tensor:
+                model.fast = fast
+                return model.decode_latents(x) if x.shape[1] == cfg.latent_channels else model.encode_moments(x)
+            return run
+        return ((main.SEEDVR2_REFERENCE, side(FastPaths.plain())), ("turbovae", side(FastPaths())),
+                cfg.latent_channels, cfg.spatial_factor, cfg.temporal_factor)
+    from ..vae.wan import TINY_WAN21, WAN21, WanFlags, WanVAE
+    from ..vae.wan.config import diffusers_kwargs
+
+    cfg = TINY_WAN21 if quick else WAN21
+    with torch.device("meta"):
+        model = WanVAE(cfg).eval()
+    try:
+        import diffusers
+    except ImportError:
+        diffusers = None
+
+    def ours(x: torch.Tensor) -> torch.Tensor:
+        model.flags = WanFlags()
+        return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
+    if diffusers is None:
+        def plain(x: torch.Tensor) -> torch.Tensor:
+            model.flags = WanFlags(False, False, False, False)
+            return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
+        reference = ("plain path (diffusers missing)", plain)
+    else:
+        with torch.device("meta"):
+            ref = diffusers.AutoencoderKLQwenImage(**diffusers_kwargs(cfg)).eval()
+        reference = ("diffusers AutoencoderKLQwenImage",
+                     lambda x: ref.decode(x).sample if x.shape[1] == cfg.z_dim else ref.encode(x).latent_dist.parameters)
+    return reference, ("turbovae", ours), cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor
+
+
+def flop_rows(opts: BenchOptions, dtype: torch.dtype, peaks: Peaks) -> list[FlopRow]:
+    """FLOPs and touched bytes of the clip cases, ours and reference, counted on meta tensors (instant)."""
+    rows: list[FlopRow] = []
+    sides_of: dict[str, tuple] = {}
+    for arch, kind, frames, hw in FLOP_CASES:
+        if arch not in sides_of:
+            sides_of[arch] = _meta_sides(arch, opts.quick)
+        (ref_name, ref), (our_name, ours), latent, spatial, temporal = sides_of[arch]
+        hw = hw // 4 if opts.quick else hw
+        what = f"{frames}-frame" if frames > 1 else "image"
+        name = f"{arch} {what} {kind} {hw}²"
+        if opts.cases and not any(c in name for c in opts.cases):
+            continue
+        shape = ((1, 3, frames, hw, hw) if kind == "encode"
+                 else (1, latent, 1 + (frames - 1) // temporal, hw // spatial, hw // spatial))
+        x = torch.empty(shape, device="meta", dtype=dtype)
+        costs = [op_costs.count(lambda: fn(x)) for fn in (ref, ours)]
+        ms = [c.total_flops / (peaks.conv_gflop_per_s * 1e9) * 1e3 for c in costs]
+        for (variant, c, t, is_ref) in ((ref_name, costs[0], ms[0], True), (our_name, costs[1], ms[1], False)):
+            rows.append(FlopRow(SECTION, name, variant, t, ms[0], reference=is_ref, note=dtype_tag(dtype),
+                                gflop=c.total_flops / 1e9, gb_touched=c.total_bytes / 1e9,
+                                flop_per_byte=c.total_flops / c.total_bytes if c.total_bytes else None))
+    return rows
+
+
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -138,8 +227,8 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     def count_case(case: main.Case, pair: main.Pair, x: torch.Tensor) -> None:
         costs[case.name] = (op_costs.count(lambda: pair.reference(x)), op_costs.count(lambda: pair.ours(x)))
 
-    rows: list[BenchRow] = list(peak_rows)
     peaks = peaks_of(peak_rows)
+    rows: list[BenchRow] = peak_rows + flop_rows(opts, dtype, peaks)
     for ref_row, our_row in main.run_cases(opts, inspect=count_case):
         ref_costs, our_costs = costs[ref_row.case]
         rows += [case_row(ref_row.case, ref_row, ref_costs, peaks), case_row(our_row.case, our_row, our_costs, peaks)]

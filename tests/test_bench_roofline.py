@@ -98,6 +98,22 @@ def test_roofline_section_quick_runs_a_case_against_measured_peaks():
     rows = roofline.run(BenchOptions(quick=True, repeat=1, cases=("SeedVR2",)))
     peaks = [r for r in rows if r.case == "machine peak"]
     cases = [r for r in rows if r.case != "machine peak"]
-    assert len(peaks) == 4 and len(cases) == 2 and cases[0].reference
-    assert all(r.gflop > 0 and r.pct_of_peak > 0 and r.bound for r in cases)
-    assert report.format_markdown([row_dict(r) for r in rows]).count("\n") == len(rows) + 1
+    flops = [r for r in cases if isinstance(r, roofline.FlopRow)]
+    timed = [r for r in cases if not isinstance(r, roofline.FlopRow)]
+    assert len(peaks) == 4 and len(timed) == 2 and timed[0].reference
+    assert all(r.gflop > 0 and r.pct_of_peak > 0 and r.bound for r in timed)
+    assert len(flops) == 2 * 10 and all(r.gflop > 0 for r in flops)  # SeedVR2 rows of FLOP_CASES
+    for table in ("roofline", "flops"):
+        mine = [row_dict(r) for r in rows if r.table == table]
+        assert report.format_markdown(mine).count("\n") == len(mine) + 1
+
+
+def test_flop_counts_on_meta_follow_the_fast_paths():
+    """The image path's summed taps cut the decode FLOPs (about 3x at full size); Wan runs diffusers' FLOPs."""
+    rows = {(r.case, r.reference): r for r in roofline.flop_rows(BenchOptions(quick=True), torch.float32,
+                                                                  roofline.Peaks(100.0, 10.0, 1.0))}
+    ours, ref = rows[("SeedVR2 image decode 32²", False)], rows[("SeedVR2 image decode 32²", True)]
+    assert ours.gflop < ref.gflop and ours.speedup == pytest.approx(ref.gflop / ours.gflop)
+    assert ours.ms == pytest.approx(ours.gflop / 100.0 * 1e3)  # the FLOPs at the conv peak
+    wan = rows[("Wan 2.1 5-frame decode 32²", False)], rows[("Wan 2.1 5-frame decode 32²", True)]
+    assert wan[0].gflop == pytest.approx(wan[1].gflop, rel=0.01)
