@@ -21,6 +21,8 @@ BENCH_SECTIONS = {
     "slices": "slices",
     "parallel": "parallel",
     "held": "held",
+    "roofline": "roofline",
+    "profile": "profile_layers",
 }
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).

@@ -120,6 +120,11 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
     # Slice cost (bench/slices.py): what vae/memory.py FASTEST_SLICE needs for CUDA.
     tasks.append(Task("slices", py + ("turbovae", "bench", "--sections", "slices") + device,
                       expected_s=90, limit_s=240))
+    # Roofline and per-kind profile (bench/roofline.py, bench/profile_layers.py) at the GPU case sizes; the dry
+    # run leaves them out (tests/test_bench_roofline.py runs their --quick form).
+    if not dry_run:
+        tasks.append(Task("roofline", py + ("turbovae", "bench", "--sections", "roofline,profile") + device,
+                          expected_s=240, limit_s=540))
     if engines and not dry_run:  # AOTInductor builds take minutes on CPU: not part of the dry run
         tasks.append(Task("engines", py + ("turbovae", "bench", "--sections", "engines", "--device", "cuda"),
                           expected_s=300, limit_s=540))

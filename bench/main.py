@@ -268,8 +268,11 @@ def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Te
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
-              start: Callable[[Case], None] = lambda case: None) -> Iterator[list[BenchRow]]:
-    """Yields the two rows (reference, ours) of each case as soon as it is measured."""
+              start: Callable[[Case], None] = lambda case: None,
+              inspect: Callable[[Case, Pair, torch.Tensor], None] = lambda case, pair, x: None,
+              ) -> Iterator[list[BenchRow]]:
+    """Yields the two rows (reference, ours) of each case as soon as it is measured. `inspect` sees each case's
+    pair and input after the timed runs (the roofline section counts their FLOPs there)."""
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     tag = str(dtype).replace("torch.", "")
@@ -287,6 +290,7 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
         sides = _sides(pair.reference, pair.ours, x, opts, peak, lambda: tick(case))
         (ref_ms, ref_mb, ref_held, ref_out), (ms, mb, held, out) = sides
         ref_held, held = _held_so_far(pair, 0, ref_held), _held_so_far(pair, 1, held)
+        inspect(case, pair, x)
         row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True,
                            held_mb=ref_held)
         row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
@@ -312,3 +316,8 @@ def needs_reference_package() -> Optional[str]:
         return ("note: diffusers is not installed, so Qwen-Image/Wan rows compare with our own plain path; "
                 "install the reference with: pip install -e \".[bench]\"")
     return None
+
+
+def pair_for(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    """The two sides of `case` with their models built (the roofline and profile sections reuse them)."""
+    return _pair(case, opts, device, dtype)

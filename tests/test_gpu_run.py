@@ -60,7 +60,7 @@ def test_case_keys_agree_with_the_bench():
     for key in gpu_run.CASE_KEYS:  # each key selects exactly its own case
         assert [c.key for c in gpu.selected_cases(BenchOptions(cases=(key,)), True)] == [key]
     plan = gpu_run.plan(dry_run=False)
-    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "slices", "engines"]
+    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "slices", "roofline", "engines"]
     assert all(t.expected_s <= t.limit_s <= 540 for t in plan)
 
 
