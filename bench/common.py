@@ -29,6 +29,7 @@ class BenchOptions:
     quick: bool = False  # smallest sizes only (used by the smoke test)
     checkpoint: dict = field(default_factory=dict)  # section name -> checkpoint path
     cases: tuple = ()  # keep only cases whose name contains one of these (empty: all)
+    comfyui: Optional[str] = None  # a ComfyUI tree whose core VAEs join the main job's cases (bench/comfy_core.py)
     ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
 
 
@@ -44,6 +45,8 @@ class BenchRow:
     psnr_db: Optional[float] = None
     note: str = ""
     reference: bool = False  # the case's reference row (what `speedup` of the other rows divides by)
+    core_ms: Optional[float] = None  # --comfyui: ComfyUI core's median ms in this case (on the other rows)
+    err_vs_ours: Optional[float] = None  # --comfyui: the core row's max abs error against TurboVAE's output
 
     @property
     def speedup(self) -> Optional[float]:

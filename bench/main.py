@@ -13,19 +13,26 @@ TurboVAE path with its reference on the same weights and input, in the same run:
 Each side runs once to warm up (that run also measures peak memory: CUDA `max_memory_allocated`, or on
 CPU the increase of the process's peak resident size), then `repeat` timed runs of each, alternating between
 the sides; the time is their median. `cases()` lists the work up front so a progress bar can count it.
+
+`--comfyui PATH` adds ComfyUI core's own VAE as a third side of every Qwen/Wan/SeedVR2 case (bench/comfy_core.py),
+and SeedVR2 encode cases so that core is compared on decode and encode of every family.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
 from ..vae.api import TurboVAE, parse_dtype
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
+
+if TYPE_CHECKING:
+    from .comfy_core import CoreSide
 
 SECTION = "main"
 SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
@@ -62,6 +69,15 @@ CUDA_CASES = (
     Case("SeedVR2 5-frame decode 512²", "seedvr2", "decode", 5, 512, 512),
     Case("Qwen-Image decode 2048², exact tiles 768 px", "tiles", "decode", 1, 2048, 2048, tile=768),
 )
+# With --comfyui: the SeedVR2 encodes too (core's SeedVR2 is compared on image and clip, decode and encode).
+CORE_CPU_CASES = (
+    Case("SeedVR2 image encode 128²", "seedvr2", "encode", 1, 128, 128),
+    Case("SeedVR2 5-frame encode 64²", "seedvr2", "encode", 5, 64, 64),
+)
+CORE_CUDA_CASES = (
+    Case("SeedVR2 image encode 1024²", "seedvr2", "encode", 1, 1024, 1024),
+    Case("SeedVR2 5-frame encode 512²", "seedvr2", "encode", 5, 512, 512),
+)
 # `--quick`: every family and code path on the architectures' tiny configs (for the test of the job itself).
 SMOKE_CASES = (
     Case("Qwen-Image image decode 64² (tiny config)", "qwen", "decode", 1, 64, 64),
@@ -72,13 +88,20 @@ SMOKE_CASES = (
 
 
 def cases(opts: BenchOptions) -> tuple[Case, ...]:
-    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if torch.device(opts.device).type == "cuda" else CPU_CASES
+    cuda = torch.device(opts.device).type == "cuda"
+    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if cuda else CPU_CASES
+    if opts.comfyui and not opts.quick:
+        chosen += CORE_CUDA_CASES if cuda else CORE_CPU_CASES
     return tuple(c for c in chosen if not opts.cases or any(s in c.name for s in opts.cases))
 
 
-def steps_per_case(opts: BenchOptions) -> int:
-    """Runs per case (for a progress bar): reference and ours, one warm-up each plus `repeat` timed runs."""
-    return 2 * (1 + max(opts.repeat, 1))
+def steps_per_case(opts: BenchOptions, case: Optional[Case] = None) -> int:
+    """Runs per case (for a progress bar): reference and ours (and core's with --comfyui), one warm-up each plus
+    `repeat` timed runs."""
+    from .comfy_core import CORE_FAMILIES
+
+    sides = 3 if opts.comfyui and (case is None or case.family in CORE_FAMILIES) else 2
+    return sides * (1 + max(opts.repeat, 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,7 +118,8 @@ class Pair:
     latent_channels: int
     spatial: int
     temporal: int
-    keep: list = field(default_factory=list)  # models kept alive for the family's cases
+    keep: list = field(default_factory=list)  # models kept alive for the family's cases (ours first)
+    core: Optional["CoreSide"] = None  # ComfyUI core's VAE on the same weights (--comfyui)
 
     def input(self, case: Case, g: torch.Generator) -> torch.Tensor:
         if case.kind == "encode":
@@ -234,24 +258,35 @@ class _PeakMemory:
 
 
 def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Tensor], torch.Tensor],
-           x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory, tick: Callable[[], None]):
-    """((median ms, peak MB, output) of the reference, the same of ours). Each side runs once to warm up (that
-    run also measures its memory), then the timed runs alternate between the sides: machine load and clock
-    drift then hit both alike, instead of whichever side happened to run second."""
+           x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory, tick: Callable[[], None],
+           core: Optional[Callable[[], torch.Tensor]] = None):
+    """((median ms, peak MB, output) of the reference, the same of ours[, the same of `core`]). Each side runs
+    once to warm up (that run also measures its memory), then the timed runs alternate between the sides:
+    machine load and clock drift then hit all alike, instead of whichever side happened to run last."""
     with torch.inference_mode():
+        fns = [lambda: ref(x), lambda: ours(x)] + ([core] if core is not None else [])
         peaks = []
-        for fn in (ref, ours):
-            peaks.append(peak(lambda: fn(x))[0])  # its output is dropped: the timed runs make their own
+        for fn in fns:
+            peaks.append(peak(fn)[0])  # its output is dropped: the timed runs make their own
             tick()
-        times, outs = interleaved_ms([lambda: ref(x), lambda: ours(x)], x.device, opts.repeat, tick)
-    return tuple((statistics.median(times[i]), peaks[i], outs[i]) for i in range(2))
+        times, outs = interleaved_ms(fns, x.device, opts.repeat, tick)
+    return tuple((statistics.median(times[i]), peaks[i], outs[i]) for i in range(len(fns)))
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
               start: Callable[[Case], None] = lambda case: None) -> Iterator[list[BenchRow]]:
-    """Yields the two rows (reference, ours) of each case as soon as it is measured."""
+    """Yields the rows (reference, [ComfyUI core,] ours) of each case as soon as it is measured."""
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    with ExitStack() as stack:
+        core = stack.enter_context(_core_session(opts.comfyui, device)) if opts.comfyui else None
+        yield from _run(opts, device, dtype, core, tick, start)
+
+
+def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tick: Callable[[Case], None],
+         start: Callable[[Case], None]) -> Iterator[list[BenchRow]]:
+    from .comfy_core import CORE_FAMILIES, core_rows
+
     tag = str(dtype).replace("torch.", "")
     peak = _PeakMemory(device)
     g = torch.Generator().manual_seed(0)
@@ -263,14 +298,27 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
             pair = pair_key = None
             gc.collect()
             pair, pair_key = _pair(case, opts, device, dtype), key
+            if core is not None and case.family in CORE_FAMILIES:
+                pair.core = core.side(case.family, pair.keep[0], dtype)
         x = pair.input(case, g).to(device=device, dtype=dtype)
-        (ref_ms, ref_mb, ref_out), (ms, mb, out) = _sides(pair.reference, pair.ours, x, opts, peak,
-                                                          lambda: tick(case))
+        core_x = pair.core.prepare(x) if pair.core is not None else None
+        (ref_ms, ref_mb, ref_out), (ms, mb, out), *core_side = _sides(
+            pair.reference, pair.ours, x, opts, peak, lambda: tick(case),
+            (lambda: pair.core.run(core_x)) if core_x is not None else None)
         row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True)
         row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
                        psnr(out, ref_out) if case.kind == "decode" else None, note=tag)
-        del x, out, ref_out
-        yield [row_ref, row]
+        rows = [row_ref, row]
+        if core_side:
+            rows = core_rows(pair.core, row_ref, row, core_side[0], ref_out, out, case.kind == "decode")
+        del x, out, ref_out, core_x, core_side
+        yield rows
+
+
+def _core_session(path: str, device: torch.device):
+    from . import comfy_core
+
+    return comfy_core.session(comfy_core.find_tree(path), device)
 
 
 def needs_reference_package() -> Optional[str]:
