@@ -14,9 +14,11 @@ on sys.path by our code; modules of those names imported before are set aside an
 and every module the tree added is dropped, so nothing of it shadows or leaks into later code.
 
 Layouts: core's decode returns images in [0, 1], channels last; its encode takes such images (frames as
-the batch) and returns the latent mean. `CoreSide.comparable` maps core's output back to ours
-(channels first in [-1, 1]; the mean half of our moments) so errors are measured in our units; decode
-outputs are compared clamped to [-1, 1], as every side returns them to a user.
+the batch) and returns the latent mean. Core's Wan VAEs take and return raw latents, as ours do; its SeedVR2
+VAE takes and returns them scaled, `(raw - shift) * scaling_factor` (its `comfy_format_encoded`), so a
+SeedVR2 side converts with our config's factors. `CoreSide.comparable` maps core's output back to ours
+(channels first in [-1, 1]; the mean half of our moments; raw latents) so errors are measured in our units;
+decode outputs are compared clamped to [-1, 1], as every side returns them to a user.
 """
 
 from __future__ import annotations
@@ -54,11 +56,13 @@ class CoreTree:
     path: Path
     version: str
     commit: Optional[str]
+    assembled: bool = False  # a tree scripts/assemble_comfyui_tree.py made: a release plus newer core files
 
     @property
     def label(self) -> str:
-        """The row name: "ComfyUI core <version> (<commit>)"."""
-        return f"ComfyUI core {self.version}" + (f" ({self.commit})" if self.commit else "")
+        """The row name: "ComfyUI core <version> (<commit>)", or "(assembled tree)" for an assembled one."""
+        where = self.commit or ("assembled tree" if self.assembled else None)
+        return f"ComfyUI core {self.version}" + (f" ({where})" if where else "")
 
     def module_names(self) -> frozenset[str]:
         """Top-level names importable from the tree: packages (with or without __init__.py) and modules."""
@@ -71,6 +75,8 @@ class CoreTree:
         return frozenset(names)
 
 
+# What scripts/assemble_comfyui_tree.py writes into a tree it assembles (the provenance of every newer file).
+ASSEMBLED_NOTE = "TREE.md"
 VERSION_LINE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
 
 
@@ -82,7 +88,8 @@ def find_tree(path: str | Path) -> CoreTree:
                               "that holds ComfyUI's main.py and comfy/")
     version_file = root / "comfyui_version.py"
     found = VERSION_LINE.search(version_file.read_text()) if version_file.is_file() else None
-    return CoreTree(root, found.group(1) if found else "version unknown", _git_commit(root))
+    return CoreTree(root, found.group(1) if found else "version unknown", _git_commit(root),
+                    (root / ASSEMBLED_NOTE).is_file())
 
 
 def _git_commit(root: Path) -> Optional[str]:
@@ -157,18 +164,24 @@ class CoreSide:
     name: str
     vae: object  # comfy.sd.VAE
     latent_channels: int
+    latent_scale: float = 1.0  # core latent = (raw - latent_shift) * latent_scale
+    latent_shift: float = 0.0
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """Our input (latent B,C,T,h,w, or pixels 1,3,T,H,W in [-1, 1]) as core's nodes hand it to the VAE:
         latents as they are, pixels as frames of channels-last images in [0, 1]."""
         if self.is_latent(x):
-            return x
+            return (x - self.latent_shift) * self.latent_scale if self.scaled else x
         if x.shape[0] != 1:
             raise ValueError(f"core's encode takes one clip (frames as the batch); got a batch of {x.shape[0]}")
         return ((x[0] + 1) / 2).permute(1, 2, 3, 0).contiguous()
 
     def is_latent(self, x: torch.Tensor) -> bool:
         return x.shape[1] == self.latent_channels
+
+    @property
+    def scaled(self) -> bool:
+        return (self.latent_scale, self.latent_shift) != (1.0, 0.0)
 
     def run(self, prepared: torch.Tensor) -> torch.Tensor:
         """Core's own call, as its VAE Decode / VAE Encode nodes make it."""
@@ -181,7 +194,7 @@ class CoreSide:
         if decoded:
             frames = out if out.ndim == 5 else out.unsqueeze(1)  # (B, T, H, W, C)
             return frames.movedim(-1, 1) * 2 - 1
-        return out
+        return out / self.latent_scale + self.latent_shift if self.scaled else out
 
 
 def ours_comparable(out: torch.Tensor, decoded: bool, latent_channels: int) -> torch.Tensor:
@@ -196,25 +209,30 @@ class CoreVAEs:
     def __init__(self, tree: CoreTree, sd_module: ModuleType, device: torch.device):
         self.tree, self._sd, self.device = tree, sd_module, device
 
-    def side(self, family: str, model: torch.nn.Module, dtype: torch.dtype) -> CoreSide:
-        """Core's VAE for our `model`'s weights (family "qwen"/"wan2.2": our Wan modules, "seedvr2")."""
-        weights, channels = core_weights(family, model)
-        vae = self._sd.VAE(sd=weights, device=self.device, dtype=dtype)
+    def side(self, family: str, model: torch.nn.Module, dtype: torch.dtype) -> Optional[CoreSide]:
+        """Core's VAE for our `model`'s weights (family "qwen"/"wan2.2": our Wan modules, "seedvr2"), or None
+        when this core's loader does not recognise them (e.g. SeedVR2 before core had it): such cases run
+        without a core row, and a line on stderr says so."""
+        if family not in CORE_FAMILIES:
+            raise ValueError(f"core has no VAE for family {family!r}; families: {', '.join(CORE_FAMILIES)}")
+        vae = self._sd.VAE(sd=core_weights(family, model), device=self.device, dtype=dtype)
         if getattr(vae, "first_stage_model", None) is None:
-            raise ComfyUIUnusable(f"{self.tree.label} has no VAE for these {family} weights (its loader did not "
-                                  "recognise them)")
-        return CoreSide(self.tree.label, vae, channels)
+            print(f"note: {self.tree.label} has no {family} VAE (its loader did not recognise the weights); "
+                  "those cases have no core row", file=sys.stderr)
+            return None
+        fmt = model.latent_format
+        if family == "seedvr2":  # core's SeedVR2 VAE works in scaled latents (see the module docstring)
+            return CoreSide(self.tree.label, vae, fmt.channels, fmt.scaling_factor, fmt.shift_factor)
+        return CoreSide(self.tree.label, vae, fmt.channels)
 
 
-def core_weights(family: str, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int]:
-    """Our model's weights under the key names core's loader expects, and the latent channel count."""
-    if family in ("qwen", "wan2.2"):
-        from ..vae.wan.keys import diffusers_to_original
-
-        return diffusers_to_original(model.state_dict(), model.config), model.config.z_dim
+def core_weights(family: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our model's weights under the key names core's loader expects (Wan: the original checkpoint names)."""
     if family == "seedvr2":
-        return dict(model.state_dict()), model.config.latent_channels
-    raise ValueError(f"core has no VAE for family {family!r}; families: {', '.join(CORE_FAMILIES)}")
+        return dict(model.state_dict())
+    from ..vae.wan.keys import diffusers_to_original
+
+    return diffusers_to_original(model.state_dict(), model.config)
 
 
 def core_rows(side: CoreSide, row_ref: BenchRow, row: BenchRow, measured: tuple, ref_out: torch.Tensor,

@@ -1,0 +1,1 @@
+KNOWS_SEEDVR2 = True
