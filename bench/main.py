@@ -214,7 +214,7 @@ def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, ti
                 cfg.spatial_factor, cfg.temporal_factor, [vae])
 
 
-def _pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+def build_pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
     if case.family in ("qwen", "wan2.2"):
         return _wan_pair(case.family, opts, device, dtype)
     if case.family == "seedvr2":
@@ -297,7 +297,7 @@ def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tic
         if key != pair_key:  # models are built once per family and freed before the next family
             pair = pair_key = None
             gc.collect()
-            pair, pair_key = _pair(case, opts, device, dtype), key
+            pair, pair_key = build_pair(case, opts, device, dtype), key
             if core is not None and case.family in CORE_FAMILIES:
                 pair.core = core.side(case.family, pair.keep[0], dtype)
         x = pair.input(case, g).to(device=device, dtype=dtype)

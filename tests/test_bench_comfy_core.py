@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from turbovae import cli
-from turbovae.bench import comfy_core, report
+from turbovae.bench import comfy_core, comfy_profile, report
 from turbovae.bench import main as job
 
 FAKE = Path(__file__).parent / "fake_comfyui"
@@ -169,3 +169,13 @@ def test_report_shows_the_core_columns_only_with_core_rows():
     assert md[4] == "| c | ours | 1.00 s | 4.00x | 5 | 1.0e-06 |  | 3.00x |  |"
     plain = report.format_markdown([dict(ref, core_ms=None), dict(ours, core_ms=None)])
     assert "ComfyUI core" not in plain
+
+
+def test_the_profile_prints_an_operator_table_per_side(capsys):
+    assert comfy_profile.main(["--comfyui", str(FAKE), "--quick", "--cases", "SeedVR2", "--rows", "5"]) == 0
+    out = capsys.readouterr().out
+    case = next(c.name for c in job.SMOKE_CASES if c.family == "seedvr2")
+    for side in (job.SEEDVR2_REFERENCE, FAKE_LABEL, "turbovae"):
+        assert f"== {case}: {side}" in out
+    assert out.count("Self CPU time total") == 3 and "aten::" in out
+    assert comfy_profile.main(["--comfyui", str(FAKE), "--quick", "--cases", "exact tiles"]) == 2
