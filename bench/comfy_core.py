@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import re
 import subprocess
 import sys
@@ -121,8 +122,11 @@ def _owned(name: str, names: frozenset[str]) -> bool:
 
 @contextmanager
 def session(tree: CoreTree, device: torch.device) -> Iterator["CoreVAEs"]:
-    """Core's loader, imported from `tree` for the block; sys.modules is as before once it ends."""
+    """Core's loader, imported from `tree` for the block; sys.modules is as before once it ends, and so is the
+    root logger (core logs at import, and a first `logging.warning` with no handler installs one on stderr)."""
     names = tree.module_names()
+    root = logging.getLogger()
+    root_handlers, root_level = list(root.handlers), root.level
     set_aside = {n: m for n, m in sys.modules.items() if _owned(n, names)}
     for n in set_aside:
         del sys.modules[n]
@@ -135,6 +139,8 @@ def session(tree: CoreTree, device: torch.device) -> Iterator["CoreVAEs"]:
         for n in [n for n in sys.modules if _owned(n, names)]:
             del sys.modules[n]
         sys.modules.update(set_aside)
+        root.handlers[:] = root_handlers
+        root.setLevel(root_level)
 
 
 def _import_loader(tree: CoreTree, device: torch.device) -> ModuleType:
