@@ -135,12 +135,21 @@ def test_the_job_adds_a_core_row_equal_to_ours(tmp_path, capsys):
 
 def test_a_core_without_a_family_runs_those_cases_without_a_core_row(tmp_path, capsys):
     tree = _copy_fake(tmp_path)
-    (tree / "comfy" / "features.py").write_text("KNOWS_SEEDVR2 = False\n")
+    (tree / "comfy" / "features.py").write_text("KNOWS_SEEDVR2 = False\nTINY_CONFIGS = True\n")
     rows, _, err = _run_job(tmp_path, tree, capsys)
     seedvr2 = [r for r in rows if r["case"].startswith("SeedVR2")]
     assert [r["variant"] for r in seedvr2] == [job.SEEDVR2_REFERENCE, "turbovae"]
     assert "has no seedvr2 VAE" in err
     assert sum(r["variant"] == FAKE_LABEL for r in rows) == 2  # the two Wan-family cases
+
+
+def test_weights_core_cannot_load_give_a_note_not_a_traceback(tmp_path, capsys):
+    """Core's loader builds the released configurations only, so --quick's tiny weights fail to load in it."""
+    tree = _copy_fake(tmp_path)
+    (tree / "comfy" / "features.py").write_text("KNOWS_SEEDVR2 = True\nTINY_CONFIGS = False\n")
+    rows, _, err = _run_job(tmp_path, tree, capsys)
+    assert not any(r["variant"] == FAKE_LABEL for r in rows) and len(rows) == 2 * len(job.SMOKE_CASES)
+    assert err.count("could not load these") == 3 and "size mismatch" in err
 
 
 def test_cli_refuses_a_folder_that_is_not_comfyui(tmp_path, capsys):

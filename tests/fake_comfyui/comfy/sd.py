@@ -13,11 +13,11 @@ def _wan(sd):
     from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, build, expected_shapes
     from turbovae.vae.wan.keys import original_to_diffusers
 
-    for cfg in (WAN21, WAN22, TINY_WAN21, TINY_WAN22):
+    for cfg in (WAN21, WAN22) + ((TINY_WAN21, TINY_WAN22) if comfy.features.TINY_CONFIGS else ()):
         converted = original_to_diffusers(sd, cfg)
         if {k: tuple(v.shape) for k, v in converted.items()} == expected_shapes(cfg):
             return build(converted, config=cfg, source="fake core"), 1.0
-    return None, 1.0
+    raise RuntimeError("Error(s) in loading state_dict for WanVAE: size mismatch (fake core)")
 
 
 def _is_seedvr2(sd):
@@ -29,10 +29,10 @@ def _is_seedvr2(sd):
 def _seedvr2(sd):
     from turbovae.vae.seedvr2 import SeedVR2Config, build, expected_shapes
 
-    for cfg in (SeedVR2Config(), SeedVR2Config.tiny()):
+    for cfg in (SeedVR2Config(),) + ((SeedVR2Config.tiny(),) if comfy.features.TINY_CONFIGS else ()):
         if {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes(cfg):
             return build(sd, config=cfg, source="fake core"), cfg.scaling_factor
-    return None, 1.0
+    raise RuntimeError("Error(s) in loading state_dict for VideoAutoencoderKL: size mismatch (fake core)")
 
 
 class VAE:
