@@ -223,11 +223,11 @@ class CoreVAEs:
             raise ValueError(f"core has no VAE for family {family!r}; families: {', '.join(CORE_FAMILIES)}")
         try:
             vae = self._sd.VAE(sd=core_weights(family, model), device=self.device, dtype=dtype)
-        except RuntimeError as e:  # torch's load_state_dict: core builds the released configuration only
+        except RuntimeError as e:  # torch's load_state_dict: another model's keys, or not a released configuration
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             print(f"note: {self.tree.label} could not load these {family} weights ({reason}); those cases have no "
-                  "core row (core's loader builds the released configurations; --quick uses tiny ones)",
-                  file=sys.stderr)
+                  "core row (its loader took them for another model, or for a configuration it does not build: "
+                  "it builds the released ones, and --quick uses tiny ones)", file=sys.stderr)
             return None
         if getattr(vae, "first_stage_model", None) is None:
             print(f"note: {self.tree.label} has no {family} VAE (its loader did not recognise the weights); "
