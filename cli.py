@@ -58,7 +58,7 @@ def _bench(args: argparse.Namespace) -> int:
                                                       ("qwen", args.qwen_checkpoint),
                                                       ("qwen_layered", args.qwen_layered_checkpoint)) if v},
                         cases=tuple(c.strip() for c in (args.cases or "").split(",") if c.strip()),
-                        ablation_engines=args.ablation_engines)
+                        ablation_engines=args.ablation_engines, comfyui=args.comfyui)
     for name, path in opts.checkpoint.items():
         if not Path(path).exists():
             raise UsageError(f"--{name.replace('_', '-')}-checkpoint {path}: no such file or folder")
@@ -67,10 +67,24 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown bench section(s) {unknown}; choose from {', '.join(BENCH_SECTIONS)}")
     out = Path(args.out) if args.out else default_results_path()
     env = environment()
+    if args.comfyui:
+        env["comfyui"] = _comfyui_label(args.comfyui, sections)
     print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
     if sections:
         return _bench_sections(sections, opts, env, out)
     return _bench_main(opts, env, out)
+
+
+def _comfyui_label(path: str, sections: list[str]) -> str:
+    """The row name of the ComfyUI tree `--comfyui` names (checked before any case runs)."""
+    from .bench.comfy_core import ComfyUIUnusable, find_tree
+
+    if sections:
+        raise UsageError("--comfyui adds rows to the default job; leave out --sections/--full")
+    try:
+        return find_tree(path).label
+    except ComfyUIUnusable as e:
+        raise UsageError(str(e)) from None
 
 
 def default_results_path() -> Path:
@@ -101,6 +115,10 @@ def _bench_main(opts, env: dict, out: Path) -> int:
     table = lambda rows: format_text([r.__dict__ | {"speedup": r.speedup} for r in rows])  # noqa: E731
     if job.needs_reference_package():
         print(job.needs_reference_package(), file=sys.stderr)
+    if not opts.comfyui:
+        from .bench.comfy_core import ADD_ROWS_HINT
+
+        print(ADD_ROWS_HINT, file=sys.stderr)
     rows: list = []
     cases = job.cases(opts)
     if not cases:
@@ -109,7 +127,7 @@ def _bench_main(opts, env: dict, out: Path) -> int:
     bar: list = []  # the running case's bar
 
     def start(case) -> None:
-        bar[:] = [CaseBar(f"case {cases.index(case) + 1}/{len(cases)}: {case.name}", job.steps_per_case(opts))]
+        bar[:] = [CaseBar(f"case {cases.index(case) + 1}/{len(cases)}: {case.name}", job.steps_per_case(opts, case))]
 
     try:
         for case_rows in job.run_cases(opts, start=start, tick=lambda case: bar[0].tick()):
@@ -119,7 +137,7 @@ def _bench_main(opts, env: dict, out: Path) -> int:
     except KeyboardInterrupt:
         if bar:
             bar.pop().close()
-        print(f"interrupted: {len(rows) // 2} of {len(cases)} case(s) measured", file=sys.stderr)
+        print(f"interrupted: {len({r.case for r in rows})} of {len(cases)} case(s) measured", file=sys.stderr)
         _finish(rows, env, out, False, table)
         return 130
     _finish(rows, env, out, True, table)
@@ -191,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--qwen-checkpoint", help="real Qwen-Image/Wan 2.1 VAE file (default: seeded random weights)")
     b.add_argument("--qwen-layered-checkpoint",
                    help="real Qwen-Image-Layered (RGBA) VAE file (default: seeded random weights)")
+    b.add_argument("--comfyui", metavar="PATH",
+                   help="also time ComfyUI core's own VAEs (imported from this ComfyUI folder, loaded by core's "
+                        "loader from the same weights) as a row in every Qwen/Wan/SeedVR2 case, and add the SeedVR2 "
+                        "encode cases; run with a Python that has ComfyUI's requirements (default job only)")
     b.add_argument("--out", help="results JSON; the chart is written next to it as .png (default: "
                    "bench_results/bench-<UTC date-time>.json, a new file per run)")
     b.set_defaults(func=_bench)

@@ -29,6 +29,7 @@ class BenchOptions:
     quick: bool = False  # smallest sizes only (used by the smoke test)
     checkpoint: dict = field(default_factory=dict)  # section name -> checkpoint path
     cases: tuple = ()  # keep only cases whose name contains one of these (empty: all)
+    comfyui: Optional[str] = None  # a ComfyUI tree whose core VAEs join the main job's cases (bench/comfy_core.py)
     ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
 
 
@@ -48,6 +49,8 @@ class BenchRow:
     # CUDA: memory_allocated), summed over the family's cases so far: caches a path keeps show here
     held_mb: Optional[float] = None
     model_mb: Optional[float] = None  # the loaded model's parameters (rows that compare `held_mb` with it)
+    core_ms: Optional[float] = None  # --comfyui: ComfyUI core's median ms in this case (on the other rows)
+    err_vs_ours: Optional[float] = None  # --comfyui: the core row's max abs error against TurboVAE's output
 
     @property
     def speedup(self) -> Optional[float]:

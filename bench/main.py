@@ -17,19 +17,26 @@ loaded model, summed over the family's cases so far (CPU: RSS after `malloc_trim
 warm-up run, which is when a path would build caches; CUDA: `memory_allocated`): a path that caches
 derived weights shows them there. Our models are loaded as `TurboVAE` loads them (no autograd on the
 parameters). `cases()` lists the work up front so a progress bar can count it.
+
+`--comfyui PATH` adds ComfyUI core's own VAE as a third side of every Qwen/Wan/SeedVR2 case (bench/comfy_core.py),
+and SeedVR2 encode cases so that core is compared on decode and encode of every family.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
 from ..vae.api import TurboVAE, parse_dtype
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
+
+if TYPE_CHECKING:
+    from .comfy_core import CoreSide
 
 SECTION = "main"
 SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
@@ -66,6 +73,15 @@ CUDA_CASES = (
     Case("SeedVR2 5-frame decode 512²", "seedvr2", "decode", 5, 512, 512),
     Case("Qwen-Image decode 2048², exact tiles 768 px", "tiles", "decode", 1, 2048, 2048, tile=768),
 )
+# With --comfyui: the SeedVR2 encodes too (core's SeedVR2 is compared on image and clip, decode and encode).
+CORE_CPU_CASES = (
+    Case("SeedVR2 image encode 128²", "seedvr2", "encode", 1, 128, 128),
+    Case("SeedVR2 5-frame encode 64²", "seedvr2", "encode", 5, 64, 64),
+)
+CORE_CUDA_CASES = (
+    Case("SeedVR2 image encode 1024²", "seedvr2", "encode", 1, 1024, 1024),
+    Case("SeedVR2 5-frame encode 512²", "seedvr2", "encode", 5, 512, 512),
+)
 # `--quick`: every family and code path on the architectures' tiny configs (for the test of the job itself).
 SMOKE_CASES = (
     Case("Qwen-Image image decode 64² (tiny config)", "qwen", "decode", 1, 64, 64),
@@ -76,13 +92,20 @@ SMOKE_CASES = (
 
 
 def cases(opts: BenchOptions) -> tuple[Case, ...]:
-    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if torch.device(opts.device).type == "cuda" else CPU_CASES
+    cuda = torch.device(opts.device).type == "cuda"
+    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if cuda else CPU_CASES
+    if opts.comfyui and not opts.quick:
+        chosen += CORE_CUDA_CASES if cuda else CORE_CPU_CASES
     return tuple(c for c in chosen if not opts.cases or any(s in c.name for s in opts.cases))
 
 
-def steps_per_case(opts: BenchOptions) -> int:
-    """Runs per case (for a progress bar): reference and ours, one warm-up each plus `repeat` timed runs."""
-    return 2 * (1 + max(opts.repeat, 1))
+def steps_per_case(opts: BenchOptions, case: Optional[Case] = None) -> int:
+    """Runs per case (for a progress bar): reference and ours (and core's with --comfyui), one warm-up each plus
+    `repeat` timed runs."""
+    from .comfy_core import CORE_FAMILIES
+
+    sides = 3 if opts.comfyui and (case is None or case.family in CORE_FAMILIES) else 2
+    return sides * (1 + max(opts.repeat, 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,8 +122,9 @@ class Pair:
     latent_channels: int
     spatial: int
     temporal: int
-    keep: list = field(default_factory=list)  # models kept alive for the family's cases
-    held_mb: list = field(default_factory=lambda: [0.0, 0.0])  # (reference, ours) held so far
+    keep: list = field(default_factory=list)  # models kept alive for the family's cases (ours first)
+    held_mb: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # (reference, ours, core) held so far
+    core: Optional["CoreSide"] = None  # ComfyUI core's VAE on the same weights (--comfyui)
 
     def input(self, case: Case, g: torch.Generator) -> torch.Tensor:
         if case.kind == "encode":
@@ -195,7 +219,7 @@ def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, ti
                 cfg.spatial_factor, cfg.temporal_factor, [vae])
 
 
-def _pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+def build_pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
     if case.family in ("qwen", "wan2.2"):
         return _wan_pair(case.family, opts, device, dtype)
     if case.family == "seedvr2":
@@ -250,31 +274,43 @@ def resident_mb(device: torch.device) -> Optional[float]:
 
 
 def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Tensor], torch.Tensor],
-           x: torch.Tensor, opts: BenchOptions, peak: PeakMemory, tick: Callable[[], None]):
-    """((median ms, peak MB, held MB, output) of the reference, the same of ours). Each side runs once to warm
-    up (that run also measures its memory: the peak during it, and what stays resident after it), then the
-    timed runs alternate between the sides: machine load and clock drift then hit both alike, instead of
-    whichever side happened to run second."""
+           x: torch.Tensor, opts: BenchOptions, peak: PeakMemory, tick: Callable[[], None],
+           core: Optional[Callable[[], torch.Tensor]] = None):
+    """((median ms, peak MB, held MB, output) of the reference, the same of ours[, the same of `core`]). Each
+    side runs once to warm up (that run also measures its memory: the peak during it, and what stays resident
+    after it), then the timed runs alternate between the sides: machine load and clock drift then hit all
+    alike, instead of whichever side happened to run last."""
     with torch.inference_mode():
+        fns = [lambda: ref(x), lambda: ours(x)] + ([core] if core is not None else [])
         peaks, held = [], []
-        for fn in (ref, ours):
+        for fn in fns:
             before = resident_mb(x.device)
-            peaks.append(peak(lambda: fn(x))[0])  # its output is dropped: the timed runs make their own
+            peaks.append(peak(fn)[0])  # its output is dropped: the timed runs make their own
             after = resident_mb(x.device)
             held.append(after - before if before is not None else None)
             tick()
-        times, outs = interleaved_ms([lambda: ref(x), lambda: ours(x)], x.device, opts.repeat, tick)
-    return tuple((statistics.median(times[i]), peaks[i], held[i], outs[i]) for i in range(2))
+        times, outs = interleaved_ms(fns, x.device, opts.repeat, tick)
+    return tuple((statistics.median(times[i]), peaks[i], held[i], outs[i]) for i in range(len(fns)))
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
               start: Callable[[Case], None] = lambda case: None,
               inspect: Callable[[Case, Pair, torch.Tensor], None] = lambda case, pair, x: None,
               ) -> Iterator[list[BenchRow]]:
-    """Yields the two rows (reference, ours) of each case as soon as it is measured. `inspect` sees each case's
-    pair and input after the timed runs (the roofline section counts their FLOPs there)."""
+    """Yields the rows (reference, [ComfyUI core,] ours) of each case as soon as it is measured. `inspect` sees
+    each case's pair and input after the timed runs (the roofline section counts their FLOPs there)."""
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    with ExitStack() as stack:
+        core = stack.enter_context(_core_session(opts.comfyui, device)) if opts.comfyui else None
+        yield from _run(opts, device, dtype, core, tick, start, inspect)
+
+
+def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tick: Callable[[Case], None],
+         start: Callable[[Case], None], inspect: Callable[[Case, Pair, torch.Tensor], None],
+         ) -> Iterator[list[BenchRow]]:
+    from .comfy_core import CORE_FAMILIES, core_rows
+
     tag = str(dtype).replace("torch.", "")
     peak = PeakMemory(device)
     g = torch.Generator().manual_seed(0)
@@ -285,18 +321,33 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
         if key != pair_key:  # models are built once per family and freed before the next family
             pair = pair_key = None
             gc.collect()
-            pair, pair_key = _pair(case, opts, device, dtype), key
+            pair, pair_key = build_pair(case, opts, device, dtype), key
+            if core is not None and case.family in CORE_FAMILIES:
+                pair.core = core.side(case.family, pair.keep[0], dtype)
         x = pair.input(case, g).to(device=device, dtype=dtype)
-        sides = _sides(pair.reference, pair.ours, x, opts, peak, lambda: tick(case))
-        (ref_ms, ref_mb, ref_held, ref_out), (ms, mb, held, out) = sides
+        core_x = pair.core.prepare(x) if pair.core is not None else None
+        (ref_ms, ref_mb, ref_held, ref_out), (ms, mb, held, out), *core_side = _sides(
+            pair.reference, pair.ours, x, opts, peak, lambda: tick(case),
+            (lambda: pair.core.run(core_x)) if core_x is not None else None)
         ref_held, held = _held_so_far(pair, 0, ref_held), _held_so_far(pair, 1, held)
         inspect(case, pair, x)
         row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True,
                            held_mb=ref_held)
         row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
                        psnr(out, ref_out) if case.kind == "decode" else None, note=tag, held_mb=held)
-        del x, out, ref_out
-        yield [row_ref, row]
+        rows = [row_ref, row]
+        if core_side:
+            core_ms, core_mb, core_held, core_out = core_side[0]
+            measured = core_ms, core_mb, _held_so_far(pair, 2, core_held), core_out
+            rows = core_rows(pair.core, row_ref, row, measured, ref_out, out, case.kind == "decode")
+        del x, out, ref_out, core_x, core_side
+        yield rows
+
+
+def _core_session(path: str, device: torch.device):
+    from . import comfy_core
+
+    return comfy_core.session(comfy_core.find_tree(path), device)
 
 
 def _held_so_far(pair: Pair, side: int, held: Optional[float]) -> Optional[float]:
@@ -316,8 +367,3 @@ def needs_reference_package() -> Optional[str]:
         return ("note: diffusers is not installed, so Qwen-Image/Wan rows compare with our own plain path; "
                 "install the reference with: pip install -e \".[bench]\"")
     return None
-
-
-def pair_for(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
-    """The two sides of `case` with their models built (the roofline and profile sections reuse them)."""
-    return _pair(case, opts, device, dtype)

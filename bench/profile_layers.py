@@ -65,7 +65,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     for case in _cases(opts, device.type == "cuda"):
         if case.family != family:
             pair = family = None
-            pair, family = main.pair_for(case, opts, device, dtype), case.family
+            pair, family = main.build_pair(case, opts, device, dtype), case.family
         x = pair.input(case, g).to(device=device, dtype=dtype)
         sides = ((True, pair.reference_name, pair.reference), (False, pair.ours_name, pair.ours))
         for _, _, fn in sides:

@@ -15,6 +15,9 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 Row = Mapping[str, object]
 HEADER = ("case", "path", "time", "vs reference", "peak MB", "held MB", "max abs err", "PSNR dB")
+# Added when the rows hold a ComfyUI core baseline (`bench --comfyui`): core's time over the row's time, and
+# the core row's max abs error against TurboVAE (its "max abs err" is against the reference, like every row's).
+CORE_HEADER = ("vs ComfyUI core", "core err vs turbovae")
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -38,13 +41,27 @@ def _seconds(ms: object) -> str:
     return f"{float(ms) / 1e3:.2f} s"
 
 
-def cells(row: Row) -> list[str]:
-    """One row's cells: the reference row of a case says so; other rows give reference time / own time."""
+def has_core(rows: Iterable[Row]) -> bool:
+    """Whether the rows compare with ComfyUI core (then the tables have the CORE_HEADER columns)."""
+    return any(r.get("core_ms") is not None or r.get("err_vs_ours") is not None for r in rows)
+
+
+def is_core(row: Row) -> bool:
+    return row.get("err_vs_ours") is not None
+
+
+def header(rows: Sequence[Row]) -> tuple[str, ...]:
+    return HEADER + (CORE_HEADER if has_core(rows) else ())
+
+
+def cells(row: Row, core: bool = False) -> list[str]:
+    """One row's cells: the reference row of a case says so; other rows give reference time / own time.
+    `core`: also the CORE_HEADER cells."""
     speedup = row.get("speedup")
     # Older results files have no "reference" field; their reference rows are their own baseline.
     reference = row.get("reference", row.get("baseline_ms") == row.get("ms") and speedup in (None, 1.0))
     peak, held, err, db = row.get("peak_mb"), row.get("held_mb"), row.get("max_abs_err"), row.get("psnr_db")
-    return [
+    own = [
         str(row["case"]),
         str(row["variant"]),
         _seconds(row["ms"]),
@@ -54,6 +71,11 @@ def cells(row: Row) -> list[str]:
         f"{err:.1e}" if err is not None else "",
         ("inf" if db == float("inf") else f"{db:.1f}") if db is not None else "",
     ]
+    if not core:
+        return own
+    core_ms, core_err = row.get("core_ms"), row.get("err_vs_ours")
+    return own + [f"{float(core_ms) / float(row['ms']):.2f}x" if core_ms else "",
+                  f"{core_err:.1e}" if core_err is not None else ""]
 
 
 def _num(value: object, fmt: str) -> str:
@@ -107,7 +129,10 @@ def _layout(rows: Sequence[Row]):
     tables = {table_of(r) for r in rows} or {"results"}
     if len(tables) > 1 or not tables <= set(LAYOUTS):
         raise ValueError(f"rows of tables {sorted(tables)} cannot share one table; pick one with FILE.json#TABLE")
-    return LAYOUTS[tables.pop()]
+    table = tables.pop()
+    if table == "results" and has_core(rows):
+        return header(rows), lambda r: cells(r, core=True)
+    return LAYOUTS[table]
 
 
 def format_text(rows: Iterable[Row]) -> str:
@@ -174,15 +199,18 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
         return "no rows; no chart written"
     labels = [f"{r['case']}\n{r['variant']}"[:90] for r in rows]
     secs = [float(r["ms"]) / 1e3 for r in rows]
-    colors = ["#9a9a9a" if c[3] == "reference" else "#2b7bba" for c in map(cells, rows)]
+    colors = ["#9a9a9a" if c[3] == "reference" else "#d98c2b" if is_core(r) else "#2b7bba"
+              for r, c in zip(rows, map(cells, rows))]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.2))
     ax.barh(range(len(rows)), secs, color=colors)
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds (median; grey = reference)")
-    for i, c in enumerate(map(cells, rows)):
-        ax.text(secs[i], i, f" {c[2]}" + (f"  {c[3]}" if c[3] not in ("", "reference") else ""), va="center",
-                fontsize=7)
+    ax.set_xlabel("seconds (median; grey = reference" + (", orange = ComfyUI core)" if has_core(rows) else ")"))
+    core = has_core(rows)
+    for i, c in enumerate(cells(r, core) for r in rows):
+        vs_core = f"  {c[len(HEADER)]} vs core" if core and c[len(HEADER)] else ""
+        ax.text(secs[i], i, f" {c[2]}" + (f"  {c[3]}" if c[3] not in ("", "reference") else "") + vs_core,
+                va="center", fontsize=7)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

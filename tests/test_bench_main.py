@@ -36,6 +36,7 @@ def test_default_job_reduced(tmp_path, capsys):
     # one finished bar per case on stderr, then the table on stdout with the reference ratio
     assert captured.err.count("[" + "#" * 24 + "]") == len(cases)
     assert "vs reference" in captured.out and "reference" in captured.out
+    assert "--comfyui" in captured.err  # one line saying how to add ComfyUI core rows
     for name in cases:
         assert name in captured.out
     png = out.with_suffix(".png")

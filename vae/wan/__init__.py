@@ -112,7 +112,9 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32  # mixed files: widen; load_vae casts afterwards
     sd = {k: v.to(dtype) for k, v in sd.items()}
     model.load_state_dict(sd, strict=True, assign=True)
-    return model
+    # For inference, as SeedVR2's build and TurboVAE: with parameters that require grad, derived weights (folded
+    # taps, channels-last copies) are rebuilt on every call and the fused kernels fall back to unfused ops.
+    return model.eval().requires_grad_(False)
 
 
 ARCHITECTURES = (Architecture(WAN22_NAME, _detect_wan22, build, priority=6),
