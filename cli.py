@@ -1,4 +1,5 @@
-"""Command line: `python -m turbovae bench …`, `decode …` / `encode …` (cli_parallel.py) and `build-engines …`."""
+"""Command line: `python -m turbovae bench …`, `decode …` / `encode …` (cli_parallel.py), `doctor` (doctor.py) and
+`build-engines …`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ BENCH_SECTIONS = {
     "gpu": "gpu",
     "slices": "slices",
     "parallel": "parallel",
+    "held": "held",
+    "roofline": "roofline",
+    "profile": "profile_layers",
 }
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).
@@ -196,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, decode in (("decode", True), ("encode", False)):
         cli_parallel.add_arguments(sub.add_parser(name, help=f"exact {name} of files, frame split across devices "
                                                              "(torchrun: one rank per GPU)"), decode=decode)
+
+    from . import doctor
+
+    doctor.add_arguments(sub.add_parser("doctor", help="versions, devices, each fast path and its self-check, the "
+                                        "conv3d route and a micro-bench: paste it into a bug report",
+                                        description=doctor.__doc__))
 
     e = sub.add_parser("build-engines", help="export and build engines for a VAE checkpoint",
                        description="Export a VAE's encoder/decoder and build engines. Defaults: backend auto "

@@ -44,6 +44,10 @@ class BenchRow:
     psnr_db: Optional[float] = None
     note: str = ""
     reference: bool = False  # the case's reference row (what `speedup` of the other rows divides by)
+    # resident memory this path holds after the case beyond its loaded model (CPU: RSS after malloc_trim;
+    # CUDA: memory_allocated), summed over the family's cases so far: caches a path keeps show here
+    held_mb: Optional[float] = None
+    model_mb: Optional[float] = None  # the loaded model's parameters (rows that compare `held_mb` with it)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -175,13 +179,14 @@ def gpu_driver_version() -> Optional[str]:
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    head = ["section", "case", "variant", "ms", "speedup", "peak MB", "max err", "PSNR dB", "note"]
+    head = ["section", "case", "variant", "ms", "speedup", "peak MB", "held MB", "max err", "PSNR dB", "note"]
     lines = []
     for r in rows:
         lines.append([
             r.section, r.case, r.variant, f"{r.ms:.1f}",
             f"{r.speedup:.2f}x" if r.speedup else "",
             f"{r.peak_mb:.0f}" if r.peak_mb is not None else "",
+            f"{r.held_mb:.0f}" if r.held_mb is not None else "",
             f"{r.max_abs_err:.2e}" if r.max_abs_err is not None else "",
             f"{r.psnr_db:.1f}" if r.psnr_db is not None else "",
             r.note,

@@ -1,4 +1,5 @@
-"""The GPU lease run: GPU tests, then the benchmark cases in priority order, inside a time budget.
+"""The GPU lease run: `turbovae doctor`, then GPU tests, then the benchmark cases in priority order, inside a
+time budget.
 
 Why a separate orchestrator: a lent GPU gives at most 10 minutes per call and ~30 minutes per session,
 with no network. Every task (the GPU-marked tests, one benchmark case, the engines section) runs in its
@@ -35,6 +36,7 @@ CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "se
              "wan21-decode-720p81", "qwen-decode-1328", "qwen-encode-1328")
 # Keys with a tiny-config twin in the dry run (bench/gpu.py cases(quick=True)).
 DRY_RUN_KEYS = ("qwen-decode-1024", "seedvr2-decode-720p21", "wan21-decode-720p81")
+DOCTOR_LIMIT_S = 180  # the doctor's own timeout in a call (its micro-bench is bounded; building the models adds)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class RunState:
     tasks: list = field(default_factory=list)  # TaskResult dicts, in plan order
     calls: list = field(default_factory=list)
     dry_run: bool = False
+    doctor: dict = field(default_factory=dict)  # this call's `turbovae doctor` run: file, status, seconds, report
 
     def result(self, key: str) -> Optional[dict]:
         return next((t for t in self.tasks if t["key"] == key), None)
@@ -79,7 +82,7 @@ class RunState:
         self.tasks.append(entry)
 
     def to_json(self) -> dict:
-        return {"environment": self.environment, "rows": [_finite(r) for r in self.rows],
+        return {"environment": self.environment, "doctor": self.doctor, "rows": [_finite(r) for r in self.rows],
                 "tasks": self.tasks, "run": {"script": "scripts/gpu_run.sh", "dry_run": self.dry_run,
                                              "calls": self.calls}}
 
@@ -88,7 +91,7 @@ class RunState:
         run = payload.get("run") or {}
         return cls(environment=dict(payload.get("environment") or {}), rows=list(payload.get("rows") or []),
                    tasks=list(payload.get("tasks") or []), calls=list(run.get("calls") or []),
-                   dry_run=bool(run.get("dry_run", False)))
+                   dry_run=bool(run.get("dry_run", False)), doctor=dict(payload.get("doctor") or {}))
 
 
 def _finite(row: dict) -> dict:
@@ -117,6 +120,11 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
     # Slice cost (bench/slices.py): what vae/memory.py FASTEST_SLICE needs for CUDA.
     tasks.append(Task("slices", py + ("turbovae", "bench", "--sections", "slices") + device,
                       expected_s=90, limit_s=240))
+    # Roofline and per-kind profile (bench/roofline.py, bench/profile_layers.py) at the GPU case sizes; the dry
+    # run leaves them out (tests/test_bench_roofline.py runs their --quick form).
+    if not dry_run:
+        tasks.append(Task("roofline", py + ("turbovae", "bench", "--sections", "roofline,profile") + device,
+                          expected_s=240, limit_s=540))
     if engines and not dry_run:  # AOTInductor builds take minutes on CPU: not part of the dry run
         tasks.append(Task("engines", py + ("turbovae", "bench", "--sections", "engines", "--device", "cuda"),
                           expected_s=300, limit_s=540))
@@ -231,6 +239,31 @@ def execute(tasks: Sequence[Task], state: RunState, out_file: Path, *, budget_s:
     return state
 
 
+def run_doctor(out_dir: Path, *, dry_run: bool, timeout: float = DOCTOR_LIMIT_S) -> dict:
+    """Each call's first step: `turbovae doctor` in a child process, its JSON written under `out_dir` before
+    anything else runs (doctor-<UTC time>.json: a call may land on another machine, so every call has one).
+    Returns what the results file records: file, status, seconds, and the report itself when it ran."""
+    name = f"doctor-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}.json"
+    argv = [sys.executable, "-m", "turbovae", "doctor", "--out", str(out_dir / name)]
+    argv += ["--device", "cpu"] if dry_run else []
+    _say(f"doctor: running (timeout {timeout:.0f} s)")
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        code, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, text = -1, f"timed out after {timeout:.0f} s; " + str(exc.stdout or "")
+    seconds = round(time.monotonic() - t0, 1)
+    print(text, flush=True)
+    record = {"file": name, "seconds": seconds, "status": "done" if code == 0 else "failed"}
+    try:
+        record["report"] = json.loads((out_dir / name).read_text())
+    except (OSError, ValueError):
+        record["detail"] = _tail(text)
+    _say(f"doctor: {record['status']} in {seconds:.0f} s")
+    return record
+
+
 def _say(msg: str) -> None:
     print(f"[gpu-run {datetime.now(timezone.utc).strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -254,7 +287,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="folder for the results JSON/markdown and logs (default: $OUT, else gpu_results)")
     p.add_argument("--resume", help="results JSON of an earlier call: keep its rows, run only pending tasks")
     p.add_argument("--budget", type=float, default=540.0,
-                   help="seconds this call may spend on tasks (default 540: inside the 10-minute call limit)")
+                   help="seconds this call may spend on the doctor and the tasks (default 540: inside the "
+                        "10-minute call limit)")
     p.add_argument("--only", help="comma list of task keys (gpu-tests, the case keys, engines)")
     p.add_argument("--no-tests", action="store_true", help="skip the GPU-marked tests")
     p.add_argument("--no-engines", action="store_true", help="skip the engines section")
@@ -276,9 +310,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     only = tuple(k.strip() for k in (args.only or "").split(",") if k.strip())
     tasks = plan(dry_run=state.dry_run, only=only, tests=not args.no_tests, engines=not args.no_engines)
     out_file = out_dir / name
-    _say(f"writing {out_file} after every task; budget {args.budget:.0f} s; tasks: "
-         + ", ".join(t.key for t in tasks))
-    execute(tasks, state, out_file, budget_s=args.budget, log_file=out_dir / "tasks.log")
+    state.doctor = run_doctor(out_dir, dry_run=state.dry_run)
+    budget = args.budget - state.doctor["seconds"]
+    _say(f"writing {out_file} after every task; budget {budget:.0f} s; tasks: " + ", ".join(t.key for t in tasks))
+    execute(tasks, state, out_file, budget_s=budget, log_file=out_dir / "tasks.log")
     print("\n" + markdown(state), flush=True)
     pending = [t["key"] for t in state.tasks if t["status"] == "pending"]
     if pending:

@@ -12,7 +12,11 @@ TurboVAE path with its reference on the same weights and input, in the same run:
 
 Each side runs once to warm up (that run also measures peak memory: CUDA `max_memory_allocated`, or on
 CPU the increase of the process's peak resident size), then `repeat` timed runs of each, alternating between
-the sides; the time is their median. `cases()` lists the work up front so a progress bar can count it.
+the sides; the time is their median. "held MB" is what a side keeps resident after its calls beyond its
+loaded model, summed over the family's cases so far (CPU: RSS after `malloc_trim`, read around each
+warm-up run, which is when a path would build caches; CUDA: `memory_allocated`): a path that caches
+derived weights shows them there. Our models are loaded as `TurboVAE` loads them (no autograd on the
+parameters). `cases()` lists the work up front so a progress bar can count it.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class Pair:
     spatial: int
     temporal: int
     keep: list = field(default_factory=list)  # models kept alive for the family's cases
+    held_mb: list = field(default_factory=lambda: [0.0, 0.0])  # (reference, ours) held so far
 
     def input(self, case: Case, g: torch.Generator) -> torch.Tensor:
         if case.kind == "encode":
@@ -124,7 +129,7 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
     cfg = _wan_config(family, opts.quick)
     path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
     sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else fan_in_weights(_shapes(WanVAE, cfg))
-    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype).eval()
+    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype).eval().requires_grad_(False)
     layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
 
     def ours(x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +170,7 @@ def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) 
     else:
         model = SeedVR2VAE(cfg)
         model.load_state_dict(fan_in_weights(_shapes(SeedVR2VAE, cfg)))
-        model = model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
     def side(fast: FastPaths) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(x: torch.Tensor) -> torch.Tensor:
@@ -201,7 +206,7 @@ def _pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dty
 # ------------------------------------------------------------------------------------------------
 # Measuring
 # ------------------------------------------------------------------------------------------------
-class _PeakMemory:
+class PeakMemory:
     """Peak memory of one call: CUDA allocator peak, or the CPU process's peak-RSS increase (Linux).
 
     On CPU, glibc returns every freed block to the OS during the measured call only (so the number is live
@@ -233,27 +238,45 @@ class _PeakMemory:
             peak_rss.retain_freed_memory()
 
 
+def resident_mb(device: torch.device) -> Optional[float]:
+    """What the process holds now: CUDA `memory_allocated`, or on Linux the RSS after `malloc_trim`."""
+    from . import peak_rss
+
+    gc.collect()
+    if device.type == "cuda":
+        sync(device)
+        return torch.cuda.memory_allocated(device) / 2**20
+    return peak_rss.resident_mb() if device.type == "cpu" and peak_rss.supported() else None
+
+
 def _sides(ref: Callable[[torch.Tensor], torch.Tensor], ours: Callable[[torch.Tensor], torch.Tensor],
-           x: torch.Tensor, opts: BenchOptions, peak: _PeakMemory, tick: Callable[[], None]):
-    """((median ms, peak MB, output) of the reference, the same of ours). Each side runs once to warm up (that
-    run also measures its memory), then the timed runs alternate between the sides: machine load and clock
-    drift then hit both alike, instead of whichever side happened to run second."""
+           x: torch.Tensor, opts: BenchOptions, peak: PeakMemory, tick: Callable[[], None]):
+    """((median ms, peak MB, held MB, output) of the reference, the same of ours). Each side runs once to warm
+    up (that run also measures its memory: the peak during it, and what stays resident after it), then the
+    timed runs alternate between the sides: machine load and clock drift then hit both alike, instead of
+    whichever side happened to run second."""
     with torch.inference_mode():
-        peaks = []
+        peaks, held = [], []
         for fn in (ref, ours):
+            before = resident_mb(x.device)
             peaks.append(peak(lambda: fn(x))[0])  # its output is dropped: the timed runs make their own
+            after = resident_mb(x.device)
+            held.append(after - before if before is not None else None)
             tick()
         times, outs = interleaved_ms([lambda: ref(x), lambda: ours(x)], x.device, opts.repeat, tick)
-    return tuple((statistics.median(times[i]), peaks[i], outs[i]) for i in range(2))
+    return tuple((statistics.median(times[i]), peaks[i], held[i], outs[i]) for i in range(2))
 
 
 def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: None,
-              start: Callable[[Case], None] = lambda case: None) -> Iterator[list[BenchRow]]:
-    """Yields the two rows (reference, ours) of each case as soon as it is measured."""
+              start: Callable[[Case], None] = lambda case: None,
+              inspect: Callable[[Case, Pair, torch.Tensor], None] = lambda case, pair, x: None,
+              ) -> Iterator[list[BenchRow]]:
+    """Yields the two rows (reference, ours) of each case as soon as it is measured. `inspect` sees each case's
+    pair and input after the timed runs (the roofline section counts their FLOPs there)."""
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     tag = str(dtype).replace("torch.", "")
-    peak = _PeakMemory(device)
+    peak = PeakMemory(device)
     g = torch.Generator().manual_seed(0)
     pair, pair_key = None, None
     for case in cases(opts):
@@ -264,13 +287,25 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
             gc.collect()
             pair, pair_key = _pair(case, opts, device, dtype), key
         x = pair.input(case, g).to(device=device, dtype=dtype)
-        (ref_ms, ref_mb, ref_out), (ms, mb, out) = _sides(pair.reference, pair.ours, x, opts, peak,
-                                                          lambda: tick(case))
-        row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True)
+        sides = _sides(pair.reference, pair.ours, x, opts, peak, lambda: tick(case))
+        (ref_ms, ref_mb, ref_held, ref_out), (ms, mb, held, out) = sides
+        ref_held, held = _held_so_far(pair, 0, ref_held), _held_so_far(pair, 1, held)
+        inspect(case, pair, x)
+        row_ref = BenchRow(SECTION, case.name, pair.reference_name, ref_ms, ref_ms, ref_mb, note=tag, reference=True,
+                           held_mb=ref_held)
         row = BenchRow(SECTION, case.name, pair.ours_name, ms, ref_ms, mb, max_abs(out, ref_out),
-                       psnr(out, ref_out) if case.kind == "decode" else None, note=tag)
+                       psnr(out, ref_out) if case.kind == "decode" else None, note=tag, held_mb=held)
         del x, out, ref_out
         yield [row_ref, row]
+
+
+def _held_so_far(pair: Pair, side: int, held: Optional[float]) -> Optional[float]:
+    """A side's held memory after this case: its increments over the family's cases so far (its model is
+    kept between them, so what an earlier case left resident is still held)."""
+    if held is None:
+        return None
+    pair.held_mb[side] += held
+    return pair.held_mb[side]
 
 
 def needs_reference_package() -> Optional[str]:
@@ -281,3 +316,8 @@ def needs_reference_package() -> Optional[str]:
         return ("note: diffusers is not installed, so Qwen-Image/Wan rows compare with our own plain path; "
                 "install the reference with: pip install -e \".[bench]\"")
     return None
+
+
+def pair_for(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    """The two sides of `case` with their models built (the roofline and profile sections reuse them)."""
+    return _pair(case, opts, device, dtype)

@@ -60,9 +60,10 @@ MEASURING_THRESHOLD = 64 * 1024  # every freed block above this goes back to the
 TIMING_THRESHOLD = 32 * 1024 * 1024  # glibc's ceiling for its dynamic threshold (64-bit): where it settles
 
 
-def _set_mmap_threshold(nbytes: int, *, trim: bool = False) -> None:
-    """A no-op where glibc's `mallopt` is not available. A fixed value also disables glibc's dynamic raise.
-    `trim`: also hand the free blocks the heap holds back to the OS (`malloc_trim`)."""
+def _set_mmap_threshold(nbytes: Optional[int], *, trim: bool = False) -> None:
+    """A no-op where glibc's `mallopt` is not available. A fixed value also disables glibc's dynamic raise
+    (None: leave the threshold as it is). `trim`: also hand the free blocks the heap holds back to the OS
+    (`malloc_trim`)."""
     import ctypes
     import ctypes.util
 
@@ -71,11 +72,19 @@ def _set_mmap_threshold(nbytes: int, *, trim: bool = False) -> None:
         return
     try:
         libc = ctypes.CDLL(name)
-        libc.mallopt(M_MMAP_THRESHOLD, nbytes)
+        if nbytes is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, nbytes)
         if trim:
             libc.malloc_trim(0)
     except (OSError, AttributeError):
         return
+
+
+def resident_mb() -> float:
+    """This process's resident size in MB after `malloc_trim`, so memory that was freed (but that the heap
+    kept for reuse) does not count: what the process holds, such as a model and anything it cached."""
+    _set_mmap_threshold(None, trim=True)
+    return _status_kib("VmRSS") / 1024
 
 
 def return_freed_memory() -> None:

@@ -14,17 +14,24 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 Row = Mapping[str, object]
-HEADER = ("case", "path", "time", "vs reference", "peak MB", "max abs err", "PSNR dB")
+HEADER = ("case", "path", "time", "vs reference", "peak MB", "held MB", "max abs err", "PSNR dB")
 
 
 def load_rows(path: Path) -> list[dict]:
-    """Rows of a results JSON written by `python -m turbovae bench` (or its sections)."""
+    """Rows of a results JSON written by `python -m turbovae bench` (or its sections). `FILE.json#TABLE` keeps
+    the rows of one table of a file whose sections write different tables (e.g. `#roofline`, `#profile`)."""
+    path, _, table = str(path).partition("#")
     try:
         data = json.loads(Path(path).read_text())
         rows = data["rows"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
-    return list(rows)
+    return [r for r in rows if not table or table_of(r) == table]
+
+
+def table_of(row: Row) -> str:
+    """Which table a row belongs to: sections with their own columns say so in `table`."""
+    return str(row.get("table", "results"))
 
 
 def _seconds(ms: object) -> str:
@@ -36,28 +43,117 @@ def cells(row: Row) -> list[str]:
     speedup = row.get("speedup")
     # Older results files have no "reference" field; their reference rows are their own baseline.
     reference = row.get("reference", row.get("baseline_ms") == row.get("ms") and speedup in (None, 1.0))
-    peak, err, db = row.get("peak_mb"), row.get("max_abs_err"), row.get("psnr_db")
+    peak, held, err, db = row.get("peak_mb"), row.get("held_mb"), row.get("max_abs_err"), row.get("psnr_db")
     return [
         str(row["case"]),
         str(row["variant"]),
         _seconds(row["ms"]),
         "reference" if reference else (f"{speedup:.2f}x" if speedup else ""),
         f"{peak:.0f}" if peak is not None else "",
+        f"{held:.0f}" if held is not None else "",  # older results files have no held memory
         f"{err:.1e}" if err is not None else "",
         ("inf" if db == float("inf") else f"{db:.1f}") if db is not None else "",
     ]
 
 
+def _num(value: object, fmt: str) -> str:
+    return format(float(value), fmt) if value is not None else ""
+
+
+ROOFLINE_HEADER = ("case", "path", "time", "GFLOP", "GFLOP/s", "% of peak", "GB touched", "GB/s", "FLOP/byte",
+                   "bound")
+
+
+def roofline_cells(row: Row) -> list[str]:
+    """A roofline row (bench/roofline.py): a machine peak, or one side of a main-job case against its peak."""
+    pct = row.get("pct_of_peak")
+    return [str(row["case"]), str(row["variant"]), _seconds(row["ms"]), _num(row.get("gflop"), ".1f"),
+            _num(row.get("gflop_per_s"), ".0f"), f"{pct:.0f} % of {row.get('peak_used')}" if pct is not None else "",
+            _num(row.get("gb_touched"), ".2f"), _num(row.get("gb_per_s"), ".1f"), _num(row.get("flop_per_byte"), ".0f"),
+            str(row.get("bound", ""))]
+
+
+PROFILE_KINDS = ("conv", "copy/pad", "concat", "upsample", "norm/act", "attention", "add/mul", "other")
+PROFILE_HEADER = ("case", "path", "total", "per frame", "conv GFLOP/s") + PROFILE_KINDS
+
+
+def profile_cells(row: Row) -> list[str]:
+    """A profile row (bench/profile_layers.py): profiled time, then each kind's time and share of it."""
+    ms_by_kind, total = row.get("ms_by_kind", {}), float(row["ms"])
+    conv_ms, conv_gflop = ms_by_kind.get("conv", 0.0), row.get("gflop_by_kind", {}).get("conv", 0.0)
+    kinds = [f"{ms_by_kind.get(k, 0.0) / 1e3:.2f} s ({100 * ms_by_kind.get(k, 0.0) / total:.0f} %)" if total else ""
+             for k in PROFILE_KINDS]
+    return [str(row["case"]), str(row["variant"]), _seconds(total), _seconds(total / max(int(row["frames"]), 1)),
+            f"{conv_gflop / (conv_ms / 1e3):.0f}" if conv_ms else ""] + kinds
+
+
+FLOPS_HEADER = ("case", "path", "GFLOP", "reference FLOPs / ours", "GB touched", "FLOP/byte", "time at conv peak")
+
+
+def flops_cells(row: Row) -> list[str]:
+    """A FLOP-count row (bench/roofline.py FlopRow): counted on meta; its time is the FLOPs at the conv peak."""
+    speedup = row.get("speedup")
+    return [str(row["case"]), str(row["variant"]), _num(row.get("gflop"), ".0f"),
+            "reference" if row.get("reference") else (f"{speedup:.2f}x" if speedup else ""),
+            _num(row.get("gb_touched"), ".2f"), _num(row.get("flop_per_byte"), ".0f"), _seconds(row["ms"])]
+
+
+# table name -> (header, one row's cells)
+LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
+           "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells)}
+
+
+def _layout(rows: Sequence[Row]):
+    tables = {table_of(r) for r in rows} or {"results"}
+    if len(tables) > 1 or not tables <= set(LAYOUTS):
+        raise ValueError(f"rows of tables {sorted(tables)} cannot share one table; pick one with FILE.json#TABLE")
+    return LAYOUTS[tables.pop()]
+
+
 def format_text(rows: Iterable[Row]) -> str:
-    lines = [cells(r) for r in rows]
-    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(HEADER)]
+    rows = list(rows)
+    header, row_cells = _layout(rows)
+    lines = [row_cells(r) for r in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(header)]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*HEADER), "-+-".join("-" * w for w in widths)] + [fmt.format(*c) for c in lines])
+    return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths)] + [fmt.format(*c) for c in lines])
 
 
 def format_markdown(rows: Iterable[Row]) -> str:
-    out = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    """The results table (or the table a section's rows name); rows of the held-memory section
+    (`bench/held.py`) as their own pivot table."""
+    rows = list(rows)
+    if rows and all(r.get("section") == HELD_SECTION for r in rows):
+        return format_held_markdown(rows)
+    header, row_cells = _layout(rows)
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row_cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+HELD_SECTION = "held"
+
+
+def format_held_markdown(rows: Sequence[Row]) -> str:
+    """One line per model: its parameters, then what it holds beyond them after each step in turn (the
+    steps in the order they ran), as MB and as a share of the parameters."""
+    models: dict[str, list[Row]] = {}
+    for r in rows:
+        models.setdefault(str(r["variant"]), []).append(r)
+    steps = list(dict.fromkeys(str(r["case"]) for r in rows))
+    out = ["| model | parameters | " + " | ".join(steps) + " |", "|" + "---|" * (len(steps) + 2)]
+    for model, model_rows in models.items():
+        by_step = {str(r["case"]): r for r in model_rows}
+        params = float(model_rows[0]["model_mb"])
+
+        def held(step: str) -> str:
+            r = by_step.get(step)
+            if r is None or r.get("held_mb") is None:
+                return ""
+            mb = float(r["held_mb"])
+            return f"{mb:+.0f} MB ({100 * mb / params:.1f} %)"
+
+        out.append(f"| {model} | {params:.0f} MB | " + " | ".join(held(s) for s in steps) + " |")
     return "\n".join(out)
 
 
@@ -97,7 +193,8 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m turbovae.bench.report", description=__doc__.splitlines()[0])
-    p.add_argument("results", nargs="+", help="results JSON file(s) written by `python -m turbovae bench`")
+    p.add_argument("results", nargs="+", help="results JSON file(s) written by `python -m turbovae bench`; "
+                   "FILE.json#TABLE keeps one table's rows (roofline, profile)")
     p.add_argument("--markdown", action="store_true", help="a markdown table (default: plain text)")
     p.add_argument("--chart", help="also write a PNG chart to this path")
     args = p.parse_args(argv)
@@ -106,7 +203,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_markdown(rows) if args.markdown else format_text(rows))
+    try:
+        print(format_markdown(rows) if args.markdown else format_text(rows))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.chart:
         why = write_chart(rows, Path(args.chart))
         if why:

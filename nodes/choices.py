@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..vae.compile import MODES as COMPILE_MODE_NAMES
 from ..vae.dtypes import DTYPE_NAMES
 
 DTYPES = ("auto", *sorted(DTYPE_NAMES))  # auto, bf16, fp16, fp32
 TILE_MODES = ("auto", "fast", "exact")
-COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # not cudagraphs: refused by CompileSettings
+COMPILE_MODES = COMPILE_MODE_NAMES
 COMPILE_DYNAMIC = ("auto", "true", "false")
 
 TILE_MODE_HELP = ("auto: no tiling when the whole pass fits in free memory, otherwise exact tiles sized from "

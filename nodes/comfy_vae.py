@@ -21,15 +21,14 @@ from typing import Optional
 import torch
 
 import comfy.model_management as mm
-import comfy.model_patcher
 import comfy.utils
-from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.api import MIN_TILE_LATENT
 from ..vae.tiling.plan import plan_tiling
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
+from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
@@ -64,14 +63,9 @@ class ComfyTurboVAE:
         self.offload_device = offload_device if offload_device is not None else mm.vae_offload_device()
         self.output_device = mm.intermediate_device()
         self.vae_dtype = turbo.dtype
-        # Engines hold device memory of their own beside the weights: model management counts both, and
-        # when it unloads this VAE to make room, the engines are released too (they reload on next use).
-        engine_bytes = _engine_bytes(turbo)
-        self.patcher = comfy.model_patcher.ModelPatcher(
-            self.first_stage_model, load_device=self.device, offload_device=self.offload_device,
-            size=mm.module_size(self.first_stage_model) + engine_bytes)
-        if engine_bytes:
-            self.patcher.add_callback(CallbacksMP.ON_DETACH, lambda _patcher, _unpatch_all: turbo.release_engines())
+        # weights, engines and CUDA-graph pools as model management sees them; released when it unloads us
+        self.patcher, self._recount_memory = vae_patcher(turbo, self.first_stage_model, self.device,
+                                                         self.offload_device)
         # Geometry, as core's Wan/Qwen VAE exposes it (ratios as plain ints: nodes such as
         # VAEEncodeForInpaint use `downscale_ratio` as a number).
         self.latent_channels = fmt.channels
@@ -192,20 +186,24 @@ class ComfyTurboVAE:
         slice_ = progress_slice(self.turbo, z, decode=True)
         bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
 
+        finished: list[torch.Tensor] = []  # batch items decoded whole; kept if a later one runs out of memory
+
         def whole() -> torch.Tensor:
             with reported(self.turbo, "decode", "untiled", slice_, self._keep):
-                out = []
-                for i in range(z.shape[0]):
+                for i in range(len(finished), z.shape[0]):
                     px = self.turbo.decode(z[i:i + 1], temporal_slice=slice_, progress=bar.item(i))
-                    out.append(px.to(self.output_device))  # items leave the device as they finish
+                    finished.append(px.to(self.output_device))  # items leave the device as they finish
                     bar.done(i)
-                return torch.cat(out)
+                return torch.cat(finished)
 
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("decoding")
-            return self.decode_tiles(samples_in, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
-                                     temporal_slice=None)
+            rest = self.decode_tiles(samples_in[len(finished):], tile=None, overlap=OOM_RETRY_OVERLAP_PX,
+                                     mode="auto", temporal_slice=None)
+            if not finished:
+                return rest
+            return torch.cat([self._clip_to_image(torch.cat(finished), was_4d), rest])
         return self._clip_to_image(out, was_4d)
 
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
@@ -273,6 +271,7 @@ class ComfyTurboVAE:
 
     def _keep(self, report: PassReport) -> None:
         self.last_report = report
+        self._recount_memory()  # CUDA graphs captured by this pass count in the model's size
 
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our
@@ -288,12 +287,6 @@ class ComfyTurboVAE:
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
         return self.encode_tiles(pixel_samples, tile=tile, overlap=core_overlap(tile, overlap or 0), mode="auto",
                                  temporal_slice=slice_)
-
-
-def _engine_bytes(turbo: TurboVAE) -> int:
-    """Device memory of the engines behind an engine VAE (0 for a plain one)."""
-    footprint = getattr(turbo, "engine_footprint_bytes", None)
-    return int(footprint()) if footprint is not None else 0
 
 
 def is_turbovae(vae: object) -> bool:

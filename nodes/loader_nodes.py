@@ -88,9 +88,10 @@ class TurboVAECompileSettings(io.ComfyNode):
                                tooltip="torch.compile backend. inductor generates fused kernels (needs a C "
                                        "compiler, and Triton on GPU); the others are for debugging."),
                 io.Combo.Input("mode", options=list(COMPILE_MODES), default="default",
-                               tooltip="default is usually best for a VAE. reduce-overhead uses CUDA graphs "
-                                       "(more memory, recompiles per shape); max-autotune tunes kernels "
-                                       "(much slower first run)."),
+                               tooltip="default is usually best for a VAE. max-autotune-no-cudagraphs tunes "
+                                       "kernels (much slower first run). torch.compile's own CUDA graphs "
+                                       "(reduce-overhead, max-autotune) are not offered: the VAE's causal caches "
+                                       "outlive a replay; use cuda_graphs below."),
                 io.Combo.Input("dynamic", options=list(COMPILE_DYNAMIC), default="auto",
                                tooltip="auto: static first, dynamic after a shape change. true: dynamic shapes "
                                        "from the start (fewer recompiles, often slower). false: recompile for "
@@ -104,8 +105,11 @@ class TurboVAECompileSettings(io.ComfyNode):
                 io.Boolean.Input("cuda_graphs", default=False,
                                  tooltip="NVIDIA GPUs: also capture each whole encode/decode pass as a CUDA graph "
                                          "(one per input size, at most 4 per direction) to remove kernel-launch "
-                                         "gaps. Keeps the pass's memory reserved; not with mode reduce-overhead "
-                                         "or backend cudagraphs. A failed capture runs eagerly."),
+                                         "gaps. Applies to the tiled nodes' tiles and to images in core VAE "
+                                         "Decode/Encode; clips there run eagerly so progress and Cancel work per "
+                                         "slice. The graphs' memory counts in the VAE's size and is freed when "
+                                         "ComfyUI unloads it. A failed capture runs eagerly (out of memory: "
+                                         "tried again next pass, off after 3 in a row)."),
             ],
             outputs=[CompileSettingsType.Output(display_name="compile",
                                                 tooltip="Connect to 'Load VAE (TurboVAE)'.")],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command for a lent GPU (docs/gpu.md): GPU tests, then the benchmark cases in priority order, each
-# case's rows written to the results JSON in $OUT the moment it finishes.
+# One command for a lent GPU (docs/gpu.md): `turbovae doctor` first (its JSON in $OUT before anything else),
+# then GPU tests, then the benchmark cases in priority order, each case's rows written to the results JSON in
+# $OUT the moment it finishes.
 #
 #   bash scripts/gpu_run.sh                      # first call of a lease (about 9 minutes at most)
 #   bash scripts/gpu_run.sh --resume FILE        # later calls: FILE is the JSON the last call wrote

@@ -21,3 +21,13 @@ def pytest_collection_modifyitems(config, items):
 def seeded():
     torch.manual_seed(0)
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_fast_paths():
+    """Each test starts with every fast path on and unchecked: the registry (vae/fast_paths) is per process."""
+    from turbovae.vae import fast_paths
+
+    fast_paths.reset()
+    yield
+    fast_paths.reset()

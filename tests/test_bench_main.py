@@ -83,12 +83,13 @@ def test_results_are_written_after_every_case(tmp_path, monkeypatch):
 
 def test_report_renders_tables_from_rows():
     rows = [dict(case="c", variant="ref", ms=2000.0, baseline_ms=2000.0, speedup=1.0, peak_mb=10.0, max_abs_err=None,
-                 psnr_db=None, reference=True),
+                 psnr_db=None, reference=True),  # an older results file: no held memory
             dict(case="c", variant="ours", ms=500.0, baseline_ms=2000.0, speedup=4.0, peak_mb=5.0, max_abs_err=1e-6,
-                 psnr_db=120.0, reference=False)]
+                 psnr_db=120.0, reference=False, held_mb=3.0)]
     md = report.format_markdown(rows).splitlines()
-    assert md[2] == "| c | ref | 2.00 s | reference | 10 |  |  |"
-    assert md[3] == "| c | ours | 0.50 s | 4.00x | 5 | 1.0e-06 | 120.0 |"
+    assert md[0].startswith("| case | path | time | vs reference | peak MB | held MB |")
+    assert md[2] == "| c | ref | 2.00 s | reference | 10 |  |  |  |"
+    assert md[3] == "| c | ours | 0.50 s | 4.00x | 5 | 3 | 1.0e-06 | 120.0 |"
     assert "4.00x" in report.format_text(rows)
 
 
@@ -104,7 +105,33 @@ def test_timed_runs_alternate_between_the_sides():
         return run
 
     opts = job.BenchOptions(device="cpu", repeat=3)
-    (ref_ms, _, ref_out), (ms, _, out) = job._sides(side("ref"), side("ours"), torch.zeros(2), opts,
-                                                    job._PeakMemory(torch.device("cpu")), lambda: None)
+    (ref_ms, _, _, ref_out), (ms, _, _, out) = job._sides(side("ref"), side("ours"), torch.zeros(2), opts,
+                                                          job.PeakMemory(torch.device("cpu")), lambda: None)
     assert order == ["ref", "ours"] + ["ref", "ours"] * 3
     assert ref_ms >= 0 and ms >= 0 and torch.equal(ref_out, out)
+
+
+def test_held_memory_is_what_a_side_keeps_after_its_warm_up():
+    """The held column sees a path that keeps memory (a cache) and not one that frees what it made."""
+    kept = []
+
+    def caching(x):
+        if not kept:
+            kept.append(torch.ones(64 * 2**20 // 4))  # 64 MB kept after the first call, as a cache would be
+        return x + 1
+
+    opts = job.BenchOptions(device="cpu", repeat=1)
+    (_, _, ref_held, _), (_, _, held, _) = job._sides(lambda x: x + torch.ones(64 * 2**20 // 4).sum(), caching,
+                                                      torch.zeros(2), opts, job.PeakMemory(torch.device("cpu")),
+                                                      lambda: None)
+    if ref_held is None:
+        pytest.skip("no resident-memory reading on this platform")
+    assert held >= 60 and ref_held < 16
+
+
+def test_held_table_pivots_the_steps():
+    rows = [dict(section="held", case=c, variant="M", ms=1.0, held_mb=h, model_mb=100.0)
+            for c, h in (("load", 0.4), ("image decode", 2.0), ("+ image encode", 3.0))]
+    md = report.format_markdown(rows).splitlines()
+    assert md[0] == "| model | parameters | load | image decode | + image encode |"
+    assert md[2] == "| M | 100 MB | +0 MB (0.4 %) | +2 MB (2.0 %) | +3 MB (3.0 %) |"

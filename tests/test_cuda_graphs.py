@@ -100,7 +100,7 @@ def test_failed_capture_warns_once_and_runs_eagerly_from_then_on(seeded, caplog)
         assert torch.equal(runner(x), x * 3)
         assert torch.equal(runner(x), x * 3)
     assert runner.captures == 1 and runner.disabled.startswith("RuntimeError")
-    assert caplog.text.count("CUDA graph capture failed") == 1 and len(calls) == 2
+    assert caplog.text.count("CUDA graphs switched off") == 1 and "capture failed" in caplog.text and len(calls) == 2
 
 
 def test_turbovae_opt_in_is_exact_off_cuda_and_opt_out_removes_runners(seeded):
@@ -159,3 +159,60 @@ def test_capture_replay_matches_eager_and_evicts_on_shape_change(seeded):
     first = runner(x)
     second = runner(x + 1)
     assert not torch.equal(first, second), "cloned outputs must survive the next replay"
+
+
+class _ScriptedCaptureRunner(CudaGraphRunner):
+    """Captures fail or succeed in the order `outcomes` gives (an exception factory, or None = succeed);
+    a successful "capture" is an eager call that reports `pool` bytes held, as a real capture's pool would."""
+
+    def __init__(self, fn, outcomes=(), pool=0, **kw):
+        super().__init__(fn, **kw)
+        self.outcomes, self.pool, self.captures = list(outcomes), pool, 0
+
+    def _eligible(self, tensors):
+        return bool(tensors)
+
+    def _capture(self, args, kwargs, tensors):
+        self.captures += 1
+        make = self.outcomes.pop(0) if self.outcomes else None
+        if make is not None:
+            raise make()
+        self.pool_bytes += self.pool
+        return _Captured(graph=_NoGraph(), inputs=list(tensors), output=self.fn(*args, **kwargs))
+
+
+def CUBLAS_OOM():
+    return RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+
+
+def test_an_out_of_memory_capture_waits_for_the_next_call(seeded, caplog):
+    runner = _ScriptedCaptureRunner(lambda x: x * 2, outcomes=[lambda: torch.OutOfMemoryError("warm-up"), None])
+    x = torch.randn(4, generator=seeded)
+    with caplog.at_level("WARNING", logger="turbovae"):
+        assert torch.equal(runner(x), x * 2)  # eager this time
+        assert runner.disabled is None and runner.oom_failures == 1
+        assert torch.equal(runner(x), x * 2)  # captured on the next call
+    assert runner.captures == 2 and len(runner.cache) == 1 and runner.oom_failures == 0
+    assert caplog.text.count("ran out of memory") == 1 and "from now on" not in caplog.text
+
+
+def test_repeated_out_of_memory_captures_switch_graphs_off(seeded, caplog):
+    from turbovae.vae.cuda_graphs import OOM_FAILURES_TO_DISABLE
+
+    runner = _ScriptedCaptureRunner(lambda x: x + 1, outcomes=[CUBLAS_OOM] * 10)
+    x = torch.randn(4, generator=seeded)
+    with caplog.at_level("WARNING", logger="turbovae"):
+        for _ in range(OOM_FAILURES_TO_DISABLE + 2):
+            assert torch.equal(runner(x), x + 1)
+    assert runner.captures == OOM_FAILURES_TO_DISABLE
+    assert runner.disabled.startswith(f"out of memory {OOM_FAILURES_TO_DISABLE} times in a row")
+    assert caplog.text.count("ran out of memory") == 1 and caplog.text.count("CUDA graphs switched off") == 1
+
+
+def test_pool_bytes_are_counted_and_released_by_invalidate(seeded):
+    runner = _ScriptedCaptureRunner(lambda x: x + 1, pool=3 << 20)
+    runner(torch.randn(4, generator=seeded))
+    runner(torch.randn(5, generator=seeded))
+    assert runner.pool_bytes == 6 << 20
+    runner.invalidate()
+    assert runner.pool_bytes == 0 and len(runner.cache) == 0

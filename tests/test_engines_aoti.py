@@ -268,3 +268,42 @@ def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_pa
                 assert (ev.decode(z) - vae.decode(z)).abs().max() <= 1e-4
                 assert (ev.encode(x) - vae.encode(x)).abs().max() <= 1e-4
     assert ev.engine_calls == 8
+
+
+@pytest.mark.parametrize("error", [lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"),
+                                   lambda: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED"),
+                                   lambda: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")],
+                         ids=["torch", "cublas", "cudnn"])
+def test_engine_out_of_memory_waits_for_the_next_call(built, error):
+    """A transient out-of-memory inside the engine (other models resident) runs that call on PyTorch with
+    one warning and leaves the engine on; only repeated ones switch it off."""
+    from turbovae.trt.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
+
+    root, _ckpt, vae, _ = built
+    ev = turbovae.load_vae(root / "set", device="cpu")
+    z = torch.randn(1, 4, 8, 8)
+    want = vae.decode(z)
+    ev.decode(z)  # loads the decoder engine
+    slot = next(s for s in ev.engines.slots if s.engine is not None and "decoder" in s.path.name)
+    real, failures = slot.engine._runner, [1]
+
+    def runner(*args):
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise error()
+        return real(*args)
+
+    slot.engine._runner = runner
+    calls = ev.engine_calls
+    with pytest.warns(EngineFallbackWarning, match="ran out of memory") as record:
+        first = ev.decode(z)
+    assert len(record) == 1 and ev.engine_calls == calls  # PyTorch ran this one
+    assert (first - want).abs().max() <= 1e-4
+    assert (ev.decode(z) - want).abs().max() <= 1e-4 and ev.engine_calls == calls + 1  # the engine again
+    failures[0] = ENGINE_OOM_FAILURES_TO_DISABLE
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", EngineFallbackWarning)
+        for _ in range(ENGINE_OOM_FAILURES_TO_DISABLE):
+            assert (ev.decode(z) - want).abs().max() <= 1e-4
+    assert "decoder" in ev._disabled and "times in a row" in ev._disabled["decoder"]
+    assert sum("from now on" in str(w.message) for w in caught) == 1

@@ -46,6 +46,12 @@ def test_dry_run_end_to_end(tmp_path):
     table = (tmp_path / files[0]).with_suffix(".md").read_text()
     assert "| wan2.1 9f decode 16² (tiny) vs diffusers | diffusers AutoencoderKLWan eager |" in table
     assert (tmp_path / "run.log").exists() and (tmp_path / "tasks.log").exists()
+    doctor = payload["doctor"]  # the first step: its own JSON in $OUT, and a copy in the results file
+    assert doctor["status"] == "done" and doctor["report"]["default_device"] == "cpu"
+    assert _strict_json(tmp_path / doctor["file"]) == doctor["report"]
+    assert {b["status"] for b in doctor["report"]["bench"]} <= {"ok", "skipped: over the time budget"}
+    assert payload["run"]["calls"][0]["budget_s"] == pytest.approx(540 - doctor["seconds"])
+    assert "TurboVAE doctor" in (tmp_path / "run.log").read_text()
 
 
 def test_case_keys_agree_with_the_bench():
@@ -54,7 +60,7 @@ def test_case_keys_agree_with_the_bench():
     for key in gpu_run.CASE_KEYS:  # each key selects exactly its own case
         assert [c.key for c in gpu.selected_cases(BenchOptions(cases=(key,)), True)] == [key]
     plan = gpu_run.plan(dry_run=False)
-    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "slices", "engines"]
+    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "slices", "roofline", "engines"]
     assert all(t.expected_s <= t.limit_s <= 540 for t in plan)
 
 

@@ -444,29 +444,33 @@ def test_tiled_api_validates_arguments(built, kw, match):
 
 def test_cpu_out_of_memory_retries_with_smaller_tiles(caplog):
     from turbovae.vae.tiling.api import _run_with_oom_retry
+    from turbovae.vae.tiling.retry import TileRetry
 
     tiles = []
 
-    def run(tile):
-        tiles.append(tile)
-        if tile > 16:
+    def retry_at(tile_lat):
+        return TileRetry("decode", 8, torch.device("cpu"), tile_lat, None, 1)
+
+    def run(retry):
+        tiles.append(retry.tile_latent)
+        if retry.tile_latent > 16:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes.")
         return torch.zeros(1)
 
-    assert _run_with_oom_retry(run, 64, 8, "decode", torch.device("cpu")).shape == (1,)
+    assert _run_with_oom_retry(run, retry_at(64)).shape == (1,)
     assert tiles == [64, 32, 16]
 
-    def other(tile):
+    def other(retry):
         raise RuntimeError("Expected all tensors to be on the same device")
 
     with pytest.raises(RuntimeError, match="same device"):  # not an allocation failure: no retry
-        _run_with_oom_retry(other, 64, 8, "decode", torch.device("cpu"))
+        _run_with_oom_retry(other, retry_at(64))
 
-    def always(tile):
+    def always(retry):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes.")
 
     with pytest.raises(MemoryError, match="even with 64 px tiles"):
-        _run_with_oom_retry(always, 8, 8, "decode", torch.device("cpu"))
+        _run_with_oom_retry(always, retry_at(8))
 
 
 # -- the Build Engine node ------------------------------------------------------------------------------

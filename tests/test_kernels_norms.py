@@ -203,3 +203,26 @@ def test_rms_norm_real_sizes_on_gpu(shape, channels_last, seeded):
     gamma = torch.rand(shape[1], 1, 1, 1, generator=seeded).to("cuda", torch.bfloat16)
     out = K.rms_norm_silu(x, gamma, None, True)
     assert_matches(out, ops.rms_norm_silu_reference(x, gamma), ops.rms_norm_silu_reference(x.float(), gamma.float()))
+
+
+def test_every_launch_runs_under_the_guard_of_the_tensors_device(monkeypatch):
+    """Triton launches on the current CUDA device, not the tensor's: each launch site enters
+    `device_guard.on_device(x.device)` (a recording fake here), and leaves it before returning."""
+    from contextlib import contextmanager
+
+    from turbovae.vae import device_guard
+
+    entered, open_guards = [], []
+
+    @contextmanager
+    def recording_on_device(device):
+        entered.append(torch.device(device))
+        open_guards.append(device)
+        yield
+        open_guards.pop()
+
+    monkeypatch.setattr(device_guard, "on_device", recording_on_device)
+    x = torch.randn(1, 8, 2, 5, 7)
+    assert K.group_norm_silu(x, 4, torch.ones(8), torch.zeros(8), 1e-6) is not None
+    assert K.rms_norm_silu(x, torch.ones(8)) is not None
+    assert entered == [x.device, x.device] and open_guards == []

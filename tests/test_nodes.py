@@ -116,7 +116,12 @@ def test_core_decode_encode_contract_matches_turbovae(name):
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("simulated: whole pass too large"),
                                    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
-                                                "68719476736 bytes. Error code 12 (Cannot allocate memory)")])
+                                                "68719476736 bytes. Error code 12 (Cannot allocate memory)"),
+                                   RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                                                "`cublasCreate(handle)`"),
+                                   RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+                                   RuntimeError("CUDA error: out of memory")],
+                         ids=["torch", "cpu", "cublas", "cudnn", "cuda"])
 @pytest.mark.parametrize("name", VAE_NAMES)
 def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatch, caplog):
     """Core VAE Decode/Encode call vae.decode/encode, which (like core's VAE) must retry tiled when the
@@ -136,8 +141,28 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatc
     with caplog.at_level("WARNING"):
         images, latents = vae.decode(z), vae.encode(frames)
     assert "out of memory decoding without tiles" in caplog.text and "out of memory encoding" in caplog.text
+    assert sum("out of memory" in r.getMessage() for r in caplog.records if r.levelname == "WARNING") == 2
     torch.testing.assert_close(images, want_images, atol=1e-4, rtol=0)  # auto tiles: exact, or the untiled pass
     torch.testing.assert_close(latents, want_latents, atol=1e-4, rtol=0)
+
+
+def test_core_decode_keeps_finished_batch_items_when_a_later_one_runs_out_of_memory(monkeypatch):
+    vae = TurboVAELoader.execute(vae_name=VAE_NAMES[0], dtype="fp32").args[0]
+    torch.manual_seed(4)
+    z = torch.randn(3, vae.latent_channels, 2, 6, 5)
+    want = vae.decode(z)
+    real, calls = vae.turbo.decode, []
+
+    def second_fails(latents, **kw):
+        calls.append(latents)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(latents, **kw)
+
+    monkeypatch.setattr(vae.turbo, "decode", second_fails)
+    images = vae.decode(z)
+    assert len(calls) == 2  # item 0 decoded whole once and kept; items 1 and 2 went to tiles
+    torch.testing.assert_close(images, want, atol=1e-4, rtol=0)
 
 
 def test_core_decode_does_not_retry_other_runtime_errors(monkeypatch):
@@ -338,12 +363,34 @@ def test_compile_settings_node_validates_and_builds_settings():
     with pytest.raises(ValueError, match="dynamic='maybe'"):
         TurboVAECompileSettings.execute(dynamic="maybe")
     compile_mod = pytest.importorskip("turbovae.vae.compile", reason="vae/compile.py (kernels area) not landed yet")
-    settings = TurboVAECompileSettings.execute(backend="inductor", mode="max-autotune", dynamic="false",
-                                               fullgraph=True, cache_size_limit=16).args[0]
+    settings = TurboVAECompileSettings.execute(backend="inductor", mode="max-autotune-no-cudagraphs",
+                                               dynamic="false", fullgraph=True, cache_size_limit=16).args[0]
     assert isinstance(settings, compile_mod.CompileSettings)
     assert (settings.mode, settings.dynamic, settings.fullgraph, settings.cache_size_limit) == \
-        ("max-autotune", "false", True, 16)
+        ("max-autotune-no-cudagraphs", "false", True, 16)
+    for mode in ("reduce-overhead", "max-autotune"):  # torch.compile's CUDA graph trees: not offered, refused
+        assert "not a valid choice" in TurboVAECompileSettings.validate_inputs(mode=mode)
     assert settings.cuda_graphs is False
+
+
+def test_node_counts_the_graph_pool_and_releases_it_on_unload():
+    """Images through core VAE Decode replay the graph (progress after it); the pool is part of the size
+    model management sees, and unloading the VAE (ComfyUI's detach) frees it."""
+    from test_cuda_graphs import _ScriptedCaptureRunner
+
+    settings = TurboVAECompileSettings.execute(backend="eager", cuda_graphs=True).args[0]
+    vae = TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings).args[0]
+    turbo = vae.turbo
+    runner = _ScriptedCaptureRunner(turbo.model.decode_latents, pool=5 << 20)
+    turbo._graphs[True] = runner
+    base = vae.patcher.model_size()
+    image = vae.decode(torch.randn(1, vae.latent_channels, 1, 4, 4))
+    assert image.shape[-1] == 3 and runner.captures == 1  # core VAE Decode of an image used the graph
+    assert vae.patcher.model_size() == base + (5 << 20)
+    vae.decode(torch.randn(1, vae.latent_channels, 5, 4, 4))  # a clip: slices with progress, eagerly
+    assert runner.captures == 1
+    vae.patcher.detach()
+    assert runner.pool_bytes == 0 and len(runner.cache) == 0 and vae.patcher.model_size() == base
 
 
 def test_loader_opts_in_to_cuda_graphs_from_compile_settings():

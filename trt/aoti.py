@@ -17,6 +17,7 @@ from typing import BinaryIO, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..vae.device_guard import on_device
 from .backend import (Backend, BackendUnavailable, BuildProgress, BuildSpec, EngineLoadError, EngineRunError,
                       LoadedEngine, ShapeRange, shape_in_range)
 from .fileio import atomic_file
@@ -91,8 +92,9 @@ def export_dynamic_shapes(spec: BuildSpec, profile: Mapping[str, ShapeRange]) ->
 
 class AOTIEngine(LoadedEngine):
     def __init__(self, path: Path, runner, profile: Mapping[str, ShapeRange], input_names: Sequence[str],
-                 output_names: Sequence[str], memory_bytes: int):
+                 output_names: Sequence[str], memory_bytes: int, device: torch.device = torch.device("cpu")):
         self.path = path
+        self.device = device  # what the package was loaded onto; it runs there
         self._runner = runner
         self._profile = profile
         self._inputs = tuple(input_names)
@@ -114,7 +116,8 @@ class AOTIEngine(LoadedEngine):
                 raise EngineRunError(f"{self.path.name}: input {name} shape {tuple(x.shape)} outside {lo}..{hi}")
             args.append(x.contiguous())
         try:
-            out = self._runner(*args)
+            with on_device(self.device):
+                out = self._runner(*args)
         except torch.OutOfMemoryError as e:
             raise EngineRunError(f"{self.path.name}: out of memory ({e})") from e
         except Exception as e:  # AOTI surfaces C++ failures as RuntimeError and friends
@@ -162,7 +165,7 @@ class AOTIBackend(Backend):
             ep = torch.export.export(module, example, dynamic_shapes=export_dynamic_shapes(spec, spec.profiles[0]))
         progress.check_cancel()
         progress.report(f"{name}: AOTInductor compile (cannot be interrupted)")
-        with atomic_file(out_path, overwrite=overwrite) as f:
+        with atomic_file(out_path, overwrite=overwrite) as f, on_device(spec.device):
             self.compile_package(ep, f)  # a file object: the temporary name carries no .pt2 suffix
             progress.check_cancel()
         progress.report(f"{name}: written")
@@ -186,7 +189,8 @@ class AOTIBackend(Backend):
         device = torch.device(device)
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         try:
-            runner = self.load_runner(path)
+            with on_device(device):  # the package loads its weights onto the current device
+                runner = self.load_runner(path)
         except Exception as e:  # a truncated/corrupt zip raises many types
             raise EngineLoadError(f"{path}: cannot load AOTInductor package ({type(e).__name__}: {e}); "
                                   "rebuild the engine") from e
@@ -197,4 +201,4 @@ class AOTIBackend(Backend):
                 raise EngineLoadError(f"{path}: cannot read the package metadata ({e}); rebuild the engine") from e
             check_io_metadata(path, metadata, dtype, len(input_names), len(output_names))
         held = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else path.stat().st_size
-        return AOTIEngine(path, runner, spec_profiles[0], input_names, output_names, held)
+        return AOTIEngine(path, runner, spec_profiles[0], input_names, output_names, held, device)

@@ -21,6 +21,7 @@ import torch
 
 from ..vae.api import TurboVAE, check_temporal_slice, load_vae, resolve_device
 from ..vae.base import Progress, VAEModel
+from ..vae.oom import describe, is_out_of_memory, release_cached
 from .backend import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
@@ -29,6 +30,8 @@ from .manifest import ManifestError, recorded_source
 from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
+
+ENGINE_OOM_FAILURES_TO_DISABLE = 3  # out-of-memory failures in a row before an engine path is switched off
 
 
 class EngineFallbackWarning(RuntimeWarning):
@@ -55,6 +58,7 @@ class EngineVAE(TurboVAE):
         self.engines = engines
         self._disabled: dict[str, str] = {}
         self._warned: set[str] = set()
+        self._oom_streak: dict[str, int] = {}  # out-of-memory failures in a row, per engine path
         self.engine_calls = 0  # runs served by engines (tests and benchmarks read it)
 
     def __repr__(self) -> str:
@@ -74,19 +78,28 @@ class EngineVAE(TurboVAE):
                  run_one: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
         """`run_one` on each sample of a 5-D batch, concatenated; None (after one warning) on any failure.
 
-        A size outside every bucket warns once per size and keeps the engines; any other failure
-        disables this path (`key`) for good, since it would fail again.
+        A size outside every bucket warns once per size and keeps the engines; an out-of-memory is
+        transient (other models resident): PyTorch runs this call, the engine is tried again on the next,
+        and only `ENGINE_OOM_FAILURES_TO_DISABLE` in a row disable it; any other failure disables this path
+        (`key`) for good, since it would fail again.
         """
         x = x.to(self.engines.device)  # engines stay on their device even when the model is offloaded
         h, w = x.shape[-2:]
+        out_of_memory: Optional[str] = None
         try:
             outs = [run_one(x[i:i + 1]) for i in range(x.shape[0])]
         except SizeNotServed as e:
             self._warn(f"shape:{key}:{h}x{w}", f"TurboVAE engine: {e}; using PyTorch for this size")
             return None
-        except (EngineError, RuntimeError) as e:
-            self._fail(key, e)
+        except (EngineError, RuntimeError, MemoryError) as e:
+            if not is_out_of_memory(e):
+                self._fail(key, e)
+                return None
+            out_of_memory = describe(e)
+        if out_of_memory is not None:  # outside the except block: the failed run's memory can be released
+            self._out_of_memory(key, out_of_memory)
             return None
+        self._oom_streak.pop(key, None)
         if self.engines.pad_to_bucket:
             f = 1 if key == "encoder" else self.spatial_factor
             sel = self.engines.table.choose(h * f, w * f)
@@ -111,7 +124,16 @@ class EngineVAE(TurboVAE):
         f, tf = self.spatial_factor, self.temporal_factor
         return self._guarded(self.VIDEO, z, lambda s: self.engines.run_clip(s, f, tf))
 
-    def _fail(self, component: str, err: Exception) -> None:
+    def _out_of_memory(self, key: str, reason: str) -> None:
+        release_cached(self.engines.device)
+        streak = self._oom_streak[key] = self._oom_streak.get(key, 0) + 1
+        if streak >= ENGINE_OOM_FAILURES_TO_DISABLE:
+            self._fail(key, f"out of memory {streak} times in a row; last: {reason}")
+        else:
+            self._warn(f"oom:{key}", f"TurboVAE engine {key} ran out of memory ({reason}); using PyTorch for this "
+                                     "call, the engine is tried again on the next")
+
+    def _fail(self, component: str, err: Union[Exception, str]) -> None:
         self._disabled[component] = str(err)
         self._warn(f"fail:{component}", f"TurboVAE engine {component} failed ({err}); using PyTorch from now on")
 

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..vae.device_guard import on_device
 from . import trt_logic as L
 from .backend import (Backend, BackendUnavailable, BuildCancelled, BuildProgress, BuildSpec, EngineError,
                       EngineLoadError, EngineRunError, LoadedEngine, ShapeRange)
@@ -108,7 +109,8 @@ class TensorRTBackend(Backend):
         progress.check_cancel()
         gc.collect()
         torch.cuda.empty_cache()
-        plan = self.build_plan(onnx_path, spec, progress)
+        with on_device(spec.device):  # the builder times kernels on the current device
+            plan = self.build_plan(onnx_path, spec, progress)
         atomic_write_bytes(out_path, plan, overwrite=overwrite)
 
     def build_plan(self, onnx_path: Path, spec: BuildSpec, progress: BuildProgress) -> bytes:
@@ -166,15 +168,17 @@ class TensorRTBackend(Backend):
              input_names: Sequence[str], output_names: Sequence[str],
              dtype: Optional[torch.dtype] = None) -> "TRTEngine":
         trt = import_tensorrt()
-        try:
-            runtime = trt.Runtime(_logger(trt))
-        except (TypeError, RuntimeError) as e:
-            raise BackendUnavailable(f"TensorRT runtime cannot initialise CUDA ({e})") from e
-        engine = runtime.deserialize_cuda_engine(path.read_bytes())
-        if engine is None:
-            raise EngineLoadError(f"{path}: TensorRT could not deserialise the engine (built for another GPU or "
-                                  "TensorRT version, or corrupt); rebuild it")
-        return TRTEngine(trt, path, engine, spec_profiles, input_names, output_names, torch.device(device), dtype)
+        device = torch.device(device)
+        with on_device(device):  # the runtime, the engine and its context live on the current device
+            try:
+                runtime = trt.Runtime(_logger(trt))
+            except (TypeError, RuntimeError) as e:
+                raise BackendUnavailable(f"TensorRT runtime cannot initialise CUDA ({e})") from e
+            engine = runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is None:
+                raise EngineLoadError(f"{path}: TensorRT could not deserialise the engine (built for another GPU "
+                                      "or TensorRT version, or corrupt); rebuild it")
+            return TRTEngine(trt, path, engine, spec_profiles, input_names, output_names, device, dtype)
 
 
 def _capability(device) -> str:
@@ -250,7 +254,7 @@ class TRTEngine(LoadedEngine):
         if profile is not None and not all(L.shape_in_range(s, r) for s, r in zip(shapes, self.ranges[k])):
             raise EngineRunError(f"{self.path.name}: shapes {shapes} outside profile {k}")
         try:
-            with self._on_stream(list(feeds.values())) as handle:
+            with on_device(self.device), self._on_stream(list(feeds.values())) as handle:
                 ctx = self.context
                 if k != self.active_profile or self.engine.num_optimization_profiles > 1:
                     L.check(ctx.set_optimization_profile_async(k, handle), f"set_optimization_profile_async({k})")

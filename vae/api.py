@@ -19,6 +19,7 @@ from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dic
     unwrap_vae_keys
 from .cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype
+from .weight_layout import checkpoint_layout
 from .memory import auto_temporal_slice, check_fits
 
 log = logging.getLogger("turbovae")
@@ -154,17 +155,45 @@ class TurboVAE:
     def _eager_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
         return self.model.decode_latents if decode else self.model.encode_moments
 
+    def graph_pool_bytes(self) -> int:
+        """Device memory the captured CUDA graphs' private pools hold (0 without graphs): memory the
+        caller's memory manager cannot see otherwise (the ComfyUI nodes count it in the model's size)."""
+        return sum(runner.pool_bytes for runner in self._graphs.values())
+
+    def release_graphs(self) -> None:
+        """Drop the captured CUDA graphs and give their pools back (they are captured again on next use);
+        the nodes call it when ComfyUI unloads the model."""
+        for runner in self._graphs.values():
+            runner.invalidate()
+
     def _model_pass(self, decode: bool, progress: Progress = None) -> Callable[..., torch.Tensor]:
-        """The whole-pass callable: through the CUDA-graph runner once opted in, else the model's own. With
-        `progress` always the model's own (a graph replays the whole pass: nothing to report between slices)."""
-        if progress is not None:
-            model_pass = self._eager_pass(decode)
-            return lambda x, **kw: model_pass(x, progress=progress, **kw)
+        """The whole-pass callable: through the CUDA-graph runner once opted in, else the model's own.
+
+        With `progress`, a pass of one step (one latent frame, or a temporal slice covering the clip) still
+        replays its graph and reports (1, 1) after it; a pass of several slices runs eagerly, so progress
+        and cancel come between slices (a graph replays the whole pass at once)."""
         runner = self._graphs.get(decode)
-        return runner if runner is not None else self._eager_pass(decode)
+        if progress is None:
+            return runner if runner is not None else self._eager_pass(decode)
+        model_pass = self._eager_pass(decode)
+
+        def with_progress(x: torch.Tensor, *, temporal_slice: Optional[int] = None) -> torch.Tensor:
+            latents = x.shape[2] if decode else self.latent_format.latent_frames(x.shape[2])
+            if runner is None or (latents > 1 and temporal_slice is not None and temporal_slice < latents - 1):
+                return model_pass(x, progress=progress, temporal_slice=temporal_slice)
+            out = runner(x, temporal_slice=temporal_slice)
+            progress(1, 1)
+            return out
+
+        return with_progress
 
     def state_dict(self) -> StateDict:
-        return self.model.state_dict()
+        """The checkpoint's keys, shapes, values and layout (contiguous tensors, ready for safetensors).
+
+        The model stores some weights in another memory layout (`vae/weight_layout.py`); this returns
+        contiguous copies of those, so it costs their size while the caller holds it. `model.state_dict()`
+        returns the parameters themselves (same shapes and values, no copies)."""
+        return checkpoint_layout(self.model.state_dict())
 
     def __repr__(self) -> str:
         return f"TurboVAE(kind={self.kind!r}, dtype={self.dtype}, device={self.device}, source={self.source!r})"

@@ -87,6 +87,25 @@ class CausalStream(ABC):
         self.close()
 
 
+class CausalState(ABC):
+    """What a pass carries from layer to layer and slice to slice (causal caches, memory read and written)
+    and may advance in any layer call.
+
+    Why: a layer run that fails part-way (a compiled region whose later sub-graph fails after an earlier
+    one advanced the cache) must be re-run from the state it started from, or that slice reads the wrong
+    history and comes out silently wrong. `snapshot` is cheap (references, not copies: the architectures
+    replace cache entries, they never write into them).
+    """
+
+    @abstractmethod
+    def snapshot(self) -> object:
+        """An opaque record of the current state."""
+
+    @abstractmethod
+    def restore(self, saved: object) -> None:
+        """Back to the state `snapshot` recorded."""
+
+
 class VAEModel(nn.Module, ABC):
     """An architecture: holds the weights and runs validated tensors.
 
@@ -159,18 +178,8 @@ def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]
     return out
 
 
-def tensor_version(t: torch.Tensor) -> Optional[int]:
-    """`t`'s in-place version counter, or None for inference tensors (created under
-    `torch.inference_mode`, as ComfyUI's executor does), which carry none. Derived-weight caches key
-    on it; an inference tensor can only change in place inside inference mode, which loaders don't do."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 def tracing() -> bool:
-    """True under torch.compile / torch.export / jit tracing, where tensors are fake (no storage to key on)."""
+    """True under torch.compile / torch.export / jit tracing, where tensors are fake (no storage to reuse)."""
     compiler = getattr(torch, "compiler", None)
     if compiler is not None:
         if compiler.is_compiling():
@@ -179,31 +188,3 @@ def tracing() -> bool:
         if is_exporting is not None and is_exporting():
             return True
     return torch.jit.is_tracing()
-
-
-class DerivedWeights:
-    """Tensors derived from some parameters (folded taps, re-laid-out or sliced weights), kept until a
-    source changes: its storage, in-place version (None for inference tensors), dtype or device.
-
-    Why one helper: every layer that precomputes a weight needs the same invalidation rule; a stale
-    derived weight would silently compute with old values. Nothing is cached while tracing or when a
-    source needs gradients (the derived tensor must then stay in the autograd graph).
-    """
-
-    def __init__(self) -> None:
-        self._key: Optional[tuple] = None
-        self._store: dict = {}
-
-    def get(self, name: str, sources: Sequence[torch.Tensor], derive: Callable[[], object]):
-        if tracing() or any(s.requires_grad for s in sources):
-            return derive()
-        key = tuple((s.data_ptr(), tensor_version(s), s.dtype, s.device) for s in sources)
-        if key != self._key:
-            self._key, self._store = key, {}
-        if name not in self._store:
-            with torch.no_grad():
-                self._store[name] = derive()
-        return self._store[name]
-
-    def clear(self) -> None:
-        self._key, self._store = None, {}

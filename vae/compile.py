@@ -12,7 +12,15 @@ Side effects, all required by torch and documented here: dynamo's per-code-objec
 of `nn.Module._call_impl`, which is why the default of 8 is too small for a VAE.
 
 If compilation fails (no C compiler, no Triton, an unsupported op) the model runs eagerly and one
-warning is logged; genuine errors (the eager call fails too) are raised as usual.
+warning is logged; genuine errors (the eager call fails too) are raised as usual. The eager re-run
+starts from the causal state the region started from (`CausalState` snapshots; a region's tensor
+inputs are also kept for input geometries it has not yet completed, where a compile is likely), and
+runs after the `except` block so the failed attempt's memory is released first. An out-of-memory is
+not a compile failure: it propagates to the pass's own retry (smaller tiles / slices).
+
+torch.compile's own CUDA graphs (mode reduce-overhead or max-autotune, backend cudagraphs) are refused:
+their outputs live in a pool the next replay overwrites, and the causal caches a region returns are
+kept across calls. Whole-pass CUDA graphs (`cuda_graphs=True`, vae/cuda_graphs.py) handle that.
 """
 
 from __future__ import annotations
@@ -25,9 +33,16 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from . import fast_paths
+from .base import CausalState
+from .oom import is_out_of_memory, release_cached
+
 log = logging.getLogger("turbovae")
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MODES = ("default", "max-autotune-no-cudagraphs")
+# torch.compile settings that capture CUDA graph trees around each region: refused (see the module doc).
+GRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
+GRAPH_TREE_BACKENDS = ("cudagraphs",)
 DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
@@ -46,6 +61,11 @@ class CompileSettings:
         backends = available_backends()
         if not isinstance(self.backend, str) or self.backend not in backends:
             raise ValueError(f"unknown torch.compile backend {self.backend!r}; choose one of {', '.join(backends)}")
+        if self.mode in GRAPH_TREE_MODES or self.backend in GRAPH_TREE_BACKENDS:
+            raise ValueError(f"torch.compile {self.backend}/{self.mode} captures CUDA graphs around each region, "
+                             "whose outputs the next replay overwrites, and the VAE keeps its causal caches across "
+                             "calls; use mode default or max-autotune-no-cudagraphs, and cuda_graphs=True for "
+                             "whole-pass CUDA graphs")
         if self.mode not in MODES:
             raise ValueError(f"unknown compile mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.dynamic not in DYNAMIC:
@@ -57,9 +77,6 @@ class CompileSettings:
             raise ValueError(f"cache_size_limit must be an integer >= 1 (got {self.cache_size_limit!r})")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False (got {self.cuda_graphs!r})")
-        if self.cuda_graphs and (self.mode == "reduce-overhead" or self.backend == "cudagraphs"):
-            raise ValueError("cuda_graphs captures whole passes and cannot wrap torch.compile's own CUDA graphs "
-                             f"({self.backend}/{self.mode}); use one of them")
 
     def torch_compile_kwargs(self) -> dict:
         """Keyword arguments for torch.compile (mode is an inductor option; other backends ignore it)."""
@@ -111,19 +128,61 @@ class _RegionCall:
         self.compiled = compiled
         self.state = state
         self.settings = settings
+        self.settled: set = set()  # input geometries this region has completed compiled
 
     def __call__(self, *args, **kwargs):
         module = self._module()
-        if self.state.failed:
+        device = _device_of(module, args)
+        if self.state.failed or not fast_paths.enabled("compile", device):
             return module._call_impl(*args, **kwargs)
+        geometry = _geometry(args, kwargs)
+        kept = None if geometry in self.settled else _with_cloned_tensors(args, kwargs)
+        states = [(a, a.snapshot()) for a in (*args, *kwargs.values()) if isinstance(a, CausalState)]
+        failure = None
         try:
-            return self.compiled(*args, **kwargs)
+            out = self.compiled(*args, **kwargs)
         except Exception as compile_exc:
-            out = module._call_impl(*args, **kwargs)  # raises the genuine error if there is one
-            self.state.failed = True
-            log.warning("turbovae: torch.compile (%s) failed, running the VAE eagerly: %s",
-                        _describe(self.settings), _root_cause(compile_exc))
+            if is_out_of_memory(compile_exc):
+                raise  # not a compile failure: the pass retries smaller
+            failure = _root_cause(compile_exc)
+        if failure is None:
+            self.settled.add(geometry)
+            fast_paths.used("compile")
             return out
+        # Outside the except block: the failed attempt's tensors are released; the region starts again from
+        # the causal state (and, where kept, the inputs) it was called with.
+        for causal, saved in states:
+            causal.restore(saved)
+        if kept is not None:
+            args, kwargs = kept
+        release_cached()
+        out = module._call_impl(*args, **kwargs)  # raises the genuine error if there is one
+        self.state.failed = True
+        fast_paths.fail("compile", device, f"torch.compile ({_describe(self.settings)}) failed: {failure}")
+        return out
+
+
+def _geometry(args: tuple, kwargs: dict) -> tuple:
+    """Shape, strides, dtype and device of the tensor arguments: what decides whether a call compiles anew."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) for a in (*args, *kwargs.values())
+                 if isinstance(a, torch.Tensor))
+
+
+def _with_cloned_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's arguments with its tensors copied: what an eager re-run reads if the failed attempt
+    wrote into its inputs (in-place residual adds) before failing."""
+    def keep(a):
+        return a.clone() if isinstance(a, torch.Tensor) else a
+
+    return tuple(keep(a) for a in args), {k: keep(v) for k, v in kwargs.items()}
+
+
+def _device_of(module: nn.Module, args: tuple) -> torch.device:
+    """Where a region runs: its weights' device, else its first tensor argument's (the CPU if neither)."""
+    weight = next(module.parameters(), None)
+    if weight is not None:
+        return weight.device
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 def _describe(settings: CompileSettings) -> str:

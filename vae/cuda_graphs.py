@@ -12,8 +12,12 @@ memory (the graph keeps its intermediates' pool) and rigidity (one graph per sha
 - anything that is not all-CUDA simply runs eagerly;
 - `state_key()` names what else the graphs baked in (where the weights live): when it changes, every
   graph is dropped, since a replay would read freed or moved memory;
-- a capture that fails (a host sync in the pass, out of memory) logs one warning and the runner runs
-  eagerly from then on: graphs are an optimisation, never a new way to fail.
+- a capture that fails (a host sync in the pass) logs one warning and the runner runs eagerly from then
+  on: graphs are an optimisation, never a new way to fail. A capture that runs out of memory is
+  transient (other models were resident): its pool is released, that call runs eagerly, and the next
+  call captures again; only `OOM_FAILURES_TO_DISABLE` out-of-memory failures in a row switch graphs off;
+- `pool_bytes` is what the captured graphs' private pool holds (the growth of reserved memory across
+  captures), so whoever manages memory (ComfyUI's model management) can count it; `invalidate` frees it.
 
 The captured callable must be capturable: no host synchronisation, no CPU-side data-dependent
 control flow, and the same work for the same shapes (true for our decoders at fixed slicing).
@@ -28,7 +32,12 @@ from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 import torch
 
+from . import fast_paths
+from .oom import describe, is_out_of_memory, release_cached
+
 log = logging.getLogger("turbovae")
+
+OOM_FAILURES_TO_DISABLE = 3  # captures that ran out of memory in a row before graphs are switched off
 
 E = TypeVar("E")
 
@@ -94,6 +103,7 @@ class _Captured:
     graph: "torch.cuda.CUDAGraph"
     inputs: list  # static tensors, in the order of the flattened tensor arguments
     output: Any
+    reference: Any = None  # the last warm-up's eager output, until the first replay is self-checked
 
 
 def _flatten_tensors(obj: Any, out: list) -> None:
@@ -146,6 +156,8 @@ class CudaGraphRunner:
         self._state_key = state_key
         self._state: Hashable = None
         self.disabled: Optional[str] = None  # why capture was given up, once it failed
+        self.oom_failures = 0  # captures that ran out of memory since the last successful one
+        self.pool_bytes = 0  # device memory the graphs' private pool holds
 
     @staticmethod
     def _release(entry: _Captured) -> None:
@@ -154,13 +166,20 @@ class CudaGraphRunner:
         entry.output = None
 
     def invalidate(self) -> None:
-        """Drop every graph (call after changing weights in a way that reallocates them, or moving the model)."""
+        """Drop every graph (call after changing weights in a way that reallocates them, or moving the model)
+        and give their pool back to the device."""
+        held = self._pool is not None or len(self.cache) > 0
         self.cache.clear()
         self._pool = None
+        self.pool_bytes = 0
+        if held:
+            release_cached("cuda")
 
     def _eligible(self, tensors: list) -> bool:
         """Whether this call may use a graph: all tensor arguments on CUDA, and not inside another capture."""
-        return bool(tensors) and all(t.is_cuda for t in tensors) and not torch.cuda.is_current_stream_capturing()
+        return bool(tensors) and all(fast_paths.applies_to(t.device) for t in tensors) \
+            and fast_paths.enabled("cuda_graphs", tensors[0].device) \
+            and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
     def __call__(self, *args, **kwargs):
         tensors: list = []
@@ -173,19 +192,56 @@ class CudaGraphRunner:
                 self.invalidate()
                 self._state = state
         key = graph_key(args, kwargs)
+        failure: Optional[tuple[str, bool]] = None
         try:
             entry = self.cache.get_or_build(key, lambda: self._capture(args, kwargs, tensors))
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
-            self.disabled = f"{type(exc).__name__}: {exc}"
-            self.invalidate()
-            log.warning("turbovae: CUDA graph capture failed (%s); running eagerly from now on", self.disabled)
+            failure = describe(exc), is_out_of_memory(exc)
+        if failure is not None:  # outside the except block: the failed capture's memory can be released
+            self._capture_failed(*failure, tensors[0].device)
             return self.fn(*args, **kwargs)
+        self.oom_failures = 0
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
-        entry.graph.replay()
+        try:
+            entry.graph.replay()
+        except Exception as exc:  # noqa: BLE001 - a graph that cannot replay: eager from now on
+            return self._give_up(f"replay failed: {type(exc).__name__}: {exc}", tensors, args, kwargs)
+        if entry.reference is not None:  # first replay of this graph: it must equal the eager warm-up
+            reference, entry.reference = entry.reference, None
+            what = f"graph for {[tuple(t.shape) for t in tensors]} {tensors[0].dtype}"
+            if not fast_paths.check("cuda_graphs", tensors[0].device, what, lambda: entry.output, lambda: reference):
+                return self._give_up("its first replay differs from the eager pass", tensors, args, kwargs)
+        fast_paths.used("cuda_graphs")
         return _map_output(entry.output, torch.clone) if self.clone_outputs else entry.output
 
+    def _capture_failed(self, reason: str, out_of_memory: bool, device: torch.device) -> None:
+        """Release the pool; switch graphs off for good unless it was a (transient) out-of-memory, and
+        after `OOM_FAILURES_TO_DISABLE` of those in a row. One warning either way."""
+        self.invalidate()
+        if out_of_memory:
+            self.oom_failures += 1
+            if self.oom_failures < OOM_FAILURES_TO_DISABLE:
+                if self.oom_failures == 1:
+                    log.warning("turbovae: CUDA graph capture ran out of memory (%s); this pass runs eagerly and "
+                                "the next one captures again", reason)
+                return
+            reason = f"out of memory {self.oom_failures} times in a row; last: {reason}"
+        self._switch_off(reason, device, stage="capture failed: ")
+
+    def _give_up(self, why: str, tensors: list, args: tuple, kwargs: dict):
+        """Switch graphs off and run this call eagerly."""
+        self._switch_off(why, tensors[0].device)
+        return self.fn(*args, **kwargs)
+
+    def _switch_off(self, why: str, device: torch.device, stage: str = "") -> None:
+        """Graphs off for good on this runner, and for the device in vae/fast_paths (its one warning)."""
+        self.disabled = why
+        self.invalidate()
+        fast_paths.fail("cuda_graphs", device, stage + why)
+
     def _capture(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
+        reserved = torch.cuda.memory_reserved(tensors[0].device)
         statics = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in tensors]
         it = iter(statics)
         s_args = _replace_tensors(args, it)
@@ -196,11 +252,14 @@ class CudaGraphRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.fn(*s_args, **s_kwargs)
+                reference = self.fn(*s_args, **s_kwargs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.fn(*s_args, **s_kwargs)
-        log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d)",
-                 [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries)
-        return _Captured(graph, statics, output)
+        self.pool_bytes += max(0, torch.cuda.memory_reserved(tensors[0].device) - reserved)
+        log.info("turbovae: captured a CUDA graph for %s (%d kept, at most %d; pool %.0f MiB)",
+                 [tuple(t.shape) for t in tensors], len(self.cache) + 1, self.cache.max_entries,
+                 self.pool_bytes / 2**20)
+        checked = fast_paths.self_check_enabled() and self.warmup > 0
+        return _Captured(graph, statics, output, reference if checked else None)

@@ -15,6 +15,8 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
+from . import fast_paths
+
 _AUTO = object()  # not resolved yet: vae.kernels.default_dispatch() is asked on the first CUDA call
 _FUSED_DISPATCH = _AUTO
 
@@ -61,9 +63,46 @@ def fused_norms(enabled: bool) -> Iterator[None]:
 def _fused_for(x: torch.Tensor):
     # Under torch.compile the reference ops are traced instead: inductor fuses them itself and
     # does not need to see through our kernel launches.
-    if not x.is_cuda or torch.compiler.is_compiling():
+    if not fast_paths.applies_to(x.device) or torch.compiler.is_compiling() \
+            or not fast_paths.enabled("triton_norms", x.device):
         return None
     return fused_dispatch()
+
+
+def _probe_of(x: torch.Tensor) -> torch.Tensor:
+    """A small dense copy of `x` in its memory format (one sample, ≤ 2 frames, ≤ 8×8 px): the self-check input."""
+    small = x[(slice(0, 1), slice(None)) + ((slice(0, 2),) if x.ndim == 5 else ()) + (slice(0, 8), slice(0, 8))]
+    return small.contiguous(memory_format=_memory_format(x))
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    if x.is_contiguous() or x.ndim not in (4, 5):
+        return torch.contiguous_format
+    fmt = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
+    return fmt if x.is_contiguous(memory_format=fmt) else torch.contiguous_format
+
+
+def _run_fused(x: torch.Tensor, key: str, fused, reference):
+    """`fused(x)` once the kernels passed their self-check for this call's class `key` (else, or when they
+    raise, None: the caller runs the reference); `fused(t)` returns None where the kernel declines `t`."""
+    def fused_probe():
+        probe = _probe_of(x)
+        out = fused(probe)
+        return reference(probe) if out is None else out  # declined: nothing to check
+
+    fmt = _memory_format(x)
+    layout = (f"{str(x.dtype).removeprefix('torch.')} {x.ndim}-D"
+              + (" channels-last" if fmt != torch.contiguous_format else ""))
+    if not fast_paths.check("triton_norms", x.device, f"{key}, {layout}", fused_probe, lambda: reference(_probe_of(x))):
+        return None
+    try:
+        out = fused(x)
+    except Exception as exc:  # noqa: BLE001 - a kernel that fails here is switched off; the reference runs
+        fast_paths.fail("triton_norms", x.device, exc)
+        return None
+    if out is not None:
+        fast_paths.used("triton_norms")
+    return out
 
 
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -74,7 +113,9 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
     """
     dispatch = _fused_for(x)
     if dispatch is not None:
-        out = dispatch.group_norm_silu(x, num_groups, weight, bias, eps, silu)
+        out = _run_fused(x, f"group_norm_silu C={x.shape[1]} G={num_groups} affine={weight is not None} silu={silu}",
+                         lambda t: dispatch.group_norm_silu(t, num_groups, weight, bias, eps, silu),
+                         lambda t: group_norm_silu_reference(t, num_groups, weight, bias, eps, silu=silu))
         if out is not None:
             return out
     return group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu)
@@ -113,7 +154,9 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
     """
     dispatch = _fused_for(x)
     if dispatch is not None:
-        out = dispatch.rms_norm_silu(x, gamma, bias, silu, eps)
+        out = _run_fused(x, f"rms_norm_silu C={x.shape[1]} bias={bias is not None} silu={silu}",
+                         lambda t: dispatch.rms_norm_silu(t, gamma, bias, silu, eps),
+                         lambda t: rms_norm_silu_reference(t, gamma, bias, silu=silu, eps=eps))
         if out is not None:
             return out
     return rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps)

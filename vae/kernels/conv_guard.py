@@ -26,11 +26,14 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .. import fast_paths
+
 log = logging.getLogger("turbovae")
 
 CUDNN_FIXED = 91500      # cuDNN 9.15.0: torch >= 2.9.1 uses cuDNN for half conv3d again
 CUDNN_CORRECT = 91300    # cuDNN 9.13.0: no known half conv3d wrong-results bug (#163539)
 ROUTES = ("native", "cudnn", "conv2d", "fp32")
+CHECKED_ROUTES = ("cudnn", "conv2d")  # the fast routes; "fp32" is their fallback, "native" plain F.conv3d
 
 IntOr3 = Union[int, Sequence[int]]
 
@@ -135,6 +138,23 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if route.reason not in _LOGGED:
         _LOGGED.add(route.reason)
         log.info("turbovae conv3d guard: %s", route.reason)
+    if route.route in CHECKED_ROUTES and torch.compiler.is_compiling():  # traced: checked when run eagerly
+        return _routed(route, x, weight, bias, stride, padding, dilation, groups)
+    if route.route in CHECKED_ROUTES:
+        args = (stride, padding, dilation, groups)
+        if _route_trusted(route, x, weight, bias, *args):
+            try:
+                out = _routed(route, x, weight, bias, *args)
+            except Exception as exc:  # noqa: BLE001 - the route is switched off; fp32 conv3d is always right
+                fast_paths.fail("conv3d_route", x.device, exc)
+            else:
+                fast_paths.used("conv3d_route")
+                return out
+    return _fp32_conv3d(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _routed(route: Conv3dRoute, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+            stride: IntOr3, padding: IntOr3, dilation: IntOr3, groups: int) -> torch.Tensor:
     if route.route == "cudnn":
         y = torch.cudnn_convolution(x, weight, list(_triple(padding)), list(_triple(stride)),
                                     list(_triple(dilation)), groups, torch.backends.cudnn.benchmark,
@@ -142,9 +162,31 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return y if bias is None else y + bias.view(1, -1, 1, 1, 1)
     if route.route == "conv2d" and _single_output_frame(x, weight, stride, padding, dilation):
         return conv3d_as_conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return _fp32_conv3d(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _fp32_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: IntOr3,
+                 padding: IntOr3, dilation: IntOr3, groups: int) -> torch.Tensor:
     y = F.conv3d(x.float(), weight.float(), bias.float() if bias is not None else None, stride, padding,
                  dilation, groups)
     return y.to(x.dtype)
+
+
+def _route_trusted(route: Conv3dRoute, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   stride: IntOr3, padding: IntOr3, dilation: IntOr3, groups: int) -> bool:
+    """The route's self-check (vae/fast_paths): the routed conv against fp32 conv3d on a few pixels of `x`,
+    once per (device, dtype, route, single-frame or not, kernel, stride)."""
+    single = _single_output_frame(x, weight, stride, padding, dilation)
+    kt, kh, kw = weight.shape[2:]
+    (st, sh, sw), (dt, dh, dw) = _triple(stride), _triple(dilation)
+    frames = x.shape[2] if single else min(x.shape[2], (kt - 1) * dt + 1 + st)
+    h, w = min(x.shape[3], max(8, (kh - 1) * dh + 1 + sh)), min(x.shape[4], max(8, (kw - 1) * dw + 1 + sw))
+    probe = lambda: x[:1, :, :frames, :h, :w].contiguous()  # noqa: E731
+    args = (stride, padding, dilation, groups)
+    key = (f"{str(x.dtype).removeprefix('torch.')} route={route.route} single_frame={single} "
+           f"kernel={tuple(weight.shape[2:])} stride={_triple(stride)}")
+    return fast_paths.check("conv3d_route", x.device, key, lambda: _routed(route, probe(), weight, bias, *args),
+                            lambda: _fp32_conv3d(probe(), weight, bias, *args))
 
 
 def _single_output_frame(x: torch.Tensor, weight: torch.Tensor, stride: IntOr3, padding: IntOr3,

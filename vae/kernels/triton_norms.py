@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import device_guard
+
 # GroupNorm partial statistics: each (frame, group) is split into at most this many chunks of pixels,
 # so a single 1080p image (32 groups) still fills the GPU. A power of two (the apply kernel combines
 # the partials as one vector).
@@ -261,17 +263,18 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
     stats = torch.zeros(3, frames * num_groups * num_chunks, device=x.device, dtype=torch.float32)
     grid = (num_groups, launched, frames)
     res = residual if residual is not None else x
-    _gn_partial_stats_kernel[grid](
-        x, res, stats[0], stats[1], stats[2], t, p, cg, chunk_pixels, sb, sc, st, sp,
-        HAS_RES=residual is not None, NUM_CHUNKS=num_chunks, BLOCK_C=block_c, BLOCK_P=block_p)
     w = weight if weight is not None else x
     bb = bias if bias is not None else x
-    _gn_apply_kernel[grid](
-        x, res, w, bb, out, summed, stats[0], stats[1], stats[2], t, p, cg, chunk_pixels, float(eps),
-        sb, sc, st, sp, osb, osc, ost, osp,
-        HAS_RES=residual is not None, STORE_SUM=residual is not None and return_sum,
-        HAS_W=weight is not None, HAS_B=bias is not None, SILU=bool(silu), NUM_CHUNKS=num_chunks,
-        BLOCK_C=block_c, BLOCK_P=block_p)
+    with device_guard.on_device(x.device):  # Triton launches on the current device, not x's
+        _gn_partial_stats_kernel[grid](
+            x, res, stats[0], stats[1], stats[2], t, p, cg, chunk_pixels, sb, sc, st, sp,
+            HAS_RES=residual is not None, NUM_CHUNKS=num_chunks, BLOCK_C=block_c, BLOCK_P=block_p)
+        _gn_apply_kernel[grid](
+            x, res, w, bb, out, summed, stats[0], stats[1], stats[2], t, p, cg, chunk_pixels, float(eps),
+            sb, sc, st, sp, osb, osc, ost, osp,
+            HAS_RES=residual is not None, STORE_SUM=residual is not None and return_sum,
+            HAS_W=weight is not None, HAS_B=bias is not None, SILU=bool(silu), NUM_CHUNKS=num_chunks,
+            BLOCK_C=block_c, BLOCK_P=block_p)
     if return_sum:
         return out, (summed if residual is not None else x)
     return out
@@ -300,11 +303,12 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
     block_p = max(1, min(64, _RMS_BLOCK_ELEMS // block_c))
     grid = (triton.cdiv(p, block_p), bsz)
     res = residual if residual is not None else x
-    _rms_norm_kernel[grid](
-        x, res, gamma, bias if bias is not None else gamma, out, summed, p, c, math.sqrt(c), float(eps),
-        sb, sc, sp, osb, osc, osp,
-        HAS_RES=residual is not None, STORE_SUM=residual is not None and return_sum,
-        HAS_B=bias is not None, SILU=bool(silu), BLOCK_C=block_c, BLOCK_P=block_p)
+    with device_guard.on_device(x.device):  # Triton launches on the current device, not x's
+        _rms_norm_kernel[grid](
+            x, res, gamma, bias if bias is not None else gamma, out, summed, p, c, math.sqrt(c), float(eps),
+            sb, sc, sp, osb, osc, osp,
+            HAS_RES=residual is not None, STORE_SUM=residual is not None and return_sum,
+            HAS_B=bias is not None, SILU=bool(silu), BLOCK_C=block_c, BLOCK_P=block_p)
     if return_sum:
         return out, (summed if residual is not None else x)
     return out

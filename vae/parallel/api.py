@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
 from ..tiling.api import _tile_latent
 from ..tiling.exact import supports_exact
-from .collectives import DistCollective, run_on_devices
+from .collectives import DistCollective, process_group_trusted, run_on_devices
 from .sharded import sharded_pass
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     # a given (or default) tile is shared by the bands; tile=0 sized it from each device's own free memory
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
                   share_tile=tile != 0)
+    if use_dist and not process_group_trusted(DistCollective(group, vae.device)):
+        use_dist, devices = False, [vae.device]  # the group failed its self-check: this rank runs the whole pass
     if use_dist:
         comm = DistCollective(group, vae.device)
         # sizes picked from this rank's free memory: every rank takes the smallest (None = whole clip)

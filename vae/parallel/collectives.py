@@ -20,6 +20,8 @@ from typing import Callable, Optional, Protocol, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from .. import device_guard, fast_paths
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -137,9 +139,9 @@ def run_on_devices(devices: Sequence[torch.device], fn: Callable[[DeviceCollecti
 
     def worker(rank: int) -> Optional[T]:
         try:
-            if group.devices[rank].type == "cuda":
-                torch.cuda.set_device(group.devices[rank])
-            with torch.inference_mode():
+            # the band's device is current for its thread and restored after: rank 0 runs on the caller's
+            # thread, whose device ComfyUI's later nodes still use
+            with device_guard.on_device(group.devices[rank]), torch.inference_mode():
                 return fn(group.member(rank))
         except ParallelPassError as e:  # a consequence: every rank saw the failure flag (or the abort)
             errors[rank] = e
@@ -249,6 +251,23 @@ class DistCollective:
         flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=self.device)
         self._call("failure check", lambda: dist.all_reduce(flag, group=self.group))
         return bool(flag.item())
+
+
+def process_group_trusted(comm: DistCollective) -> bool:
+    """The process group's self-check (vae/fast_paths), on GPU devices: an all_reduce of known values (rank + 1
+    on every rank) must give their exact sum, once per (device, backend, world size). Every rank sees the same
+    reduced values, so the ranks decide alike; a rank whose probe raises decides alone (its peers then fail at
+    their next collective, as for any failed rank)."""
+    if not fast_paths.applies_to(comm.device):
+        return True
+    n = comm.size
+    key = f"{dist.get_backend(comm.group)} group of {n}"
+    probe = lambda: comm.all_reduce_sum(torch.full((4,), float(comm.rank + 1), device=comm.device))  # noqa: E731
+    want = lambda: torch.full((4,), float(n * (n + 1) // 2), device=comm.device)  # noqa: E731
+    if not fast_paths.check("process_group", comm.device, key, probe, want):
+        return False
+    fast_paths.used("process_group")
+    return True
 
 
 class Lockstep:

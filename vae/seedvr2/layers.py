@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DerivedWeights
+from ..base import CausalState
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
@@ -23,7 +23,7 @@ from .layerwise import SplitPolicy
 from .config import FastPaths
 
 
-class PassContext:
+class PassContext(CausalState):
     """State of one encode/decode step: fast paths plus causal memory in and out.
 
     `memory_in` None means "first slice": causal convs replicate the first frame as head padding and
@@ -61,6 +61,13 @@ class PassContext:
         if self.collect:
             self.memory_out.append(t)
 
+    def snapshot(self) -> object:
+        return self._pos, len(self.memory_out)
+
+    def restore(self, saved: object) -> None:
+        self._pos, produced = saved
+        del self.memory_out[produced:]
+
     def finish(self) -> tuple[torch.Tensor, ...]:
         if not self.first and self._pos != len(self._memory_in):
             raise ValueError(f"causal memory has {len(self._memory_in)} tensors, the model used {self._pos}; "
@@ -82,20 +89,13 @@ class CausalConv3d(nn.Conv3d):
         self.head_frames = 2 * padding[0]
         self.memory_frames = max(kernel[0] - stride[0], 0)
         self.pad_right_bottom = pad_right_bottom
-        self._derived = DerivedWeights()
-
-    def _apply(self, fn, *args, **kwargs):
-        self._derived.clear()  # weights move/cast: derived weights are stale
-        return super()._apply(fn, *args, **kwargs)
-
-    def _cached(self, name: str, derive) -> torch.Tensor:
-        """Weights derived from `self.weight`/`self.bias`, rebuilt when either changes (in place, dtype, device)."""
-        w, b = self.weight, self.bias
-        return self._derived.get(name, (w, b), lambda: derive(w, b).contiguous())
 
     def folded_weight(self) -> torch.Tensor:
-        """Sum of the temporal taps (in fp32): at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps)."""
-        return self._cached("sum", lambda w, b: w.float().sum(2).to(w.dtype))
+        """Sum of the temporal taps (in fp32): at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps).
+
+        Made for this call and freed after it (a third of this layer's weight): the parameters are the
+        only resident copy of the weights (`vae/weight_layout.py` says why)."""
+        return tap_sum(self.weight)
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if ctx.split is not None:
@@ -124,11 +124,15 @@ class CausalConv3d(nn.Conv3d):
         valid conv3d over the input. 3 instead of 6 frame-taps for the head, and no padded copy."""
         cout, t = self.out_channels, x.shape[2]
         sp_stride, sp_pad = self.stride[1:], self.padding[1:]
-        pair_w = self._cached("head_pair", lambda w, b: torch.cat([w.float().sum(2), w[:, :, :2].float().sum(2)]).to(w.dtype))
-        pair_b = self._cached("head_bias", lambda w, b: torch.cat([b, torch.zeros_like(b)]))
-        last_w = self._cached("last_tap", lambda w, b: w[:, :, 2])
+        # The pair's weights and the last tap are made for this call only (see `folded_weight`).
+        w = self.weight
+        first_two = w[:, :, 0].float() + w[:, :, 1].float()  # = w[:, :, :2].float().sum(2), at memory speed
+        pair_w = torch.cat([first_two + w[:, :, 2].float(), first_two]).to(w.dtype)
+        del first_two
+        pair_b = torch.cat([self.bias, torch.zeros_like(self.bias)])
         heads = F.conv2d(x[:, :, 0], pair_w, pair_b, sp_stride, sp_pad)
-        second = F.conv2d(x[:, :, 1], last_w, self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
+        del pair_w
+        second = F.conv2d(x[:, :, 1], w[:, :, 2].contiguous(), self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
         out = torch.empty((x.shape[0], cout, t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device)
         out[:, :, 0] = heads[:, :cout]
         out[:, :, 1] = second
@@ -179,6 +183,18 @@ class CausalConv3d(nn.Conv3d):
             ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous())
         y = F.conv2d(x2, self.folded_weight(), self.bias, self.stride[1:], self.padding[1:])
         return y.unsqueeze(2)
+
+
+def tap_sum(weight: torch.Tensor) -> torch.Tensor:
+    """Σ of the temporal taps of a 5-D weight, accumulated in fp32 in tap order, as a contiguous 4-D weight.
+    Elementwise adds of the tap views: the same values as `weight.float().sum(2)`, read at memory speed
+    (a strided reduction over the tap axis took several times longer)."""
+    if weight.shape[2] == 1:
+        return weight[:, :, 0]  # one tap: a view of the parameter (packed already), no copy
+    total = weight[:, :, 0].float() + weight[:, :, 1].float()
+    for t in range(2, weight.shape[2]):
+        total.add_(weight[:, :, t].float())
+    return total.to(weight.dtype)
 
 
 def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
@@ -292,23 +308,15 @@ class Upsample3D(nn.Module):
         self.zr = 2 if temporal else 1
         self.upscale_conv = nn.Conv3d(channels, channels * 4 * self.zr, kernel_size=1)
         self.conv = CausalConv3d(channels, channels, (3, 3, 3))
-        self._kept = DerivedWeights()
-
-    def _apply(self, fn, *args, **kwargs):
-        self._kept.clear()
-        return super()._apply(fn, *args, **kwargs)
 
     def _kept_half(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """upscale_conv rows for sub-frame z=0 only (channel index ((x·2+y)·z_r+z)·C+c), as a 2-D conv."""
+        """upscale_conv rows for sub-frame z=0 only (channel index ((x·2+y)·z_r+z)·C+c), as a 2-D conv: a
+        view of the weight when z_r = 1, else a copy for this call only (a 1x1 conv's rows, freed after it)."""
         w, bias = self.upscale_conv.weight, self.upscale_conv.bias
         c = w.shape[1]
-
-        def select() -> tuple[torch.Tensor, torch.Tensor]:
-            wk = w.view(4, self.zr, c, c)[:, 0].reshape(4 * c, c, 1, 1)
-            bk = bias.view(4, self.zr, c)[:, 0].reshape(4 * c)
-            return wk, bk
-
-        return self._kept.get("kept_half", (w, bias), lambda: tuple(t.contiguous() for t in select()))
+        wk = w.view(4, self.zr, c, c)[:, 0].reshape(4 * c, c, 1, 1)
+        bk = bias.view(4, self.zr, c)[:, 0].reshape(4 * c)
+        return wk, bk
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)

@@ -2,7 +2,7 @@
 
 Whole-clip passes, temporal slicing and streams all run through `encode_step` / `decode_step`,
 pure functions of (slice, causal memory) -> (output, new memory). Nothing is cached on the modules
-between calls except weights derived for the T=1 image path.
+between calls: weights derived for the T=1 image path are made per call (`layers.tap_sum`).
 
 Memory layout (`memory_layout()` lists it): one tensor per causal conv whose temporal kernel
 exceeds its stride, in execution order; each holds the last `k_t - s_t` frames of that conv's
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
+from ..channels_last import channels_last_trusted
 from ..plans import LayerwisePlan
 from .config import FastPaths, SeedVR2Config
 from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu,
@@ -127,6 +128,12 @@ class SeedVR2VAE(VAEModel):
                                           scaling_factor=config.scaling_factor)
         self.memory_model = _memory_model(config)
 
+    def active_fast(self) -> FastPaths:
+        """The fast paths a step runs with: channels-last only where it passed its self-check (vae/channels_last)."""
+        if self.fast.channels_last and not channels_last_trusted(self.device, self.dtype):
+            return replace(self.fast, channels_last=False)
+        return self.fast
+
     # -- functional steps ----------------------------------------------------------------------
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, split: Optional[SplitPolicy] = None,
@@ -137,7 +144,7 @@ class SeedVR2VAE(VAEModel):
         building the memory (last slice / whole clip). `split` runs layer by layer with tile-bounded
         working memory (exact tiling; same result); `tick` is called after each of its layers.
         """
-        ctx = PassContext(self.fast, state, collect, split)
+        ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
         out = self.encoder(pixels, ctx)
         return out, ctx.finish()
@@ -148,7 +155,7 @@ class SeedVR2VAE(VAEModel):
                     tick: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, State]:
         """One causal decode slice: [B,C,n,h,w] -> (pixels, memory). First slice gives 1+4(n-1)
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
-        ctx = PassContext(self.fast, state, collect, split)
+        ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
         out = self.decoder(latents, ctx)
         if clamp:

@@ -6,7 +6,9 @@ Modes:
   operations (norm statistics, mid-block attention) run over the whole frame (see exact.py).
 - "auto": untiled when the estimated working set fits free memory, else exact tiles (fast tiles for
   a model without an exact plan) sized from the model's memory model.
-On out-of-memory the tile is halved down to a floor, then a clear error states the numbers.
+On out-of-memory (any allocation failure `vae.oom` recognises) the tile that failed is redone at half the
+size and the finished tiles are kept (retry.py); at the floor the temporal slice is halved; then a clear
+MemoryError states the numbers.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import torch
 
 from ..api import TurboVAE, check_temporal_slice, moments_to_latents
 from ..memory import USABLE_FRACTION, free_memory_bytes
+from ..oom import OutOfMemory, attempt
 from .exact import supports_exact, run_exact
 from .fast import PassGeometry, run_tiled
 from .grid import TileGrid
+from .retry import MIN_TILE_LATENT, TileRetry
 
 log = logging.getLogger(__name__)
 
 MODES = ("fast", "exact", "auto")
-MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
 DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
-OOM_ERRORS: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -67,23 +69,6 @@ def _check_sizes(tile: Optional[int], overlap: int, f: int, temporal_slice: Opti
                          f"their neighbours' neighbours; use overlap ≤ {tile // 2 - f} px")
 
 
-# The CPU allocator reports exhaustion as a plain RuntimeError (no OutOfMemoryError subclass on CPU), so
-# that one case is recognised by its fixed message prefix from c10/core/impl/alloc_cpu.cpp.
-CPU_OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """True for an allocation failure: by type (CUDA OOM, MemoryError), or the CPU allocator's RuntimeError."""
-    if isinstance(err, OOM_ERRORS):
-        return True
-    return type(err) is RuntimeError and str(err).startswith(CPU_OOM_MESSAGE)
-
-
-def _empty_cache(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
                      budget: Optional[int] = None) -> int:
     """Largest square latent tile whose working set (one frame slice) fits the memory budget."""
@@ -111,26 +96,15 @@ def _tile_latent(vae: TurboVAE, tile: Optional[int], mode: str, h_lat: int, w_la
     return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
 
 
-def _run_with_oom_retry(run: Callable[[int], torch.Tensor], tile_lat: int, f: int, what: str,
-                        device: torch.device) -> torch.Tensor:
-    first = tile_lat
+def _run_with_oom_retry(run: Callable[[TileRetry], torch.Tensor], retry: TileRetry) -> torch.Tensor:
+    """`run(retry)` again after each out-of-memory that escaped the tile loop (the untiled pass, the global
+    part, a layer-wise plan), with the tile or slice shrunk first; the retry starts after the `except`
+    block, so the failed attempt's tensors are already released."""
     while True:
-        try:
-            return run(tile_lat)
-        except (*OOM_ERRORS, RuntimeError) as e:
-            if not is_out_of_memory(e):
-                raise
-            _empty_cache(device)
-            if tile_lat <= MIN_TILE_LATENT:
-                free = free_memory_bytes(device) / 2**30
-                raise MemoryError(
-                    f"out of memory during tiled {what} even with {tile_lat * f} px tiles (started at {first * f} px; "
-                    f"floor {MIN_TILE_LATENT * f} px); {free:.2f} GiB free on {device}. Lower temporal_slice, use "
-                    "bf16/fp16, or free memory (unload other models).") from e
-            smaller = max(MIN_TILE_LATENT, tile_lat // 2)
-            log.warning("TurboVAE: out of memory in tiled %s with %d px tiles; retrying with %d px",
-                        what, tile_lat * f, smaller * f)
-            tile_lat = smaller
+        result = attempt(lambda: run(retry))
+        if not isinstance(result, OutOfMemory):
+            return result
+        retry.shrink(result)
 
 
 def _untiled(vae: TurboVAE, x: torch.Tensor, *, decode: bool, temporal_slice: Optional[int], progress: Progress,
@@ -174,11 +148,12 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
     stream = model.decode_stream if decode else model.encode_stream
     whole = vae.tile_pass(decode=decode)
 
-    def run(tile_lat: int) -> torch.Tensor:
-        ts = temporal_slice
-        if ts is None:
+    def run(retry: TileRetry) -> torch.Tensor:
+        tile_lat = retry.tile_latent
+        if retry.temporal_slice is None:
             px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-            ts = vae.temporal_slice_for(latent_frames, px, decode=decode)
+            retry.temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
+        ts = retry.temporal_slice
         grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
         kind = pass_kind(mode, len(grid), has_exact)
         with torch.inference_mode():
@@ -187,13 +162,14 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
                                 output_device=output_device)
             if kind == "exact":
                 return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
-                                 output_device=output_device)
+                                 output_device=output_device, retry=retry)
             # ramps are in output units: pixels for decode, latent pixels for encode
             return run_tiled(x, grid, geom, stream, whole, blend=overlap // in_scale, temporal_slice=ts,
-                             progress=progress, accum_device=output_device)
+                             progress=progress, accum_device=output_device, retry=retry)
 
     first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
-    return _run_with_oom_retry(run, first_tile, f, what, vae.device).to(vae.dtype)
+    retry = TileRetry(what, f, vae.device, first_tile, temporal_slice, latent_frames)
+    return _run_with_oom_retry(run, retry).to(vae.dtype)
 
 
 def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: Optional[int] = None,

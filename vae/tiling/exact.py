@@ -18,15 +18,18 @@ latent-resolution frame: vae/parallel splits a frame across devices along exactl
 from __future__ import annotations
 
 import math
+from collections import deque
 from contextlib import ExitStack
 from fractions import Fraction
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..oom import OutOfMemory, attempt
 from ..plans import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid
+from .retry import StepCounter, TileRetry
 
 __all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "supports_exact", "run_exact"]
 
@@ -96,8 +99,10 @@ class _TileChain:
 
 
 def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_slice: Optional[int],
-              progress: Progress, output_device: Optional[torch.device] = None) -> torch.Tensor:
-    """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32."""
+              progress: Progress, output_device: Optional[torch.device] = None,
+              retry: Optional[TileRetry] = None) -> torch.Tensor:
+    """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32.
+    `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `_run_tiles`)."""
     plan = model.exact_plan(decode=decode)
     if isinstance(plan, LayerwisePlan):
         tile = max(grid.rows.tile, grid.cols.tile)
@@ -111,27 +116,23 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     out_channels = lf.image_channels if decode else 2 * lf.channels
     in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
     slices = in_geom.slices(x.shape[2], temporal_slice)
-    total = len(slices) * (len(cores) + 1)
-    done = 0
+    counter = StepCounter(progress, len(slices) * (len(cores) + 1))
+    tick = counter.tick
     device = output_device or x.device
-
-    def tick():
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total)
 
     b, t_in = x.shape[0], x.shape[2]
     if decode:
         glob = _run_global(plan, x, slices, tick)
         out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32,
                           device=device)
-        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick)
+        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
+                   grow=counter.grow)
         return out
     # encode: local prefix per tile into a latent-resolution buffer, then the global part
     t_lat = in_geom.out_frames(t_in)
     mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
-    _run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick)
+    _run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
+               grow=counter.grow)
     lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
     moments = _run_global(plan, mid, lat_slices, tick)
     return moments.to(device=device, dtype=torch.float32)
@@ -148,16 +149,47 @@ def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> t
 
 
 def _run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
-               out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None) -> None:
+               out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None,
+               retry: Optional[TileRetry] = None, grow: Optional[Callable[[int], None]] = None) -> None:
     """Every core's local chain into `dst`, which holds the output rows from latent row `dst_row0` on;
-    `device`: where the chains run (default: `src`'s)."""
-    for (ry, rx) in cores:
-        with ExitStack() as stack:
-            chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
-            for t0, t1 in slices:
-                y = chain.run(src[:, :, t0:t1], device)
-                o0, o1 = geom.out_frame_range(t0, t1)
-                r0, r1 = (ry[0] - dst_row0) * out_scale, (ry[1] - dst_row0) * out_scale
-                dst[:, :, o0:o1, r0:r1, rx[0] * out_scale:rx[1] * out_scale] = y
-                del y
-                tick()
+    `device`: where the chains run (default: `src`'s). With `retry` (and `grow`, which adds units of work
+    to the progress total), a core that runs out of memory is redone as smaller cores — exact whatever the
+    partition — and the cores after it are split the same way; finished cores are kept."""
+    pending = deque(cores)
+    budget = len(slices)  # units of work each core was counted for in the progress total
+    done = 0
+    while pending:
+        ry, rx = pending.popleft()
+        if retry is not None and max(ry[1] - ry[0], rx[1] - rx[0]) > retry.tile_latent:
+            pieces = [(py, px) for py in _split(ry, retry.tile_latent) for px in _split(rx, retry.tile_latent)]
+            grow((len(pieces) - 1) * budget)
+            pending.extendleft(reversed(pieces))
+            continue
+        core_slices = slices if retry is None else geom.slices(src.shape[2], retry.temporal_slice)
+        if retry is not None:
+            grow(len(core_slices) - budget)
+        steps = [0]
+
+        def run_core() -> None:
+            with ExitStack() as stack:
+                chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
+                for t0, t1 in core_slices:
+                    y = chain.run(src[:, :, t0:t1], device)
+                    o0, o1 = geom.out_frame_range(t0, t1)
+                    r0, r1 = (ry[0] - dst_row0) * out_scale, (ry[1] - dst_row0) * out_scale
+                    dst[:, :, o0:o1, r0:r1, rx[0] * out_scale:rx[1] * out_scale] = y
+                    del y
+                    steps[0] += 1
+                    tick()
+
+        failed = run_core() if retry is None else attempt(run_core)
+        if isinstance(failed, OutOfMemory):
+            retry.shrink(failed, f"tile {done + 1} of {done + 1 + len(pending)}")
+            grow(steps[0] - len(core_slices) + budget)  # the units it ticked stay counted; it is counted anew
+            pending.appendleft((ry, rx))
+            continue
+        done += 1
+
+
+def _split(span: tuple[int, int], tile: int) -> list[tuple[int, int]]:
+    return [(span[0] + a, span[0] + b) for a, b in partition(span[1] - span[0], tile)]

@@ -13,7 +13,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..base import CausalStream, split_slices
+from ..oom import OutOfMemory, attempt
 from .grid import TileGrid
+from .retry import StepCounter, TileRetry
 
 Progress = Optional[Callable[[int, int], None]]
 
@@ -52,7 +54,8 @@ class PassGeometry:
 
 def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
               whole: Callable[[torch.Tensor], torch.Tensor], *, blend: int, temporal_slice: Optional[int],
-              progress: Progress, accum_device: Optional[torch.device] = None) -> torch.Tensor:
+              progress: Progress, accum_device: Optional[torch.device] = None,
+              retry: Optional[TileRetry] = None) -> torch.Tensor:
     """Blend per-tile outputs into one pre-allocated fp32 accumulator; returns fp32.
 
     A tile done in one temporal slice runs `whole` (the model's whole-clip pass, which keeps no
@@ -60,7 +63,20 @@ def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: 
     comes); longer clips run a stream per tile. `blend` is the ramp width in output units. Weights are
     a partition of unity; the weight plane is still accumulated and divided out so rounding at the
     ramps cannot tint the result.
+
+    With `retry`, a tile that runs out of memory is redone as a fast-tiled pass of its own crop at the
+    shrunk size (frames it had already added are kept), and the tiles after it are run that way too;
+    finished tiles are kept (vae/tiling/retry.py).
     """
+    slices = geom.slices(x.shape[2], temporal_slice)
+    counter = StepCounter(progress, len(grid) * len(slices))
+    return _blend_tiles(x, grid, geom, open_stream, whole, blend, temporal_slice, counter, accum_device, retry)
+
+
+def _blend_tiles(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
+                 whole: Callable[[torch.Tensor], torch.Tensor], blend: int, temporal_slice: Optional[int],
+                 counter: StepCounter, accum_device: Optional[torch.device],
+                 retry: Optional[TileRetry]) -> torch.Tensor:
     b, _, t_in = x.shape[:3]
     h_lat, w_lat = grid.rows.length, grid.cols.length
     oh, ow = h_lat * geom.out_scale, w_lat * geom.out_scale
@@ -68,23 +84,41 @@ def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: 
     device = accum_device or x.device
     out = torch.zeros(b, geom.out_channels, t_out, oh, ow, dtype=torch.float32, device=device)
     weight = torch.zeros(oh, ow, dtype=torch.float32, device=device)
-    slices = geom.slices(t_in, temporal_slice)
-    total, done = len(grid) * len(slices), 0
     s_in, s_out = geom.in_scale, geom.out_scale
+    budget = len(geom.slices(t_in, temporal_slice))  # units of work each tile was counted for
     for i, j, r, c in grid:
         wy = grid.rows.weights(i, s_out, blend, device)
         wx = grid.cols.weights(j, s_out, blend, device)
         w2 = wy[:, None] * wx[None, :]
         ys, xs = slice(r.start * s_out, r.stop * s_out), slice(c.start * s_out, c.stop * s_out)
         crop = x[..., r.start * s_in:r.stop * s_in, c.start * s_in:c.stop * s_in]
-        with open_stream() as stream:
-            for t0, t1 in slices:
-                y = whole(crop) if len(slices) == 1 else stream.step(crop[:, :, t0:t1])
-                o0, o1 = geom.out_frame_range(t0, t1)
-                out[:, :, o0:o1, ys, xs].addcmul_(y.to(device=device, dtype=torch.float32), w2)
-                del y
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+        added = [0, 0]  # output frames of this tile already in `out`, units of work done
+        slices = geom.slices(t_in, retry.temporal_slice if retry is not None else temporal_slice)
+        counter.grow(len(slices) - budget)
+
+        def run_tile() -> None:
+            with open_stream() as stream:
+                for t0, t1 in slices:
+                    y = whole(crop) if len(slices) == 1 else stream.step(crop[:, :, t0:t1])
+                    o0, o1 = geom.out_frame_range(t0, t1)
+                    out[:, :, o0:o1, ys, xs].addcmul_(y.to(device=device, dtype=torch.float32), w2)
+                    del y
+                    added[0] = o1
+                    added[1] += 1
+                    counter.tick()
+
+        if retry is None or max(r.size, c.size) <= retry.tile_latent:
+            failed = attempt(run_tile) if retry is not None else run_tile()
+            if not isinstance(failed, OutOfMemory):
+                weight[ys, xs].add_(w2)
+                continue
+            retry.shrink(failed, f"tile {i * len(grid.cols.tiles) + j + 1} of {len(grid)}")
+        # the tile (the frames it had not yet added) as a fast-tiled pass of its own crop, normalised by its
+        # own weight plane, at the current size
+        sub = TileGrid.build(r.size, c.size, retry.tile_latent, blend // s_out)  # the pass's overlap, in latents
+        counter.grow(len(sub) * len(geom.slices(t_in, retry.temporal_slice)) - (len(slices) - added[1]))
+        y = _blend_tiles(crop, sub, geom, open_stream, whole, blend, retry.temporal_slice, counter, device, retry)
+        out[:, :, added[0]:, ys, xs].addcmul_(y[:, :, added[0]:], w2)
+        del y
         weight[ys, xs].add_(w2)
     return out.div_(weight)

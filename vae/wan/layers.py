@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import DerivedWeights
+from ..base import CausalState
 from ..ops import rms_norm_silu
+from ..weight_layout import PassScratch
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
@@ -34,7 +35,7 @@ class WanFlags:
 
 
 @dataclass
-class StreamContext:
+class StreamContext(CausalState):
     """State shared by all blocks during one pass: flags, causal caches keyed by module, stream start."""
 
     flags: WanFlags
@@ -42,10 +43,21 @@ class StreamContext:
     first: bool = True  # True during the first step of a stream
     # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
     shard: Optional[object] = None
+    # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
+    scratch: PassScratch = field(default_factory=PassScratch)
 
     def clear(self) -> None:
         self.cache.clear()
         self.first = True
+        self.scratch.clear()
+
+    def snapshot(self) -> object:
+        return dict(self.cache), self.first
+
+    def restore(self, saved: object) -> None:
+        cache, self.first = saved
+        self.cache.clear()
+        self.cache.update(cache)
 
 
 def _can_inplace(flags: WanFlags) -> bool:
@@ -68,29 +80,31 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu)
 
 
-def cached_weight(module: nn.Module, derive, channels_last: bool = False, tag: str = "") -> torch.Tensor:
-    """`derive(module.weight)` as a contiguous (or channels-last) tensor, cached until the weight changes.
+def kernel_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format a conv on `x` runs in: channels-last when `x` is (and not also plain contiguous)."""
+    cl = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
+    return cl if not x.is_contiguous() and x.is_contiguous(memory_format=cl) else torch.contiguous_format
 
-    Why: the folded / unsqueezed / re-laid-out weights would otherwise be rebuilt on every call.
-    """
-    w = module.weight
-    cache = module.__dict__.get("_derived_weights")
-    if cache is None:
-        cache = module.__dict__["_derived_weights"] = DerivedWeights()
 
-    def make() -> torch.Tensor:
-        d = derive(w)
-        fmt = (torch.channels_last if d.ndim == 4 else torch.channels_last_3d) if channels_last else torch.contiguous_format
-        return d.contiguous(memory_format=fmt)
+def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_format:
+    """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
+    stored so: the kernel reads the parameter itself), else `x`'s own."""
+    if ctx is not None:
+        return torch.channels_last_3d if ctx.flags.channels_last else torch.contiguous_format
+    return kernel_format(x)
 
-    return cache.get(f"{tag}:{channels_last}", (w,), make)
+
+def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[StreamContext]) -> torch.Tensor:
+    """`weight` (a parameter or a view of one) packed in `fmt`: itself when stored so, else a copy for this
+    conv only (in the pass's scratch). Nothing is kept: the parameter is the only resident copy."""
+    return ctx.scratch.packed(weight, fmt) if ctx is not None else weight.contiguous(memory_format=fmt)
 
 
 class CausalConv3d(nn.Conv3d):
     """Conv3d with zero causal padding in time (k_t - 1 frames of history) and symmetric spatial padding.
 
-    The weight keeps the checkpoint layout [O, I, kt, kh, kw]; `image()` runs the 2-D fold with a
-    cached copy of the last temporal tap.
+    The weight keeps the checkpoint's shape [O, I, kt, kh, kw] but is stored channels-last (`WanVAE`
+    lays it out at load); `image()` runs the 2-D fold on a view of the last temporal tap.
     """
 
     def __init__(self, cin: int, cout: int, kernel: int | tuple[int, int, int], stride=1,
@@ -101,33 +115,33 @@ class CausalConv3d(nn.Conv3d):
         self.pad_hw = (pad[1], pad[2])
 
     # -- image ---------------------------------------------------------------------------------
-    def folded_weight(self, channels_last: bool = False) -> torch.Tensor:
-        return cached_weight(self, lambda w: w[:, :, -1], channels_last, tag="fold")
-
-    def image(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.folded_weight(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
-        return F.conv2d(x, w, self.bias, self.stride[1:], self.pad_hw)
+    def image(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        weight = packed(self.weight[:, :, -1], kernel_format(x), ctx)
+        return F.conv2d(x, weight, self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
-    def video(self, x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
-        """Causal conv over a chunk; with a context, the last input frames are kept as next step's history."""
-        cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d)
-        weight = cached_weight(self, lambda w: w, cl) if cl else self.weight
+    def video(self, x: torch.Tensor, ctx: Optional[StreamContext], fmt_ctx: Optional[StreamContext] = None) -> torch.Tensor:
+        """Causal conv over a chunk; with a context, the last input frames are kept as next step's history.
+        `fmt_ctx`: the pass whose memory format and scratch a context-free call (no history) uses."""
+        fmt_ctx = ctx if ctx is not None else fmt_ctx
+        fmt = pass_format(x, fmt_ctx)
+        weight = packed(self.weight, fmt, fmt_ctx)
         if self.time_history == 0:
-            return guarded_conv3d(x, weight, self.bias, self.stride, (0, *self.pad_hw))
+            return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.cache.get(self) if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
         fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
         if fold:
-            out = self.image(x[:, :, 0]).unsqueeze(2)
+            out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
             xin = x
         else:
             parts = [x]
             if n_hist:
                 parts.insert(0, hist)
             if n_hist < self.time_history:
-                parts.insert(0, x.new_zeros(x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:]))
-            xin = torch.cat(parts, dim=2) if len(parts) > 1 else x
+                zeros = (x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:])
+                parts.insert(0, torch.empty(zeros, dtype=x.dtype, device=x.device, memory_format=fmt).zero_())
+            xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
             out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
         if ctx is not None:
             # A folded first frame keeps just itself: missing history frames count as zeros next step.
@@ -135,18 +149,17 @@ class CausalConv3d(nn.Conv3d):
         return out
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        return self.image(x) if x.ndim == 4 else self.video(x, ctx)
+        return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
 
 
-def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, padding=None) -> torch.Tensor:
+def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[StreamContext], padding=None) -> torch.Tensor:
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
-    cl = not x.is_contiguous() and x.is_contiguous(
-        memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
     if x.ndim == 4:
-        return F.conv2d(x, cached_weight(conv, lambda w: w, cl), conv.bias, conv.stride, pad)
-    weight = cached_weight(conv, lambda w: w.unsqueeze(2), cl, tag="3d")
-    return guarded_conv3d(x, weight, conv.bias, (1, *conv.stride), (0, *pad))
+        return F.conv2d(x, packed(conv.weight, kernel_format(x), ctx), conv.bias, conv.stride, pad)
+    fmt = pass_format(x, ctx)
+    weight = packed(conv.weight.unsqueeze(2), fmt, ctx)
+    return guarded_conv3d(x.contiguous(memory_format=fmt), weight, conv.bias, (1, *conv.stride), (0, *pad))
 
 
 class ResidualBlock(nn.Module):
@@ -265,9 +278,9 @@ class Resample(nn.Module):
                 x = self._time_up(x, ctx)
             scale = (2.0, 2.0) if x.ndim == 4 else (1.0, 2.0, 2.0)
             x = F.interpolate(x, scale_factor=scale, mode="nearest")
-            return _conv2d_any(self.resample[1], x)
+            return _conv2d_any(self.resample[1], x, ctx)
         x = F.pad(x, (0, 1, 0, 1))
-        x = _conv2d_any(self.resample[1], x, padding=(0, 0))
+        x = _conv2d_any(self.resample[1], x, ctx, padding=(0, 0))
         if self.time_conv is not None and x.ndim == 5:
             x = self._time_down(x, ctx)
         return x
@@ -288,11 +301,11 @@ class Resample(nn.Module):
         if prev is None:
             if t % 2 != 1:
                 raise ValueError(f"a causal encode stream must start with 1+4k frames (got {t} at a time downsample)")
-            out = x[:, :, :1] if t == 1 else torch.cat([x[:, :, :1], self.time_conv.video(x, None)], dim=2)
+            out = x[:, :, :1] if t == 1 else torch.cat([x[:, :, :1], self.time_conv.video(x, None, ctx)], dim=2)
         else:
             if t % 2:
                 raise ValueError(f"after the first step an encode stream takes 4k frames (got {t} at a time downsample)")
-            out = self.time_conv.video(torch.cat([prev, x], dim=2), None)
+            out = self.time_conv.video(torch.cat([prev, x], dim=2), None, ctx)
         ctx.cache[self] = x[:, :, -1:].clone()
         return out
 

@@ -13,6 +13,7 @@ every slicing; images (T = 1) run the exact 2-D fold.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
+from ..channels_last import channels_last_trusted
+from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
@@ -200,12 +203,26 @@ class WanVAE(VAEModel):
                                           mean=cfg.latents_mean, std=cfg.latents_std,
                                           image_channels=cfg.image_channels)
         self.memory_model = memory_model(cfg)
+        self.hold_weights_once()
+        # `build` loads with assign=True, which puts the checkpoint's tensors in place: lay them out again.
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.hold_weights_once())
+
+    def hold_weights_once(self) -> None:
+        """Store every conv weight once, channels-last (`vae/weight_layout.py`): the clip path's kernels read
+        the parameters themselves and the image path's folded last tap is a view, not a cached copy."""
+        hold_channels_last(m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d)))
 
     def context(self) -> StreamContext:
-        return StreamContext(self.flags)
+        return StreamContext(self.active_flags())
+
+    def active_flags(self) -> WanFlags:
+        """The flags a pass runs with: channels-last only where it passed its self-check (vae/channels_last)."""
+        if self.flags.channels_last and not channels_last_trusted(self.device, self.dtype):
+            return replace(self.flags, channels_last=False)
+        return self.flags
 
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.flags.channels_last:
+        if not self.active_flags().channels_last:
             return x
         fmt = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
         return x.contiguous(memory_format=fmt)
