@@ -1,18 +1,14 @@
 """`ComfyTurboVAE`: a TurboVAE dressed as ComfyUI's `VAE` so core nodes (VAEDecode, VAEEncode,
 VAEDecodeTiled, VAEEncodeTiled, SaveLatent, Wan/Qwen helpers) accept it unchanged.
 
-Why a duck type and not a `comfy.sd.VAE` subclass: core never type-checks a VAE, and owning the
-calls lets us keep our exact temporal streaming and tiling, real per-tile / per-slice progress and
-cancel (core passes no progress bar there), and memory estimates that match our working set instead of
-core's full-tensor guesses. Every public attribute of `comfy.sd.VAE` that core nodes
-read is provided with the meaning core gives it.
+Why a duck type and not a `comfy.sd.VAE` subclass: core never type-checks a VAE, and owning the calls lets us
+keep our exact temporal streaming and tiling, real per-tile / per-slice progress and cancel (core passes no progress
+bar there), and memory estimates that match our working set instead of core's full-tensor guesses. Every public
+attribute of `comfy.sd.VAE` that core nodes read is provided with the meaning core gives it.
 
 Layouts: IMAGE is [N, H, W, C] in 0..1 on the intermediate device; for these 3-D VAEs an IMAGE batch
 is one clip (core's convention), so N frames encode to [1, C, T', h, w]. LATENT samples are what core's
-own VAE of the same kind puts in a LATENT (`CORE_LATENT_SCALED_KINDS`): raw latents for Wan/Qwen-Image (core's
-model applies the statistics), raw latents times the scaling factor for SeedVR2 (core's native SeedVR2 VAE
-scales in the VAE and its SeedVR2 nodes and DiT expect that), so latents pass between our VAE, core's VAE
-and core's nodes either way.
+own VAE of the same kind gives (core_contract.py: raw for Wan/Qwen-Image, scaled for SeedVR2).
 C is the VAE's image channels (`output_channels`, core's name): 3, or 4 (RGBA) for Qwen-Image-Layered, whose
 decode gives an RGBA IMAGE as core's does; encode fits the image to C channels as core does (extra channels
 dropped, a missing alpha filled with 1.0 = opaque).
@@ -31,26 +27,18 @@ from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.api import MIN_TILE_LATENT
 from ..vae.tiling.plan import plan_tiling
+from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
 
-# Latent frames per slice whose working set we ask model management to free before a pass. Our
-# passes stream longer clips in slices sized to what is free at run time, so reserving the whole
-# clip (core's habit) would evict every other model for no gain.
+# Latent frames per slice whose working set we ask model management to free before a pass. Our passes stream
+# longer clips in slices sized to what is free at run time: reserving the whole clip would evict every model.
 RESERVED_LATENT_FRAMES = 4
-# Value of a missing alpha channel when an RGB image is encoded by an RGBA VAE: opaque, in 0..1 (core
-# pads its Qwen/Wan 2.1 VAE with the same `pad_channel_value`). RGB VAEs pad nothing.
+# Missing alpha when an RGBA VAE encodes RGB: opaque, in 0..1 (core's Qwen/Wan 2.1 `pad_channel_value`).
 ALPHA_PAD_VALUE = 1.0
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-# VAE kinds whose LATENT core scales inside the VAE: core's native SeedVR2 VAE (comfy/ldm/seedvr, PR #14424)
-# multiplies the encoder's mean by the scaling factor before returning it and divides by it before
-# decoding; core's Wan/Qwen-Image VAEs return raw latents.
-CORE_LATENT_SCALED_KINDS = frozenset({"seedvr2"})
-# Defaults core's SeedVR2 VAE gives a `seedvr2_tiling` option that leaves out tile_size / tile_overlap (px).
-CORE_SEEDVR2_TILE_PX = (512, 512)
-CORE_SEEDVR2_OVERLAP_PX = (64, 64)
 
 
 class _PatcherModule(torch.nn.Module):
@@ -97,8 +85,7 @@ class ComfyTurboVAE:
         self.process_input = lambda image: image * 2.0 - 1.0
         self.process_output = lambda image: torch.clamp((image + 1.0) / 2.0, min=0.0, max=1.0)
         self.last_report: Optional[PassReport] = None  # what the last pass did (the nodes show it)
-        self.latent_scale = fmt.scaling_factor if turbo.kind in CORE_LATENT_SCALED_KINDS else 1.0
-        self.latent_shift = fmt.shift_factor if turbo.kind in CORE_LATENT_SCALED_KINDS else 0.0
+        self.core_latents = CoreLatents.for_kind(turbo.kind, fmt.scaling_factor, fmt.shift_factor)
 
     # -- what core nodes query --------------------------------------------------------------
     @property
@@ -165,20 +152,14 @@ class ComfyTurboVAE:
         return pixels
 
     def _image_to_clip(self, pixels: torch.Tensor) -> torch.Tensor:
-        """IMAGE [N, H, W, C] (0..1) -> one clip [1, C', N, H, W] (-1..1), C' the VAE's image channels;
-        a video IMAGE [B, T, H, W, C] (what core's SeedVR2 Preprocess gives VAE Encode) -> B clips."""
-        if not isinstance(pixels, torch.Tensor) or pixels.ndim not in (4, 5):
-            raise ValueError(f"expected an IMAGE tensor [frames, height, width, channels] or a video IMAGE "
-                             f"[clips, frames, height, width, channels]; got "
-                             f"{tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels).__name__}")
-        b, t = pixels.shape[:2] if pixels.ndim == 5 else (1, pixels.shape[0])
-        frames = self.vae_encode_crop_pixels(pixels.reshape(b * t, *pixels.shape[-3:]))
+        """IMAGE (0..1; one clip, or B clips for a video IMAGE) -> clips [B, C', T, H, W] (-1..1), C' the VAE's
+        image channels."""
+        frames, b, t = image_frames(pixels)
+        frames = self.vae_encode_crop_pixels(frames)
         if frames.shape[1] == 0 or frames.shape[2] == 0:
             raise ValueError(f"image is smaller than {self.turbo.spatial_factor}x{self.turbo.spatial_factor} "
                              "pixels; nothing to encode")
-        channels_first = frames.movedim(-1, 0)  # [C, B*T, H, W]
-        clips = channels_first.unsqueeze(0) if b == 1 else channels_first.unflatten(1, (b, t)).movedim(1, 0)
-        return self.process_input(clips.float())
+        return self.process_input(frames_to_clips(frames, b, t).float())
 
     def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
         """[B, C, T, H, W] (-1..1) -> [B, T, H, W, C] (0..1); 4-D latents give [B, H, W, C]."""
@@ -187,32 +168,18 @@ class ComfyTurboVAE:
             out = out[:, :, 0]
         return out.movedim(1, -1)
 
-    def to_comfy_latents(self, raw: torch.Tensor) -> torch.Tensor:
-        """Raw latents from our passes -> the LATENT samples core's VAE of this kind produces."""
-        if self.latent_scale == 1.0 and self.latent_shift == 0.0:
-            return raw
-        return (raw - self.latent_shift) * self.latent_scale
+    def to_comfy_latents(self, raw: torch.Tensor) -> torch.Tensor:  # our raw latents -> core's LATENT samples
+        return self.core_latents.from_raw(raw)
 
-    def _check_latents(self, samples: torch.Tensor) -> torch.Tensor:
-        """LATENT samples (core's layout for this kind) -> checked raw latents for our passes."""
-        z = self.turbo.check_latents(samples)
-        if self.latent_scale == 1.0 and self.latent_shift == 0.0:
-            return z
-        return z / self.latent_scale + self.latent_shift
+    def _check_latents(self, samples: torch.Tensor) -> torch.Tensor:  # core's LATENT samples -> checked raw
+        return self.core_latents.to_raw(self.turbo.check_latents(samples))
 
     # -- whole passes (core VAEDecode / VAEEncode) ----------------------------------------------
     def decode(self, samples_in: torch.Tensor, vae_options: Optional[dict] = None) -> torch.Tensor:
-        """Core VAEDecode contract. `vae_options` is what core forwards to its model's decode; the one
-        option core's SeedVR2 VAE reads, `seedvr2_tiling` (enable_tiling, tile_size and tile_overlap in
-        pixels), selects our exact tiled decode with that tile (at least our minimum) and overlap."""
+        """Core VAEDecode contract; `vae_options` may carry core's SeedVR2 `seedvr2_tiling` (our exact tiles)."""
         self.throw_exception_if_invalid()
-        tiling = (vae_options or {}).get("seedvr2_tiling") or {}
-        if tiling.get("enable_tiling"):
-            # our tiles are exact, so a tile below our minimum only changes memory: round it up
-            tile = max(max(tiling.get("tile_size", CORE_SEEDVR2_TILE_PX)), MIN_TILE_LATENT * self.turbo.spatial_factor)
-            overlap = min(tiling.get("tile_overlap", CORE_SEEDVR2_OVERLAP_PX))
-            return self.decode_tiles(samples_in, tile=tile, overlap=_core_overlap(tile, overlap), mode="auto",
-                                     temporal_slice=None)
+        if (tiling := seedvr2_tiling_request(vae_options, MIN_TILE_LATENT * self.turbo.spatial_factor)) is not None:
+            return self.decode_tiles(samples_in, tile=tiling[0], overlap=tiling[1], mode="auto", temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
@@ -311,21 +278,15 @@ class ComfyTurboVAE:
         temporal slices carry the causal cache, so they are exact) and is ignored."""
         f = self.turbo.spatial_factor
         tile = max(tile_x or 0, tile_y or 0) * f or None
-        return self.decode_tiles(samples, tile=tile, overlap=_core_overlap(tile, (overlap or 0) * f), mode="auto",
+        return self.decode_tiles(samples, tile=tile, overlap=core_overlap(tile, (overlap or 0) * f), mode="auto",
                                  temporal_slice=tile_t or None)
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
         tile = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
-        return self.encode_tiles(pixel_samples, tile=tile, overlap=_core_overlap(tile, overlap or 0), mode="auto",
+        return self.encode_tiles(pixel_samples, tile=tile, overlap=core_overlap(tile, overlap or 0), mode="auto",
                                  temporal_slice=slice_)
-
-
-def _core_overlap(tile: Optional[int], overlap: int) -> int:
-    """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
-    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
-    return tile // 4 if tile and 2 * overlap >= tile else overlap
 
 
 def is_turbovae(vae: object) -> bool:
