@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fast_paths
+from .memory_format import memory_format_of
 
 _AUTO = object()  # not resolved yet: vae.kernels.default_dispatch() is asked on the first CUDA call
 _FUSED_DISPATCH = _AUTO
@@ -72,14 +73,7 @@ def _fused_for(x: torch.Tensor):
 def _probe_of(x: torch.Tensor) -> torch.Tensor:
     """A small dense copy of `x` in its memory format (one sample, ≤ 2 frames, ≤ 8×8 px): the self-check input."""
     small = x[(slice(0, 1), slice(None)) + ((slice(0, 2),) if x.ndim == 5 else ()) + (slice(0, 8), slice(0, 8))]
-    return small.contiguous(memory_format=_memory_format(x))
-
-
-def _memory_format(x: torch.Tensor) -> torch.memory_format:
-    if x.is_contiguous() or x.ndim not in (4, 5):
-        return torch.contiguous_format
-    fmt = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
-    return fmt if x.is_contiguous(memory_format=fmt) else torch.contiguous_format
+    return small.contiguous(memory_format=memory_format_of(x))
 
 
 def _run_fused(x: torch.Tensor, key: str, fused, reference):
@@ -90,7 +84,7 @@ def _run_fused(x: torch.Tensor, key: str, fused, reference):
         out = fused(probe)
         return reference(probe) if out is None else out  # declined: nothing to check
 
-    fmt = _memory_format(x)
+    fmt = memory_format_of(x)
     layout = (f"{str(x.dtype).removeprefix('torch.')} {x.ndim}-D"
               + (" channels-last" if fmt != torch.contiguous_format else ""))
     if not fast_paths.check("triton_norms", x.device, f"{key}, {layout}", fused_probe, lambda: reference(_probe_of(x))):

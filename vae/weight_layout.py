@@ -26,19 +26,20 @@ import torch
 from torch import nn
 
 from .base import tracing
+from .memory_format import channels_last_format
 
 
 def channels_last(weight: torch.Tensor) -> torch.Tensor:
     """`weight` with the same shape and values, stored channels-last (3-D for 5-D weights, 2-D for 4-D)."""
     if weight.ndim not in (4, 5):
         return weight
-    return weight.contiguous(memory_format=torch.channels_last_3d if weight.ndim == 5 else torch.channels_last)
+    return weight.contiguous(memory_format=channels_last_format(weight.ndim))
 
 
 def is_channels_last(weight: torch.Tensor) -> bool:
     if weight.ndim not in (4, 5):
         return True
-    return weight.is_contiguous(memory_format=torch.channels_last_3d if weight.ndim == 5 else torch.channels_last)
+    return weight.is_contiguous(memory_format=channels_last_format(weight.ndim))
 
 
 def hold_channels_last(modules: Iterable[nn.Module]) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..base import CausalState
 from ..ops import rms_norm_silu
+from ..memory_format import memory_format_of
 from ..weight_layout import PassScratch
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -80,18 +81,12 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu)
 
 
-def kernel_format(x: torch.Tensor) -> torch.memory_format:
-    """The memory format a conv on `x` runs in: channels-last when `x` is (and not also plain contiguous)."""
-    cl = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
-    return cl if not x.is_contiguous() and x.is_contiguous(memory_format=cl) else torch.contiguous_format
-
-
 def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_format:
     """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
     stored so: the kernel reads the parameter itself), else `x`'s own."""
     if ctx is not None:
         return torch.channels_last_3d if ctx.flags.channels_last else torch.contiguous_format
-    return kernel_format(x)
+    return memory_format_of(x)
 
 
 def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[StreamContext]) -> torch.Tensor:
@@ -116,7 +111,7 @@ class CausalConv3d(nn.Conv3d):
 
     # -- image ---------------------------------------------------------------------------------
     def image(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        weight = packed(self.weight[:, :, -1], kernel_format(x), ctx)
+        weight = packed(self.weight[:, :, -1], memory_format_of(x), ctx)
         return F.conv2d(x, weight, self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
@@ -156,7 +151,7 @@ def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[StreamContext], 
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
     if x.ndim == 4:
-        return F.conv2d(x, packed(conv.weight, kernel_format(x), ctx), conv.bias, conv.stride, pad)
+        return F.conv2d(x, packed(conv.weight, memory_format_of(x), ctx), conv.bias, conv.stride, pad)
     fmt = pass_format(x, ctx)
     weight = packed(conv.weight.unsqueeze(2), fmt, ctx)
     return guarded_conv3d(x.contiguous(memory_format=fmt), weight, conv.bias, (1, *conv.stride), (0, *pad))

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
 from ..channels_last import channels_last_trusted
+from ..memory_format import channels_last_format
 from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
@@ -224,8 +225,7 @@ class WanVAE(VAEModel):
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_flags().channels_last:
             return x
-        fmt = torch.channels_last if x.ndim == 4 else torch.channels_last_3d
-        return x.contiguous(memory_format=fmt)
+        return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- whole-clip passes -------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
