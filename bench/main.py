@@ -153,7 +153,7 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
     cfg = _wan_config(family, opts.quick)
     path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
     sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else fan_in_weights(_shapes(WanVAE, cfg))
-    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype)  # build: an inference model
     layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
 
     def ours(x: torch.Tensor) -> torch.Tensor:

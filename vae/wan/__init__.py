@@ -112,8 +112,8 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32  # mixed files: widen; load_vae casts afterwards
     sd = {k: v.to(dtype) for k, v in sd.items()}
     model.load_state_dict(sd, strict=True, assign=True)
-    # For inference, as SeedVR2's build and TurboVAE: with parameters that require grad, derived weights (folded
-    # taps, channels-last copies) are rebuilt on every call and the fused kernels fall back to unfused ops.
+    # An inference model, as SeedVR2's build and TurboVAE give: parameters that require grad would put every
+    # pass outside inference mode into autograd (and the weight scratch and in-place adds step aside there).
     return model.eval().requires_grad_(False)
 
 
