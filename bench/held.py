@@ -32,7 +32,7 @@ CLIP_FRAMES = 5
 class Architecture:
     name: str
     config: Callable[[bool], object]  # tiny? -> config
-    model_cls: Callable[[], type]
+    shapes: Callable[[object], dict]  # config -> the architecture's key -> shape table
 
 
 def _wan(family: str) -> Callable[[bool], object]:
@@ -51,22 +51,22 @@ def _seedvr2_config(tiny: bool):
     return SeedVR2Config.tiny() if tiny else SeedVR2Config()
 
 
-def _wan_cls() -> type:
-    from ..vae.wan import WanVAE
+def _wan_shapes(cfg) -> dict:
+    from ..vae.wan import expected_shapes
 
-    return WanVAE
+    return expected_shapes(cfg)
 
 
-def _seedvr2_cls() -> type:
-    from ..vae.seedvr2 import SeedVR2VAE
+def _seedvr2_shapes(cfg) -> dict:
+    from ..vae.seedvr2 import expected_shapes
 
-    return SeedVR2VAE
+    return expected_shapes(cfg)
 
 
 ARCHITECTURES = (
-    Architecture("Wan 2.1 / Qwen-Image", _wan("wan2.1"), _wan_cls),
-    Architecture("Wan 2.2", _wan("wan2.2"), _wan_cls),
-    Architecture("SeedVR2", _seedvr2_config, _seedvr2_cls),
+    Architecture("Wan 2.1 / Qwen-Image", _wan("wan2.1"), _wan_shapes),
+    Architecture("Wan 2.2", _wan("wan2.2"), _wan_shapes),
+    Architecture("SeedVR2", _seedvr2_config, _seedvr2_shapes),
 )
 
 
@@ -91,14 +91,9 @@ def _steps(vae: TurboVAE, image_px: int, g: torch.Generator) -> list[tuple[str, 
     ]
 
 
-def _shapes(model_cls: type, cfg) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in model_cls(cfg).state_dict().items()}
-
-
 def _load(arch: Architecture, tiny: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
     cfg = arch.config(tiny)
-    return load_vae(fan_in_weights(_shapes(arch.model_cls(), cfg)), config=cfg, device=device, dtype=dtype)
+    return load_vae(fan_in_weights(arch.shapes(cfg)), config=cfg, device=device, dtype=dtype)
 
 
 def parameters_mb(vae: TurboVAE) -> float:

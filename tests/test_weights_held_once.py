@@ -14,26 +14,22 @@ import torch
 
 import turbovae
 from turbovae.bench import peak_rss
-from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+from turbovae.vae import seedvr2, wan
+from turbovae.vae.seedvr2 import SeedVR2Config
 from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
 from turbovae.vae.weight_layout import is_channels_last
 
 HELD_SHARE = 0.05  # of the parameters' size
-ARCHITECTURES = {  # name -> (model class, real config, tiny config)
-    "wan2.1": (WanVAE, WAN21, TINY_WAN21),
-    "wan2.2": (WanVAE, WAN22, TINY_WAN22),
-    "seedvr2": (SeedVR2VAE, SeedVR2Config(), SeedVR2Config.tiny()),
+ARCHITECTURES = {  # name -> (the architecture's key -> shape table, real config, tiny config)
+    "wan2.1": (wan.expected_shapes, WAN21, TINY_WAN21),
+    "wan2.2": (wan.expected_shapes, WAN22, TINY_WAN22),
+    "seedvr2": (seedvr2.expected_shapes, SeedVR2Config(), SeedVR2Config.tiny()),
 }
 
 
-def shapes(model_cls, cfg) -> dict:
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in model_cls(cfg).state_dict().items()}
-
-
-def constant_weights(model_cls, cfg) -> dict:
+def constant_weights(shapes, cfg) -> dict:
     """Cheap finite weights for a real-size model (random ones take seconds to draw at 2.7 GB)."""
-    return {k: torch.full(s, 1e-2) for k, s in shapes(model_cls, cfg).items()}
+    return {k: torch.full(s, 1e-2) for k, s in shapes(cfg).items()}
 
 
 def derived_bytes(model: torch.nn.Module) -> int:
@@ -92,11 +88,11 @@ def run_paths(vae: turbovae.TurboVAE, px: int, check=lambda name: None) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_no_path_holds_derived_weights(arch):
-    model_cls, real, tiny = ARCHITECTURES[arch]
+    shapes, real, tiny = ARCHITECTURES[arch]
     # the process's one-time costs (kernel code, thread pools) first, on the tiny config
-    run_paths(turbovae.load_vae(constant_weights(model_cls, tiny), config=tiny, device="cpu", dtype="fp32"), 32)
+    run_paths(turbovae.load_vae(constant_weights(shapes, tiny), config=tiny, device="cpu", dtype="fp32"), 32)
     gc.collect()
-    vae = turbovae.load_vae(constant_weights(model_cls, real), config=real, device="cpu", dtype="fp32")
+    vae = turbovae.load_vae(constant_weights(shapes, real), config=real, device="cpu", dtype="fp32")
     params = sum(p.numel() * p.element_size() for p in vae.model.parameters())
     budget = HELD_SHARE * params
     loaded = peak_rss.resident_mb() if peak_rss.supported() else None
@@ -131,9 +127,9 @@ def test_derived_bytes_sees_a_cache():
 
 @pytest.mark.parametrize("arch", ["wan2.1", "wan2.2"])
 def test_wan_weights_are_stored_once_channels_last_with_checkpoint_values(arch):
-    model_cls, _, tiny = ARCHITECTURES[arch]
+    shapes, _, tiny = ARCHITECTURES[arch]
     sd = {k: torch.randn(s, generator=torch.Generator().manual_seed(i))
-          for i, (k, s) in enumerate(shapes(model_cls, tiny).items())}
+          for i, (k, s) in enumerate(shapes(tiny).items())}
     vae = turbovae.load_vae(sd, config=tiny, device="cpu", dtype="fp32")
     convs = [m for m in vae.model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))]
     assert convs and all(is_channels_last(m.weight) for m in convs)
@@ -153,7 +149,7 @@ def test_wan_layout_is_restored_after_an_assigning_load():
     """`load_state_dict(assign=True)` puts the checkpoint's contiguous tensors in place; the model lays them
     out again, and the outputs do not depend on the layout."""
     sd = {k: torch.randn(s, generator=torch.Generator().manual_seed(i)) * 0.1
-          for i, (k, s) in enumerate(shapes(WanVAE, TINY_WAN21).items())}
+          for i, (k, s) in enumerate(wan.expected_shapes(TINY_WAN21).items())}
     model = WanVAE(TINY_WAN21).eval()
     model.load_state_dict(sd, assign=True)
     assert is_channels_last(model.decoder.conv_in.weight)
