@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import torch
 
-from .base import LatentFormat, Progress, VAEModel
+from .base import LatentFormat, Progress, VAEModel, check_temporal_slice
 from .architectures import detect_architecture
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
@@ -25,18 +25,6 @@ from .memory import auto_temporal_slice, check_fits
 log = logging.getLogger("turbovae")
 
 LOGVAR_CLAMP = (-30.0, 20.0)
-
-
-def check_temporal_slice(temporal_slice: Optional[int]) -> None:
-    """ValueError unless `temporal_slice` is None (chosen from free memory) or an integer ≥ 1 latent frame
-    (0 or less would never advance through the clip)."""
-    if temporal_slice is None:
-        return
-    if isinstance(temporal_slice, bool) or not isinstance(temporal_slice, int):
-        raise ValueError(f"temporal_slice must be an integer, got {temporal_slice!r}")
-    if temporal_slice < 1:
-        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
-                         "free memory)")
 
 
 class DeviceUnavailable(ValueError):

@@ -161,6 +161,18 @@ class VAEModel(nn.Module, ABC):
         return next(self.parameters()).device
 
 
+def check_temporal_slice(temporal_slice: Optional[int]) -> None:
+    """ValueError unless `temporal_slice` is None (chosen from free memory) or an integer ≥ 1 latent frame
+    (0 or less would never advance through the clip)."""
+    if temporal_slice is None:
+        return
+    if isinstance(temporal_slice, bool) or not isinstance(temporal_slice, int):
+        raise ValueError(f"temporal_slice must be an integer, got {temporal_slice!r}")
+    if temporal_slice < 1:
+        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
+                         "free memory)")
+
+
 def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]:
     """(start, stop) pairs: one slice of `first` items, then slices of `rest` (the last may be shorter).
 

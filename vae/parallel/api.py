@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
+from ..base import Progress
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
 from ..tiling.api import _tile_latent
 from ..tiling.exact import supports_exact
@@ -26,7 +27,6 @@ from .sharded import sharded_pass
 
 log = logging.getLogger(__name__)
 
-Progress = Optional[Callable[[int, int], None]]
 DeviceList = Optional[Sequence[Union[str, torch.device]]]
 
 _replicas: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()

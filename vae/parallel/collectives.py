@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import device_guard, fast_paths
+from ..base import Progress
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -275,7 +276,7 @@ class Lockstep:
     at each tick an error flag is all-reduced, so a cancel (the progress callback raising) or a failure
     seen at a tick stops every rank there instead of leaving the others waiting in a collective."""
 
-    def __init__(self, comm: Collective, progress: Optional[Callable[[int, int], None]]):
+    def __init__(self, comm: Collective, progress: Progress):
         self.comm, self.progress = comm, progress
 
     def __call__(self, done: int, total: int) -> None:

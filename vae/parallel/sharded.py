@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
+from ..base import Progress
 from ..tiling.exact import ExactPlan, LayerwisePlan, _run_global, _run_tiles
 from ..tiling.fast import PassGeometry
 from .band_chain import can_exchange, run_band_chain
 from .bands import Band, BandPlan
 from .collectives import Collective, Lockstep
 
-Progress = Optional[Callable[[int, int], None]]
 
 
 def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile_latent: int,

@@ -18,11 +18,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
+from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, check_temporal_slice, split_slices
 from ..channels_last import channels_last_trusted
 from ..plans import LayerwisePlan
 from .config import FastPaths, SeedVR2Config
-from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu,
+from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D,
                      norm_silu_conv)
 from .layerwise import SplitPolicy, normalised_convs
 
@@ -166,8 +166,7 @@ class SeedVR2VAE(VAEModel):
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
                        progress: Progress = None) -> torch.Tensor:
         tf = self.latent_format.temporal_factor
-        if temporal_slice is not None and temporal_slice < 1:
-            raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
+        check_temporal_slice(temporal_slice)
         if (pixels.shape[2] - 1) % tf:
             raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
         n = temporal_slice
@@ -176,8 +175,7 @@ class SeedVR2VAE(VAEModel):
 
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
                        clamp: bool = True, progress: Progress = None) -> torch.Tensor:
-        if temporal_slice is not None and temporal_slice < 1:
-            raise ValueError(f"temporal_slice must be a positive number of latent frames, got {temporal_slice}")
+        check_temporal_slice(temporal_slice)
         n = temporal_slice
         bounds = self._slice_bounds(latents.shape[2], n, decode=True)
         return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress)

@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..api import TurboVAE, check_temporal_slice, moments_to_latents
+from ..api import TurboVAE, moments_to_latents
+from ..base import Progress, check_temporal_slice
 from ..memory import USABLE_FRACTION, free_memory_bytes
 from ..oom import OutOfMemory, attempt
 from .exact import supports_exact, run_exact
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 MODES = ("fast", "exact", "auto")
 DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
 
-Progress = Optional[Callable[[int, int], None]]
 
 
 def _check_mode(mode: str) -> str:

@@ -12,12 +12,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..base import CausalStream, split_slices
+from ..base import CausalStream, Progress, check_temporal_slice, split_slices
 from ..oom import OutOfMemory, attempt
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry
 
-Progress = Optional[Callable[[int, int], None]]
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,8 @@ class PassGeometry:
 
     def slices(self, in_frames: int, temporal_slice: Optional[int]) -> Sequence[tuple[int, int]]:
         """Input frame slices: whole clip, or (1+k, k, k, …) latents ≙ (1+4k, 4k, …) pixel frames."""
-        if temporal_slice is None or temporal_slice <= 0:
+        check_temporal_slice(temporal_slice)
+        if temporal_slice is None:
             return [(0, in_frames)]
         step = temporal_slice if self.decode else temporal_slice * self.temporal_factor
         return split_slices(in_frames, 1 + step, step)

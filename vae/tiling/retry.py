@@ -14,10 +14,11 @@ progress counter that grows when a tile is split, so the bar still ends at its t
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
+from ..base import Progress
 from ..memory import free_memory_bytes
 from ..oom import OutOfMemory, RetriesExhausted, release_cached
 
@@ -29,7 +30,7 @@ MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
 class StepCounter:
     """progress(done, total) after each unit of work; `grow` adds the units a split tile created."""
 
-    def __init__(self, progress: Optional[Callable[[int, int], None]], total: int):
+    def __init__(self, progress: Progress, total: int):
         self.progress, self.total, self.done = progress, total, 0
 
     def tick(self) -> None:

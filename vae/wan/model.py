@@ -17,10 +17,9 @@ from dataclasses import replace
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, split_slices
+from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, check_temporal_slice, split_slices
 from ..channels_last import channels_last_trusted
 from ..memory_format import channels_last_format
 from ..weight_layout import hold_channels_last
@@ -233,8 +232,7 @@ class WanVAE(VAEModel):
         t = pixels.shape[2]
         if t == 1 and self.flags.fold_image:
             return self.encoder(self.to_memory_format(pixels[:, :, 0]), self.context()).unsqueeze(2).contiguous()
-        if temporal_slice is not None and temporal_slice < 1:
-            raise ValueError(f"temporal_slice must be >= 1 latent frame, got {temporal_slice}")
+        check_temporal_slice(temporal_slice)
         tf = self.latent_format.temporal_factor
         n = t if temporal_slice is None else tf * temporal_slice
         with self.encode_stream() as stream:
@@ -247,8 +245,7 @@ class WanVAE(VAEModel):
         if t == 1 and self.flags.fold_image:
             z = self.to_memory_format(latents[:, :, 0])
             return self.decoder(z, self.context()).clamp_(-1.0, 1.0).unsqueeze(2).contiguous()
-        if temporal_slice is not None and temporal_slice < 1:
-            raise ValueError(f"temporal_slice must be >= 1 latent frame, got {temporal_slice}")
+        check_temporal_slice(temporal_slice)
         n = t if temporal_slice is None else temporal_slice
         with self.decode_stream() as stream:
             outs = _stream_slices(stream, latents, list(split_slices(t, n + 1, n)), progress)
