@@ -18,7 +18,7 @@ from torch import nn
 from ..base import CausalState
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
-from . import layerwise
+from . import layerwise, subpixel
 from .layerwise import SplitPolicy
 from .config import FastPaths
 
@@ -319,8 +319,17 @@ class Upsample3D(nn.Module):
         return wk, bk
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        if self._composed_applies(x, ctx):
+            return subpixel.upsample_conv(self, x, ctx)
         y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)
         return self.conv(y, ctx)
+
+    def _composed_applies(self, x: torch.Tensor, ctx: PassContext) -> bool:
+        """The composed low-resolution convs (vae/seedvr2/subpixel.py): space-only upsamplers, whole-frame
+        passes, and only where the output is large enough to pay for composing the weights."""
+        return (ctx.fast.subpixel_conv and self.zr == 1 and ctx.split is None
+                and self.conv.kernel_size == (3, 3, 3) and self.conv.head_frames == 2
+                and subpixel.worth_composing(x.shape[1], 4 * x.shape[2] * x.shape[3] * x.shape[4]))
 
     def upscale(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """upscale_conv + sub-pixel shuffle (pixel-local, so exact tiling runs it per tile)."""

@@ -244,8 +244,8 @@ class SeedVR2VAE(VAEModel):
         """(conv name, memory shape) in state order after a first slice of `first_frames` frames (latent
         frames for decode, pixel frames for encode, 1+4k) at `height`×`width` of the step's input.
         Runs a meta-device copy, so it costs nothing; engines use it to declare the cache I/O."""
-        with torch.device("meta"):
-            clone = SeedVR2VAE(self.config, self.fast)
+        with torch.device("meta"):  # names come from conv calls: the composed upsampler skips its conv's call
+            clone = SeedVR2VAE(self.config, replace(self.fast, subpixel_conv=False))
         channels = self.config.latent_channels if decode else self.config.in_channels
         x = torch.empty(batch, channels, first_frames, height, width, device="meta")
         order: list[str] = []

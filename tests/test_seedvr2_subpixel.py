@@ -1,0 +1,104 @@
+"""The composed space-only upsampler (vae/seedvr2/subpixel.py) against the plain 1×1 conv + shuffle + causal conv.
+
+Weights are seeded at the shipped model's scale; the layer runs at a channel count where the composition
+applies, first slices (image, clip), later slices with causal memory, and the memory it hands on.
+"""
+
+import pytest
+import torch
+
+from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
+from turbovae.vae.seedvr2 import subpixel
+from turbovae.vae.seedvr2.layers import PassContext, Upsample3D
+
+TOL = 1e-5
+COMPOSED = FastPaths()
+PLAIN_LAYER = FastPaths().without("subpixel_conv")
+
+
+def seeded_upsampler(channels: int, seed: int = 0) -> Upsample3D:
+    g = torch.Generator().manual_seed(seed)
+    up = Upsample3D(channels, temporal=False).eval().requires_grad_(False)
+    for p in up.parameters():
+        fan_in = p[0].numel() if p.ndim > 1 else 1
+        p.copy_(torch.randn(p.shape, generator=g) * (fan_in ** -0.5 if p.ndim > 1 else 0.1))
+    return up
+
+
+def run_slices(up: Upsample3D, x: torch.Tensor, bounds, fast: FastPaths):
+    """Outputs and memories of consecutive slices, as decode steps chain them."""
+    outs, memories, state = [], [], None
+    with torch.inference_mode():
+        for a, b in bounds:
+            ctx = PassContext(fast, state, collect=True)
+            outs.append(up(x[:, :, a:b], ctx))
+            state = ctx.finish()
+            memories.append(state)
+    return outs, memories
+
+
+@pytest.mark.parametrize("bounds", [[(0, 1)], [(0, 5)], [(0, 1), (1, 2), (2, 6)], [(0, 3), (3, 7)]])
+def test_composed_upsampler_equals_plain_layer(bounds):
+    up = seeded_upsampler(32)
+    x = torch.randn(1, 32, bounds[-1][1], 9, 8, generator=torch.Generator().manual_seed(1))
+    assert subpixel.worth_composing(32, 4 * 9 * 8)  # every slice, even one frame, takes the composed path
+    fast, fast_mem = run_slices(up, x, bounds, COMPOSED)
+    plain, plain_mem = run_slices(up, x, bounds, PLAIN_LAYER)
+    for f, p in zip(fast, plain):
+        assert f.shape == p.shape
+        assert (f - p).abs().max().item() <= TOL
+    for fm, pm in zip(fast_mem, plain_mem):
+        assert [t.shape for t in fm] == [t.shape for t in pm]
+        assert all((a - b).abs().max().item() <= TOL for a, b in zip(fm, pm))
+
+
+def test_memory_from_one_path_continues_on_the_other():
+    """A slice on the composed path hands memory the plain path continues from, and the other way round."""
+    up = seeded_upsampler(24, seed=2)
+    x = torch.randn(1, 24, 6, 7, 8, generator=torch.Generator().manual_seed(3))
+    assert subpixel.worth_composing(24, 4 * 2 * 7 * 8)
+    ref, _ = run_slices(up, x, [(0, 6)], PLAIN_LAYER)
+    for first, second in [(COMPOSED, PLAIN_LAYER), (PLAIN_LAYER, COMPOSED)]:
+        with torch.inference_mode():
+            ctx = PassContext(first, None, collect=True)
+            a = up(x[:, :, :2], ctx)
+            ctx2 = PassContext(second, ctx.finish(), collect=False)
+            b = up(x[:, :, 2:], ctx2)
+        assert (torch.cat([a, b], dim=2) - ref[0]).abs().max().item() <= TOL
+
+
+def test_composed_kernels_and_bias_reproduce_a_frame_at_every_border():
+    """One frame of 2×2 low-resolution pixels: every output pixel is a border pixel of some kind."""
+    up = seeded_upsampler(32, seed=4)
+    x = torch.randn(1, 32, 1, 2, 2, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        fast = subpixel.upsample_conv(up, x, PassContext(FastPaths(), None))
+        plain = up.conv(up.upscale(x, PassContext(PLAIN_LAYER, None)), PassContext(PLAIN_LAYER, None))
+    assert (fast - plain).abs().max().item() <= TOL
+
+
+def test_small_layers_keep_the_plain_path():
+    assert not subpixel.worth_composing(512, 4 * 8 * 8)
+    assert subpixel.worth_composing(256, 4 * 32 * 32)
+
+
+def test_decoder_with_composed_upsampler_equals_plain_decoder():
+    """Tiny topology, clip and image, whole and sliced: the composed path changes no output beyond rounding."""
+    cfg = SeedVR2Config.tiny()
+    model = SeedVR2VAE(cfg).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (p[0].numel() ** -0.5 if p.ndim > 1 else 0.05))
+    z = torch.randn(1, cfg.latent_channels, 3, 4, 4, generator=g)
+    spatial_up = model.decoder.up_blocks[2].upsamplers[0]
+    assert spatial_up.zr == 1
+    assert subpixel.worth_composing(spatial_up.conv.in_channels, 4 * 16 * 16)  # its input is 16×16 here: composed
+    with torch.inference_mode():
+        outs = {}
+        for name, fast in [("composed", COMPOSED), ("plain", PLAIN_LAYER)]:
+            model.fast = fast
+            outs[name] = [model.decode_latents(z), model.decode_latents(z, temporal_slice=1),
+                          model.decode_latents(z[:, :, :1])]
+    for f, p in zip(outs["composed"], outs["plain"]):
+        assert (f - p).abs().max().item() <= TOL
