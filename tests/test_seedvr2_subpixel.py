@@ -16,34 +16,40 @@ COMPOSED = FastPaths()
 PLAIN_LAYER = FastPaths().without("subpixel_conv")
 
 
-def seeded_upsampler(channels: int, seed: int = 0) -> Upsample3D:
+def seeded_upsampler(channels: int, seed: int = 0, temporal: bool = False) -> Upsample3D:
     g = torch.Generator().manual_seed(seed)
-    up = Upsample3D(channels, temporal=False).eval().requires_grad_(False)
+    up = Upsample3D(channels, temporal=temporal).eval().requires_grad_(False)
     for p in up.parameters():
         fan_in = p[0].numel() if p.ndim > 1 else 1
         p.copy_(torch.randn(p.shape, generator=g) * (fan_in ** -0.5 if p.ndim > 1 else 0.1))
     return up
 
 
-def run_slices(up: Upsample3D, x: torch.Tensor, bounds, fast: FastPaths):
-    """Outputs and memories of consecutive slices, as decode steps chain them."""
+def run_slices(up: Upsample3D, x: torch.Tensor, bounds, composed: bool):
+    """Outputs and memories of consecutive slices, as decode steps chain them: through the composition
+    (whatever the size rule says), or through the plain layer."""
     outs, memories, state = [], [], None
     with torch.inference_mode():
         for a, b in bounds:
-            ctx = PassContext(fast, state, collect=True)
-            outs.append(up(x[:, :, a:b], ctx))
+            ctx = PassContext(COMPOSED if composed else PLAIN_LAYER, state, collect=True)
+            layer = (lambda v, c: subpixel.upsample_conv(up, v, c)) if composed else up
+            outs.append(layer(x[:, :, a:b], ctx))
             state = ctx.finish()
             memories.append(state)
     return outs, memories
 
 
-@pytest.mark.parametrize("bounds", [[(0, 1)], [(0, 5)], [(0, 1), (1, 2), (2, 6)], [(0, 3), (3, 7)]])
-def test_composed_upsampler_equals_plain_layer(bounds):
-    up = seeded_upsampler(32)
-    x = torch.randn(1, 32, bounds[-1][1], 9, 8, generator=torch.Generator().manual_seed(1))
-    assert subpixel.worth_composing(32, 4 * 9 * 8)  # every slice, even one frame, takes the composed path
-    fast, fast_mem = run_slices(up, x, bounds, COMPOSED)
-    plain, plain_mem = run_slices(up, x, bounds, PLAIN_LAYER)
+SLICINGS = [[(0, 1)], [(0, 2)], [(0, 3)], [(0, 5)], [(0, 1), (1, 2), (2, 6)], [(0, 2), (2, 3), (3, 7)],
+            [(0, 3), (3, 7)]]
+
+
+@pytest.mark.parametrize("temporal", [False, True], ids=["space", "space-time"])
+@pytest.mark.parametrize("bounds", SLICINGS)
+def test_composed_upsampler_equals_plain_layer(bounds, temporal):
+    up = seeded_upsampler(16, temporal=temporal)
+    x = torch.randn(1, 16, bounds[-1][1], 5, 4, generator=torch.Generator().manual_seed(1))
+    fast, fast_mem = run_slices(up, x, bounds, composed=True)
+    plain, plain_mem = run_slices(up, x, bounds, composed=False)
     for f, p in zip(fast, plain):
         assert f.shape == p.shape
         assert (f - p).abs().max().item() <= TOL
@@ -52,18 +58,18 @@ def test_composed_upsampler_equals_plain_layer(bounds):
         assert all((a - b).abs().max().item() <= TOL for a, b in zip(fm, pm))
 
 
-def test_memory_from_one_path_continues_on_the_other():
+@pytest.mark.parametrize("temporal", [False, True], ids=["space", "space-time"])
+def test_memory_from_one_path_continues_on_the_other(temporal):
     """A slice on the composed path hands memory the plain path continues from, and the other way round."""
-    up = seeded_upsampler(24, seed=2)
+    up = seeded_upsampler(24, seed=2, temporal=temporal)
     x = torch.randn(1, 24, 6, 7, 8, generator=torch.Generator().manual_seed(3))
-    assert subpixel.worth_composing(24, 4 * 2 * 7 * 8)
-    ref, _ = run_slices(up, x, [(0, 6)], PLAIN_LAYER)
-    for first, second in [(COMPOSED, PLAIN_LAYER), (PLAIN_LAYER, COMPOSED)]:
+    ref, _ = run_slices(up, x, [(0, 6)], composed=False)
+    for first_composed in (True, False):
         with torch.inference_mode():
-            ctx = PassContext(first, None, collect=True)
-            a = up(x[:, :, :2], ctx)
-            ctx2 = PassContext(second, ctx.finish(), collect=False)
-            b = up(x[:, :, 2:], ctx2)
+            ctx = PassContext(PLAIN_LAYER, None, collect=True)
+            a = subpixel.upsample_conv(up, x[:, :, :2], ctx) if first_composed else up(x[:, :, :2], ctx)
+            ctx2 = PassContext(PLAIN_LAYER, ctx.finish(), collect=False)
+            b = up(x[:, :, 2:], ctx2) if first_composed else subpixel.upsample_conv(up, x[:, :, 2:], ctx2)
         assert (torch.cat([a, b], dim=2) - ref[0]).abs().max().item() <= TOL
 
 
@@ -79,7 +85,18 @@ def test_composed_kernels_and_bias_reproduce_a_frame_at_every_border():
 
 def test_small_layers_keep_the_plain_path():
     assert not subpixel.worth_composing(512, 4 * 8 * 8)
-    assert subpixel.worth_composing(256, 4 * 32 * 32)
+    assert subpixel.worth_composing(256, 4 * 5 * 32 * 32)
+    # the temporal stage composes twice the rows: it needs a larger output for the same channels
+    assert subpixel.worth_composing(512, 4 * 9 * 64 * 64, zr=2)
+    assert not subpixel.worth_composing(512, 4 * 5 * 16 * 16, zr=2)
+
+
+@pytest.mark.parametrize("zr", [1, 2])
+@pytest.mark.parametrize("frames", [1, 2, 3, 6])
+@pytest.mark.parametrize("first_slice", [True, False])
+def test_output_classes_cover_every_frame_once(zr, frames, first_slice):
+    frames_out = zr * frames - int(zr == 2 and first_slice)
+    assert subpixel.classes_cover(subpixel.output_classes(zr, 3, frames, first_slice), frames_out)
 
 
 def test_decoder_with_composed_upsampler_equals_plain_decoder():

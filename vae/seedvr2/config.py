@@ -62,8 +62,8 @@ class FastPaths:
       half of the temporal upsampler.
     - head_taps: on the first slice of a clip, the two head outputs of each 3x3x3 causal conv use
       summed taps (3 frame-taps instead of 6) and the body is a valid conv3d without a padded copy.
-    - subpixel_conv: a space-only upsampler's 1×1 conv, shuffle and 3×3×3 conv run as four 2×2 convs at low
-      resolution with composed weights (vae/seedvr2/subpixel.py), when the layer is large enough.
+    - subpixel_conv: an upsampler's 1×1 conv, shuffle and 3×3×3 causal conv run as composed convs with 2×2
+      spatial taps at low resolution (vae/seedvr2/subpixel.py), where the layer is large enough to pay for it.
     - channels_last: run convs in channels_last_3d (useful on GPUs; off by default).
     """
 

@@ -325,11 +325,14 @@ class Upsample3D(nn.Module):
         return self.conv(y, ctx)
 
     def _composed_applies(self, x: torch.Tensor, ctx: PassContext) -> bool:
-        """The composed low-resolution convs (vae/seedvr2/subpixel.py): space-only upsamplers, whole-frame
-        passes, and only where the output is large enough to pay for composing the weights."""
-        return (ctx.fast.subpixel_conv and self.zr == 1 and ctx.split is None
-                and self.conv.kernel_size == (3, 3, 3) and self.conv.head_frames == 2
-                and subpixel.worth_composing(x.shape[1], 4 * x.shape[2] * x.shape[3] * x.shape[4]))
+        """The composed low-resolution convs (vae/seedvr2/subpixel.py): whole-frame passes, and only where the
+        output is large enough to pay for composing the weights."""
+        if not (ctx.fast.subpixel_conv and ctx.split is None and self.conv.kernel_size == (3, 3, 3)
+                and self.conv.head_frames == 2):
+            return False
+        frames_out = 1 if ctx.image(x) else self.zr * x.shape[2] - int(self.zr == 2 and ctx.first)
+        return subpixel.worth_composing(x.shape[1], 4 * frames_out * x.shape[3] * x.shape[4],
+                                        1 if ctx.image(x) else self.zr)
 
     def upscale(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """upscale_conv + sub-pixel shuffle (pixel-local, so exact tiling runs it per tile)."""
