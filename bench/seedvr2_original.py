@@ -35,6 +35,8 @@ CASES = {  # name -> latent shape
     "image decode 256²": (1, 16, 1, 32, 32),
     "5-frame decode 128²": (1, 16, 2, 16, 16),
     "9-frame decode 128²": (1, 16, 3, 16, 16),
+    "21-frame decode 128²": (1, 16, 6, 16, 16),
+    "5-frame decode 256²": (1, 16, 2, 32, 32),
 }
 
 
