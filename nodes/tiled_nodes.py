@@ -13,6 +13,7 @@ from comfy_api.latest import io
 from ..vae.tiling.api import MIN_TILE_LATENT
 from .choices import TILE_MODE_HELP, TILE_MODES, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
+from .progress import running_node_id
 
 CATEGORY = "TurboVAE"
 MIN_TILE = 64  # pixels: the tiling engine's floor of 8 latents at 8x (128 px for Wan 2.2's 16x)
@@ -51,11 +52,6 @@ def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
     return tile_size, (temporal_slice or None)  # tile 0 = sized from free memory
 
 
-def _node_id(cls) -> Optional[str]:
-    hidden = getattr(cls, "hidden", None)
-    return getattr(hidden, "unique_id", None) if hidden is not None else None
-
-
 class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -85,7 +81,7 @@ class TurboVAETiledDecode(io.ComfyNode):
         z = samples["samples"]
         if is_turbovae(vae):
             images = vae.decode_tiles(z, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
-                                      node_id=_node_id(cls))
+                                      node_id=running_node_id(cls))
         else:
             images = _core_decode_tiled(vae, z, tile or 512, overlap, slice_)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
@@ -124,7 +120,7 @@ class TurboVAETiledEncode(io.ComfyNode):
         tile, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         if is_turbovae(vae):
             latents = vae.encode_tiles(pixels, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
-                                       node_id=_node_id(cls))
+                                       node_id=running_node_id(cls))
         else:
             frames = slice_ * 4 if slice_ else None
             channels = getattr(vae, "output_channels", 3)  # core's name for a VAE's image channels

@@ -240,12 +240,12 @@ def test_command_line_decodes_and_encodes_files_over_devices(tmp_path, capsys):
 @pytest.mark.parametrize("kind", ["seedvr2", "qwen"])
 def test_real_configs_small_frame_equal_single_device(kind):
     from turbovae import TurboVAE
-    from turbovae.bench.gpu import _seeded_init
+    from turbovae.bench.models import seeded_init
     from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
     from turbovae.vae.wan import WAN21, WanVAE
 
     model = SeedVR2VAE(SeedVR2Config()) if kind == "seedvr2" else WanVAE(WAN21)
-    vae = TurboVAE(_seeded_init(model))
+    vae = TurboVAE(seeded_init(model))
     z = torch.randn(1, vae.latent_channels, 1, 5, 4, generator=torch.Generator().manual_seed(4))  # odd: 3 + 2 rows
     out = decode_parallel(vae, z, devices=["cpu", "cpu"])
     assert (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL

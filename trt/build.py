@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..vae.dtypes import dtype_name
-from .backend import BuildProgress, BuildSpec, get_backend
+from .backend import BuildProgress, BuildSpec
+from .backend_registry import get_backend
 from .buckets import BucketTable
 from .engine_set import COMPONENTS, IO_NAMES, component_profiles
 from .fileio import file_sha256, publish, refuse_existing, temporary_name

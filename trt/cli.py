@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..vae.dtypes import DTYPE_NAMES
-from .backend import AUTO_BACKEND, BACKEND_NAMES, resolve_backend
+from .backend_registry import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
 
 
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="multi-ratio static set of these sizes (default when given without sizes: Qwen-Image "
                             "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=(AUTO_BACKEND, *BACKEND_NAMES), default=AUTO_BACKEND,
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=AUTO_BACKEND,
                         help="auto (tensorrt where it can build here, else aoti; it prints which and why), tensorrt "
                              "(needs a GPU, the tensorrt package, onnx and onnxscript) or aoti (AOTInductor, "
                              "PyTorch only; on CPU it can be slower than eager PyTorch at small sizes, so time it "

@@ -17,7 +17,8 @@ from typing import Mapping, Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
-from .backend import BACKEND_NAMES, EngineLoadError
+from .backend import EngineLoadError
+from .backend_registry import BACKEND_NAMES
 from .buckets import BucketTable
 from .fileio import file_sha256
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..base import Progress
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
-from ..tiling.api import _tile_latent
+from ..tiling.api import resolve_tile_latent
 from ..tiling.exact import supports_exact
 from .collectives import DistCollective, process_group_trusted, run_on_devices
 from .sharded import sharded_pass
@@ -81,7 +81,7 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
     latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
     pixel_frames = vae.latent_format.pixel_frames(latent_frames)
-    tile_lat = _tile_latent(vae, tile, "exact", h_lat, w_lat, pixel_frames, decode=decode)
+    tile_lat = resolve_tile_latent(vae, tile, "exact", h_lat, w_lat, pixel_frames, decode=decode)
     if temporal_slice is None:
         px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
         temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)

@@ -185,7 +185,7 @@ def predict(arch: str, decode: bool, size: str, ranks: tuple[int, ...] = (2, 4, 
 def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -> list[Prediction]:
     from fractions import Fraction
 
-    from ..tiling.exact import _halos, _resolutions
+    from ..tiling.exact import stage_halos, stage_resolutions
     from ..wan import WAN21, WAN22, WanVAE
     from .band_chain import stage_halo
 
@@ -193,7 +193,7 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
     with torch.device("meta"):
         plan = WanVAE(cfg).exact_plan(decode=decode)
     res_in = Fraction(1) if decode else Fraction(cfg.spatial_factor)
-    halos, res = _halos(plan.local, res_in), _resolutions(plan.local, res_in)
+    halos, res = stage_halos(plan.local, res_in), stage_resolutions(plan.local, res_in)
     part = "decoder" if decode else "encoder"
     prefixes = ([f"{part}.up_blocks.{i}." for i in range(len(plan.local) - 1)] + [f"{part}.conv_out"]
                 if decode else [f"{part}.conv_in"] + [f"{part}.down_blocks.{i}." for i in range(len(plan.local) - 1)])

@@ -85,13 +85,14 @@ def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, deco
     return MIN_TILE_LATENT
 
 
-def _tile_latent(vae: TurboVAE, tile: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
-                 decode: bool) -> int:
-    """Tile side in latent pixels: as asked; 512 px for fast/exact by default; from free memory for auto or 0."""
+def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
+                        decode: bool) -> int:
+    """Tile side in latent pixels for a tile side `tile_px` in pixels: as asked; 512 px for fast/exact when
+    None; from free memory for auto or 0. The tiled passes, their plan and the parallel passes share it."""
     f = vae.spatial_factor
-    if tile:
-        return max(MIN_TILE_LATENT, tile // f)
-    if tile is None and mode != "auto":
+    if tile_px:
+        return max(MIN_TILE_LATENT, tile_px // f)
+    if tile_px is None and mode != "auto":
         return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
     return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
 
@@ -167,7 +168,7 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
             return run_tiled(x, grid, geom, stream, whole, blend=overlap // in_scale, temporal_slice=ts,
                              progress=progress, accum_device=output_device, retry=retry)
 
-    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    first_tile = resolve_tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
     retry = TileRetry(what, f, vae.device, first_tile, temporal_slice, latent_frames)
     return _run_with_oom_retry(run, retry).to(vae.dtype)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..api import TurboVAE
-from .api import _tile_latent, pass_kind
+from .api import resolve_tile_latent, pass_kind
 from .exact import supports_exact
 from .grid import TileGrid
 
@@ -36,7 +36,7 @@ def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile: Optional[int], o
     h_lat, w_lat = shape[-2] // in_scale, shape[-1] // in_scale
     t_in = shape[2] if len(shape) == 5 else 1
     pixel_frames = vae.latent_format.pixel_frames(t_in) if decode else t_in
-    tile_lat = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    tile_lat = resolve_tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
     grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
     kind = pass_kind(mode, len(grid), supports_exact(vae.model, decode=decode))
     return TilingPlan(kind, None if kind == "untiled" else tile_lat * f, len(grid))
