@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .vae.dtypes import DTYPE_NAMES
+
 # Section name -> module under turbovae.bench exposing `run(BenchOptions) -> list[BenchRow]`.
 BENCH_SECTIONS = {
     "seedvr2": "seedvr2",
@@ -192,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sections", help="run these sections instead of the default job (comma list of "
                    f"{', '.join(BENCH_SECTIONS)}; default: none)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available, else cpu)")
-    b.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
+    b.add_argument("--dtype", choices=DTYPE_NAMES, help="default: fp32 on CPU, bf16 on CUDA")
     b.add_argument("--repeat", type=_positive_int, help="timed runs per path; the median is reported (default: "
                    f"{MAIN_REPEAT} for the default job, {SECTIONS_REPEAT} for --full/--sections)")
     b.add_argument("--warmup", type=_count, default=1, help="warm-up runs per path in --sections/--full (default: "

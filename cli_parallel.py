@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from .trt.fileio import atomic_file, atomic_write_bytes
+from .vae.dtypes import DTYPE_NAMES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="pixels .safetensors or .png/.jpg (one image per frame)" if decode else "latents .safetensors")
     p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or e.g. "cuda:0,cuda:1" / '
                                                   '"cpu,cpu" (default: all)')
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--tile", type=int, default=None,
                    help="tile side in pixels of the single-device pass the bands share (each band's tiles hold 1/N "
                         "of its area); 0 = each device sizes its tiles from free memory (default: 512)")

@@ -11,7 +11,8 @@ from typing import Optional
 from comfy_api.latest import io
 
 from ..vae.tiling.api import MIN_TILE_LATENT
-from .choices import TILE_MODE_HELP, TILE_MODES, check_choice, choice_error, first_error
+from ..vae.tiling.api import MODES as TILE_MODES
+from .choices import TILE_MODE_HELP, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
 from .progress import running_node_id
 

@@ -8,6 +8,7 @@ import sys
 from ..vae.dtypes import DTYPE_NAMES
 from .backend_registry import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+from .identity import COMPONENTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with `bench --sections engines`) (default: auto)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--components", default="encoder,decoder",
+    parser.add_argument("--components", default=",".join(COMPONENTS),
                         help="comma list of encoder, decoder (empty with --video: only the video engines; "
                              "default: encoder,decoder)")
     parser.add_argument("--video", action="store_true",

@@ -21,6 +21,7 @@ from .backend import EngineLoadError
 from .backend_registry import BACKEND_NAMES
 from .buckets import BucketTable
 from .fileio import file_sha256
+from .video import VIDEO_COMPONENTS
 
 FORMAT_VERSION = 1
 
@@ -47,7 +48,8 @@ def device_facts(device: torch.device) -> dict:
     return {"device_type": device.type, "gpu_name": None, "compute_capability": None}
 
 
-KNOWN_COMPONENTS = ("encoder", "decoder", "decode_slice_first", "decode_slice_next")
+COMPONENTS = ("encoder", "decoder")  # the image engines a set can hold (build's default: both)
+KNOWN_COMPONENTS = COMPONENTS + VIDEO_COMPONENTS
 
 
 class IdentityError(EngineLoadError):

@@ -29,7 +29,7 @@ from .retry import MIN_TILE_LATENT, TileRetry
 
 log = logging.getLogger(__name__)
 
-MODES = ("fast", "exact", "auto")
+MODES = ("auto", "fast", "exact")  # the default first: what the nodes offer, in this order
 DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
 
 
