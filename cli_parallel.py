@@ -123,7 +123,7 @@ def _progress(enabled: bool) -> Optional[Callable[[int, int], None]]:
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from .vae.api import load_vae
+    from .vae.api import load_checkpoint
     from .vae.parallel import decode_parallel, encode_parallel, parse_devices
 
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                   else None)
         if under_torchrun and device is None:
             device = torch.device("cpu")
-        vae = load_vae(args.vae, dtype=args.dtype, device=device)
+        vae = load_checkpoint(args.vae, dtype=args.dtype, device=device)
         x = read_input(args.input, decode=args.decode)
         out_path = Path(args.output)
         if rank == 0 and out_path.suffix.lower() == ".safetensors" and out_path.exists() and not args.overwrite:

@@ -23,9 +23,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..vae.api import parse_dtype
 from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.cuda_graphs import CudaGraphRunner
+from ..vae.dtypes import working_dtype
 from ..vae.kernels import triton_available
 from ..vae.ops import fused_norms
 from ..vae.memory import auto_temporal_slice
@@ -227,7 +227,7 @@ def selected_cases(opts: BenchOptions, cuda: bool) -> list[Case]:
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     rows: list[BenchRow] = []
     models: dict[str, nn.Module] = {}
     g = torch.Generator().manual_seed(0)

@@ -32,15 +32,15 @@ def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
 
         ckpt = opts.checkpoint.get("qwen")
         if ckpt:
-            from ..vae.api import load_vae
+            from ..vae.api import load_checkpoint
 
-            return load_vae(ckpt, device="cpu", dtype=torch.float32).model
+            return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model
         return seeded_init(WanVAE(TINY_WAN21 if quick else WAN21)).eval()
     from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
     ckpt = opts.checkpoint.get("seedvr2")
     if ckpt:
-        from ..vae.api import load_vae
+        from ..vae.api import load_checkpoint
 
-        return load_vae(ckpt, device="cpu", dtype=torch.float32).model
+        return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model
     return seeded_init(SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())).eval()

@@ -41,10 +41,10 @@ CASES_CUDA = [
 
 def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
     """A TurboVAE of the real architecture: the user's checkpoint, or seeded random weights."""
-    from ..vae.api import TurboVAE, load_vae
+    from ..vae.api import TurboVAE, load_checkpoint
 
     if checkpoint:
-        return load_vae(checkpoint, dtype=dtype, device=device)
+        return load_checkpoint(checkpoint, dtype=dtype, device=device)
     torch.manual_seed(0)
     if kind == "seedvr2":
         from ..vae.seedvr2.model import SeedVR2VAE

@@ -79,7 +79,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
         from ..trt.backend import BuildProgress
         from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
         from ..trt.build import build_engine_set, preflight
-        from ..vae.api import load_vae
+        from ..vae.api import load_checkpoint
         from ..vae.dtypes import parse_dtype
 
         for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKEND_CHOICES),
@@ -107,7 +107,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
         checkpoint = resolve_model_file(VAE_KEY, vae_name)  # a missing file also fails before the eviction
         mm.unload_all_models()  # builders size their workspace from free memory
         mm.soft_empty_cache()
-        vae = load_vae(checkpoint, dtype=torch.float32, device=device)
+        vae = load_checkpoint(checkpoint, dtype=torch.float32, device=device)
         bar = comfy.utils.ProgressBar(100)
 
         def report(message: str, fraction) -> None:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     folder) is checked before the checkpoint is loaded."""
     import torch
 
-    from ..vae.api import load_vae, resolve_device
+    from ..vae.api import load_checkpoint, resolve_device
     from ..vae.dtypes import parse_dtype
     from .backend import EngineError
     from .build import build_engine_set, preflight
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"backend: {backend} ({why})")
     preflight(args.out, table, backend=backend, device=device, components=components, video=args.video,
               overwrite=args.overwrite)
-    vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    vae = load_checkpoint(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=backend, dtype=dtype, device=device,
                                  components=components, video=args.video, overwrite=args.overwrite, source=args.vae,

@@ -36,3 +36,9 @@ def parse_dtype(dtype: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
     if key not in DTYPE_BY_NAME:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     return DTYPE_BY_NAME[key]
+
+
+def working_dtype(dtype: Union[None, str, torch.dtype], device: Union[str, torch.device]) -> torch.dtype:
+    """`dtype` by name or value; None or "auto": bf16 on CUDA, fp32 elsewhere (the default of the loaders,
+    the CLI and the bench)."""
+    return parse_dtype(dtype) or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
