@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         run_pass = decode_parallel if args.decode else encode_parallel
         where = {} if under_torchrun else {"devices": args.devices}
         t0 = time.perf_counter()
-        out = run_pass(vae, x, tile=args.tile, temporal_slice=args.temporal_slice, progress=_progress(rank == 0),
+        out = run_pass(vae, x, tile_px=args.tile, temporal_slice=args.temporal_slice, progress=_progress(rank == 0),
                        **where)
         if rank == 0:
             written = write_output(out, out_path, decode=args.decode, overwrite=args.overwrite)

@@ -114,7 +114,7 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     rows.append(BenchRow(SECTION, case, "torch.compile", c_ms, baseline_ms=eager_ms, max_abs_err=max_abs(c_out, ref)))
 
     def tiles(v) -> torch.Tensor:
-        return decode_tiled(v, z2, tile=size, overlap=size // 4, mode="fast")
+        return decode_tiled(v, z2, tile_px=size, overlap_px=size // 4, mode="fast")
 
     tiled_ms, tiled_ref = time_ms(lambda: tiles(vae), device, opts.repeat, opts.warmup)
     tiled_row = BenchRow(SECTION, tiled_case, "eager tiles", tiled_ms)

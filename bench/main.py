@@ -217,7 +217,7 @@ def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, ti
                    .to(device=device, dtype=dtype).eval())
     overlap = min(64, tile // 4)
     return Pair("untiled (ours)", lambda z: vae.decode(z), f"exact tiles {tile} px",
-                lambda z: decode_tiled(vae, z, tile=tile, overlap=overlap, mode="exact"), cfg.z_dim,
+                lambda z: decode_tiled(vae, z, tile_px=tile, overlap_px=overlap, mode="exact"), cfg.z_dim,
                 cfg.spatial_factor, cfg.temporal_factor, [vae])
 
 

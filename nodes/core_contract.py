@@ -42,10 +42,10 @@ class CoreLatents:
         return samples if self.is_raw else samples / self.scale + self.shift
 
 
-def core_overlap(tile: Optional[int], overlap: int) -> int:
+def core_overlap(tile_px: Optional[int], overlap_px: int) -> int:
     """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
-    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
-    return tile // 4 if tile and 2 * overlap >= tile else overlap
+    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose). Pixels."""
+    return tile_px // 4 if tile_px and 2 * overlap_px >= tile_px else overlap_px
 
 
 def seedvr2_tiling_request(vae_options: Optional[dict], min_tile_px: int) -> Optional[tuple[int, int]]:

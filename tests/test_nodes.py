@@ -505,7 +505,7 @@ def test_core_vae_decode_and_encode_of_a_clip_step_through_slices_and_cancel_bet
     z = torch.randn(1, vae.latent_channels, 9, 4, 4, generator=torch.Generator().manual_seed(5))
     out, seen = _progress_log(lambda: vae.decode(z))
     whole = vae.turbo.decode(vae._check_latents(z), temporal_slice=None)  # one whole-clip pass (raw latents)
-    assert (out - vae._clip_to_image(whole, False)).abs().max().item() <= 1e-5
+    assert (out - vae.clip_to_image(whole, False)).abs().max().item() <= 1e-5
     assert len({v for v, _ in seen}) == 4 and seen[-1][0] == seen[-1][1]  # 9 latents: slices of 3, 2, 2, 2
     assert [v for v, _ in seen] == sorted(v for v, _ in seen)
 

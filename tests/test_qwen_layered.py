@@ -105,15 +105,15 @@ def test_exact_tiles_equal_untiled_and_fast_tiles_cover_rgba(tiny, decode):
     if decode:
         x = torch.randn(5, 4, 1, 20, 16, generator=torch.Generator().manual_seed(30))
         whole = vae.decode(x)
-        exact = decode_tiled(vae, x, tile=64, overlap=0, mode="exact")
-        fast = decode_tiled(vae, x, tile=96, overlap=32, mode="fast")
-        one = decode_tiled(vae, x, tile=160, overlap=0, mode="fast")  # a single tile is the untiled pass
+        exact = decode_tiled(vae, x, tile_px=64, overlap_px=0, mode="exact")
+        fast = decode_tiled(vae, x, tile_px=96, overlap_px=32, mode="fast")
+        one = decode_tiled(vae, x, tile_px=160, overlap_px=0, mode="fast")  # a single tile is the untiled pass
     else:
         x = rgba((2, 4, 1, 160, 128), 31)
         whole = vae.encode(x)
-        exact = encode_tiled(vae, x, tile=64, overlap=0, mode="exact")
-        fast = encode_tiled(vae, x, tile=96, overlap=32, mode="fast")
-        one = encode_tiled(vae, x, tile=160, overlap=0, mode="fast")
+        exact = encode_tiled(vae, x, tile_px=64, overlap_px=0, mode="exact")
+        fast = encode_tiled(vae, x, tile_px=96, overlap_px=32, mode="fast")
+        one = encode_tiled(vae, x, tile_px=160, overlap_px=0, mode="fast")
     assert exact.shape == whole.shape == fast.shape and whole.shape[1] == (4 if decode else TINY_RGBA.z_dim)
     assert max_err(exact, whole) <= 1e-5 and max_err(one, whole) <= 1e-5
     assert torch.isfinite(fast).all()
