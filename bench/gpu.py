@@ -35,7 +35,7 @@ from .models import build_model
 SECTION = "gpu"
 log = logging.getLogger("turbovae")
 
-# Dense bf16 tensor-core peak (TFLOP/s) for the floor column; the achievable figure is ~790.
+# Dense bf16 tensor-core peak (TFLOP/s, the vendor's figure) for the floor column.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 
 

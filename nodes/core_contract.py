@@ -71,6 +71,6 @@ def image_frames(pixels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 def frames_to_clips(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
     """Frames [B*T, H, W, C] -> clips [B, C, T, H, W]. One clip keeps the view it always had: oneDNN convolutions
-    round differently on other strides (1.5e-6 measured)."""
+    round differently on other strides."""
     channels_first = frames.movedim(-1, 0)  # [C, B*T, H, W]
     return channels_first.unsqueeze(0) if b == 1 else channels_first.unflatten(1, (b, t)).movedim(1, 0)
