@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--components", default=",".join(COMPONENTS),
-                        help="comma list of encoder, decoder (empty with --video: only the video engines; "
-                             "default: encoder,decoder)")
+                        help=f"comma list of {', '.join(COMPONENTS)} (empty with --video: only the video engines; "
+                             f"default: {','.join(COMPONENTS)})")
     parser.add_argument("--video", action="store_true",
                         help="also build SeedVR2 video slice engines (decode_slice_first/next, one pair per "
                              "static bucket) so clips decode on engines; static/multi-ratio tables only")
