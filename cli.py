@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .vae.dtypes import DTYPE_NAMES
+
 # Section name -> module under turbovae.bench exposing `run(BenchOptions) -> list[BenchRow]`.
 BENCH_SECTIONS = {
     "seedvr2": "seedvr2",
@@ -27,8 +29,7 @@ BENCH_SECTIONS = {
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).
 FULL_SECTIONS = ("seedvr2", "qwen")
-FULL_DURATION = ("measured about 16 min on an idle 2-core CPU (2026-11-21) and over 25 min when other jobs "
-                 "share the cores")
+FULL_DURATION = "tens of minutes on a CPU (README.md gives measured times)"
 
 BENCH_DESCRIPTION = f"""\
 Default: a few small cases, each TurboVAE path against its reference on the same weights and input
@@ -36,8 +37,7 @@ Default: a few small cases, each TurboVAE path against its reference on the same
 installed; exact tiles vs untiled). A progress bar per case, then a table (path, time, speed vs the
 reference, peak memory, max error, PSNR), the results JSON (rewritten after every case) and a PNG
 chart next to it. Ctrl-C prints the cases measured so far and keeps their JSON.
-Measured 2 min 19 s and 3 min 22 s on an idle 2-core CPU (2026-11-24; 16 min 51 s when other jobs shared the
-cores); on a GPU the cases are larger.
+A few minutes on an idle CPU (README.md gives measured times); on a GPU the cases are larger.
 
 --full: {FULL_DURATION}.
 """
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sections", help="run these sections instead of the default job (comma list of "
                    f"{', '.join(BENCH_SECTIONS)}; default: none)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available, else cpu)")
-    b.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp32 on CPU, bf16 on CUDA")
+    b.add_argument("--dtype", choices=DTYPE_NAMES, help="default: fp32 on CPU, bf16 on CUDA")
     b.add_argument("--repeat", type=_positive_int, help="timed runs per path; the median is reported (default: "
                    f"{MAIN_REPEAT} for the default job, {SECTIONS_REPEAT} for --full/--sections)")
     b.add_argument("--warmup", type=_count, default=1, help="warm-up runs per path in --sections/--full (default: "

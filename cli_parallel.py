@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from .trt.fileio import atomic_file, atomic_write_bytes
+from .vae.dtypes import DTYPE_NAMES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="pixels .safetensors or .png/.jpg (one image per frame)" if decode else "latents .safetensors")
     p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or e.g. "cuda:0,cuda:1" / '
                                                   '"cpu,cpu" (default: all)')
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--tile", type=int, default=None,
                    help="tile side in pixels of the single-device pass the bands share (each band's tiles hold 1/N "
                         "of its area); 0 = each device sizes its tiles from free memory (default: 512)")
@@ -122,7 +123,7 @@ def _progress(enabled: bool) -> Optional[Callable[[int, int], None]]:
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from .vae.api import load_vae
+    from .vae.api import load_checkpoint
     from .vae.parallel import decode_parallel, encode_parallel, parse_devices
 
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                   else None)
         if under_torchrun and device is None:
             device = torch.device("cpu")
-        vae = load_vae(args.vae, dtype=args.dtype, device=device)
+        vae = load_checkpoint(args.vae, dtype=args.dtype, device=device)
         x = read_input(args.input, decode=args.decode)
         out_path = Path(args.output)
         if rank == 0 and out_path.suffix.lower() == ".safetensors" and out_path.exists() and not args.overwrite:
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         run_pass = decode_parallel if args.decode else encode_parallel
         where = {} if under_torchrun else {"devices": args.devices}
         t0 = time.perf_counter()
-        out = run_pass(vae, x, tile=args.tile, temporal_slice=args.temporal_slice, progress=_progress(rank == 0),
+        out = run_pass(vae, x, tile_px=args.tile, temporal_slice=args.temporal_slice, progress=_progress(rank == 0),
                        **where)
         if rank == 0:
             written = write_output(out, out_path, decode=args.decode, overwrite=args.overwrite)

@@ -316,10 +316,11 @@ def collect(device: Optional[str] = None, *, bench: bool = True, budget_s: Optio
     """The whole doctor report as a JSON-ready dict (fields: docs/gpu.md)."""
     from .vae import fast_paths
     from .vae.api import resolve_device
+    from .vae.dtypes import working_dtype
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = working_dtype(None, dev)
     report = {"schema": SCHEMA, "versions": versions(), "devices": devices(),
               "default_device": fast_paths.device_name(dev), "dtype": str(dtype).removeprefix("torch."),
               "self_check_enabled": fast_paths.self_check_enabled(),

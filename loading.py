@@ -1,6 +1,6 @@
-"""`turbovae.load_vae`: the one entry point that chooses between a checkpoint and an engine folder.
+"""`turbovae.load_vae`: the one public loader; it chooses between a checkpoint and an engine folder.
 
-It sits above both `vae/` (checkpoints, `vae.api.load_vae`) and `trt/` (engine folders,
+It sits above both `vae/` (checkpoints, `vae.api.load_checkpoint`) and `trt/` (engine folders,
 `trt.engine_vae.load_engine_vae`), so neither imports the other's loader: `vae/` never imports `trt/`,
 and the engine loader receives an already-loaded PyTorch model from `vae/` for its fallback path.
 """
@@ -14,10 +14,7 @@ from typing import Mapping, Optional, Union
 import torch
 
 from .trt.formats import is_engine_path
-from .vae.api import TurboVAE
-from .vae.api import load_vae as load_checkpoint_vae
-from .vae.api import resolve_device
-from .vae.dtypes import parse_dtype
+from .vae.api import TurboVAE, load_checkpoint, resolve_dtype_and_device
 
 Source = Union[str, os.PathLike, Mapping[str, torch.Tensor]]
 
@@ -33,10 +30,7 @@ def load_vae(source: Source, *, dtype: Union[None, str, torch.dtype] = None,
     recorded in the folder's manifest); `pad_to_bucket=True` lets sizes between buckets run padded on
     the engines (approximate; default: such sizes run on PyTorch, exactly).
     """
-    target_dtype = parse_dtype(dtype)
-    target_device = resolve_device(device)
-    if target_dtype is None:
-        target_dtype = torch.bfloat16 if target_device.type == "cuda" else torch.float32
+    target_dtype, target_device = resolve_dtype_and_device(dtype, device)
     if isinstance(source, (str, os.PathLike)) and is_engine_path(Path(source)):
         from .trt.engine_vae import load_engine_vae  # engines stay unimported for checkpoint users
 
@@ -44,4 +38,4 @@ def load_vae(source: Source, *, dtype: Union[None, str, torch.dtype] = None,
                                pad_to_bucket=pad_to_bucket)
     if fallback is not None or pad_to_bucket:
         raise ValueError(f"fallback= and pad_to_bucket= apply to engine folders; {source!r} is a checkpoint")
-    return load_checkpoint_vae(source, dtype=target_dtype, device=target_device, config=config)
+    return load_checkpoint(source, dtype=target_dtype, device=target_device, config=config)

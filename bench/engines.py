@@ -35,8 +35,8 @@ def _backends(device: torch.device) -> list[str]:
     return ["aoti"] + ([] if device.type == "cpu" else ["tensorrt"])
 
 
-def _engine_vae(model32: nn.Module, run_model: nn.Module, out_dir: Path, table, backend: str, dtype: torch.dtype,
-                device: torch.device, **build_kw):
+def engine_vae(model32: nn.Module, run_model: nn.Module, out_dir: Path, table, backend: str, dtype: torch.dtype,
+               device: torch.device, **build_kw):
     """Build into `out_dir` from a private fp32 copy (a build casts the module it exports to the engine
     dtype/device, so the next backend must not see that) and wrap the engines around `run_model`."""
     from ..trt.build import build_engine_set
@@ -62,10 +62,11 @@ class EngineUse:
     run: Callable[[object], torch.Tensor]
 
 
-def _engine_rows(device: torch.device, opts: BenchOptions, make: Callable[[str, Path], object],
-                 uses: list[EngineUse]) -> list[BenchRow]:
+def engine_rows(device: torch.device, opts: BenchOptions, make: Callable[[str, Path], object],
+                uses: list[EngineUse]) -> list[BenchRow]:
     """Per backend: build once with `make(backend, folder)`, then one row per use, timed against its eager."""
-    from ..trt.backend import EngineError, get_backend
+    from ..trt.backend import EngineError
+    from ..trt.backend_registry import get_backend
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,18 +114,18 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     rows.append(BenchRow(SECTION, case, "torch.compile", c_ms, baseline_ms=eager_ms, max_abs_err=max_abs(c_out, ref)))
 
     def tiles(v) -> torch.Tensor:
-        return decode_tiled(v, z2, tile=size, overlap=size // 4, mode="fast")
+        return decode_tiled(v, z2, tile_px=size, overlap_px=size // 4, mode="fast")
 
     tiled_ms, tiled_ref = time_ms(lambda: tiles(vae), device, opts.repeat, opts.warmup)
     tiled_row = BenchRow(SECTION, tiled_case, "eager tiles", tiled_ms)
     table = static_table(Bucket(size, size))
-    engine_rows = _engine_rows(device, opts,
-                               lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device,
-                                                         components=("decoder",)),
-                               [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z)),
-                                EngineUse(tiled_case, tiled_ms, tiled_ref, tiles)])
-    rows += [r for r in engine_rows if r.case == case] + [tiled_row]
-    rows += [r for r in engine_rows if r.case == tiled_case]
+    on_engines = engine_rows(device, opts,
+                             lambda be, d: engine_vae(model32, model, d, table, be, dtype, device,
+                                                      components=("decoder",)),
+                             [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z)),
+                              EngineUse(tiled_case, tiled_ms, tiled_ref, tiles)])
+    rows += [r for r in on_engines if r.case == case] + [tiled_row]
+    rows += [r for r in on_engines if r.case == tiled_case]
     for r in rows:
         if r.case == tiled_case and r.variant != "eager tiles":
             r.variant = f"{r.variant} tiles"
@@ -143,7 +144,7 @@ def seedvr2_clip_rows(opts: BenchOptions, device: torch.device, dtype: torch.dty
     video slice-engine chain, same weights and latents."""
     from ..trt.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
-    from .gpu import build_model
+    from .models import build_model
 
     cpu = device.type == "cpu"
     shape = clip_latent_shape(cpu, opts.quick)
@@ -157,10 +158,10 @@ def seedvr2_clip_rows(opts: BenchOptions, device: torch.device, dtype: torch.dty
     eager_ms, ref = time_ms(lambda: vae.decode(z, temporal_slice=1), device, opts.repeat, opts.warmup)
     rows = [BenchRow(SECTION, case, "eager sliced (1 latent/slice)", eager_ms)]
     table = static_table(Bucket(h, w))
-    rows += _engine_rows(device, opts,
-                         lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device, components=(),
-                                                   video=True),
-                         [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z))])
+    rows += engine_rows(device, opts,
+                        lambda be, d: engine_vae(model32, model, d, table, be, dtype, device, components=(),
+                                                 video=True),
+                        [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z))])
     for r in rows[1:]:
         r.variant = f"{r.variant} slice chain"
     return rows

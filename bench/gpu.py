@@ -23,18 +23,19 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..vae.api import parse_dtype
 from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.cuda_graphs import CudaGraphRunner
+from ..vae.dtypes import working_dtype
 from ..vae.kernels import triton_available
 from ..vae.ops import fused_norms
 from ..vae.memory import auto_temporal_slice
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .models import build_model
 
 SECTION = "gpu"
 log = logging.getLogger("turbovae")
 
-# Dense bf16 tensor-core peak (TFLOP/s) for the floor column; the issue's achievable figure is ~790.
+# Dense bf16 tensor-core peak (TFLOP/s, the vendor's figure) for the floor column.
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
 
 
@@ -80,45 +81,6 @@ def cases(cuda: bool, quick: bool) -> list[Case]:
             Case("qwen encode 64²", "qwen", "encode", (1, 3, 1, 64, 64), key="qwen-encode-64"),
             Case("seedvr2 decode 64² image", "seedvr2", "decode", (1, 16, 1, 8, 8), key="seedvr2-decode-64"),
             Case("seedvr2 decode 64²×5", "seedvr2", "decode", (1, 16, 2, 8, 8), key="seedvr2-decode-64x5")]
-
-
-# -- models --------------------------------------------------------------------------------------
-
-
-def _seeded_init(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Fan-in-scaled random weights so activations stay O(1) through the whole network."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            elif p.ndim == 1 or name.endswith("gamma"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            else:
-                t = torch.randn(p.shape, generator=g)
-                p.copy_(t / t[0].numel() ** 0.5)
-    return model
-
-
-def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
-    """The architecture in fp32 on CPU, from the user's checkpoint or seeded random weights."""
-    if arch == "qwen":
-        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
-
-        ckpt = opts.checkpoint.get("qwen")
-        if ckpt:
-            from ..vae.api import load_vae
-
-            return load_vae(ckpt, device="cpu", dtype=torch.float32).model
-        return _seeded_init(WanVAE(TINY_WAN21 if quick else WAN21)).eval()
-    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-    ckpt = opts.checkpoint.get("seedvr2")
-    if ckpt:
-        from ..vae.api import load_vae
-
-        return load_vae(ckpt, device="cpu", dtype=torch.float32).model
-    return _seeded_init(SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())).eval()
 
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
@@ -229,7 +191,7 @@ def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, c
     """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
     pixel size rounded up to 16 px; inputs are padded to it and outputs cropped back, as in use)."""
     from ..trt.buckets import Bucket, static_table
-    from .engines import EngineUse, _engine_rows, _engine_vae
+    from .engines import EngineUse, engine_rows, engine_vae
 
     kw = engine_build_kwargs(model, case)
     if kw is None:
@@ -238,7 +200,7 @@ def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, c
     h, w = (case.shape[-2] * f, case.shape[-1] * f) if case.kind == "decode" else case.shape[-2:]
     table = static_table(Bucket(-(-h // 16) * 16, -(-w // 16) * 16))
     run = (lambda ev: ev.decode(x)) if case.kind == "decode" else (lambda ev: ev.encode_moments(x))
-    rows = _engine_rows(device, opts, lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device, **kw),
+    rows = engine_rows(device, opts, lambda be, d: engine_vae(model32, model, d, table, be, dtype, device, **kw),
                         [EngineUse(case.name, baseline_ms or float("nan"), reference, run)])
     for r in rows:
         r.section, r.variant = SECTION, f"+ engine ({r.variant})"
@@ -265,7 +227,7 @@ def selected_cases(opts: BenchOptions, cuda: bool) -> list[Case]:
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     rows: list[BenchRow] = []
     models: dict[str, nn.Module] = {}
     g = torch.Generator().manual_seed(0)

@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import TurboVAE, load_vae, parse_dtype
+from ..vae.api import TurboVAE, load_checkpoint
+from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, fan_in_weights, sync
 from .main import PeakMemory, resident_mb
 from .report import HELD_SECTION
@@ -93,7 +94,7 @@ def _steps(vae: TurboVAE, image_px: int, g: torch.Generator) -> list[tuple[str, 
 
 def _load(arch: Architecture, tiny: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
     cfg = arch.config(tiny)
-    return load_vae(fan_in_weights(arch.shapes(cfg)), config=cfg, device=device, dtype=dtype)
+    return load_checkpoint(fan_in_weights(arch.shapes(cfg)), config=cfg, device=device, dtype=dtype)
 
 
 def parameters_mb(vae: TurboVAE) -> float:
@@ -136,7 +137,7 @@ def measure(arch: Architecture, opts: BenchOptions, device: torch.device, dtype:
 
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     if not opts.quick:
         for arch in ARCHITECTURES:  # the process's one-time costs, on the tiny configs (not reported)
             measure(arch, opts, device, dtype, tiny=True)

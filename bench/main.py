@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
-from ..vae.api import TurboVAE, parse_dtype
+from ..vae.api import TurboVAE
+from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
 
 if TYPE_CHECKING:
@@ -146,13 +147,14 @@ def _wan_config(family: str, tiny: bool):
 
 
 def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
-    from ..vae.api import load_vae
+    from ..vae.api import load_checkpoint
     from ..vae.wan import WanFlags, WanVAE, build
     from ..vae.wan.config import diffusers_kwargs
 
     cfg = _wan_config(family, opts.quick)
     path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
-    sd = load_vae(path, device="cpu", dtype="fp32").state_dict() if path else fan_in_weights(_shapes(WanVAE, cfg))
+    sd = (load_checkpoint(path, device="cpu", dtype="fp32").state_dict() if path
+          else fan_in_weights(_shapes(WanVAE, cfg)))
     model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype)  # build: an inference model
     layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
 
@@ -184,13 +186,13 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
 
 
 def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
-    from ..vae.api import load_vae
+    from ..vae.api import load_checkpoint
     from ..vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
 
     cfg = SeedVR2Config.tiny() if opts.quick else SeedVR2Config()
     path = None if opts.quick else opts.checkpoint.get("seedvr2")
     if path:
-        model = load_vae(path, device=device, dtype=dtype).model
+        model = load_checkpoint(path, device=device, dtype=dtype).model
     else:
         model = SeedVR2VAE(cfg)
         model.load_state_dict(fan_in_weights(_shapes(SeedVR2VAE, cfg)))
@@ -215,7 +217,7 @@ def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, ti
                    .to(device=device, dtype=dtype).eval())
     overlap = min(64, tile // 4)
     return Pair("untiled (ours)", lambda z: vae.decode(z), f"exact tiles {tile} px",
-                lambda z: decode_tiled(vae, z, tile=tile, overlap=overlap, mode="exact"), cfg.z_dim,
+                lambda z: decode_tiled(vae, z, tile_px=tile, overlap_px=overlap, mode="exact"), cfg.z_dim,
                 cfg.spatial_factor, cfg.temporal_factor, [vae])
 
 
@@ -300,7 +302,7 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
     """Yields the rows (reference, [ComfyUI core,] ours) of each case as soon as it is measured. `inspect` sees
     each case's pair and input after the timed runs (the roofline section counts their FLOPs there)."""
     device = torch.device(opts.device)
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     with ExitStack() as stack:
         core = stack.enter_context(_core_session(opts.comfyui, device)) if opts.comfyui else None
         yield from _run(opts, device, dtype, core, tick, start, inspect)

@@ -33,7 +33,7 @@ from ..vae.api import TurboVAE
 from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiling import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow, max_abs, sync
-from .gpu import _seeded_init
+from .models import seeded_init
 from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported
 
 SECTION = "parallel"
@@ -50,7 +50,7 @@ def _vae(arch: str, quick: bool) -> TurboVAE:
         from ..vae.wan import TINY_WAN21, WAN21, WanVAE
 
         model = WanVAE(TINY_WAN21 if quick else WAN21)
-    return TurboVAE(_seeded_init(model))
+    return TurboVAE(seeded_init(model))
 
 
 def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:

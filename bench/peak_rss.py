@@ -107,5 +107,5 @@ def retain_freed_memory() -> None:
     """Let glibc keep freed blocks up to 32 MiB for reuse again, as its default dynamic threshold does once a
     process has freed large blocks. Timed runs need this: under the 64 KiB setting every large tensor is a
     fresh mmap whose pages fault in on first touch, which made paths that allocate more buffers look slower
-    (SeedVR2 5-frame 64² decode: 0.87x there, 1.15x with the allocator as a user's process has it)."""
+    (docs/BENCHMARKS.md gives the case measured both ways)."""
     _set_mmap_threshold(TIMING_THRESHOLD)

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..vae.api import parse_dtype
+from ..vae.dtypes import working_dtype
 from . import main, op_costs
 from .common import BenchOptions, BenchRow
 
@@ -57,7 +57,7 @@ def _cases(opts: BenchOptions, cuda: bool) -> tuple[main.Case, ...]:
 
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     tag = str(dtype).replace("torch.", "")
     g = torch.Generator().manual_seed(0)
     rows: list[BenchRow] = []

@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..vae.api import load_vae, parse_dtype
+from ..vae.api import load_checkpoint
+from ..vae.dtypes import working_dtype
 from ..vae.wan import WAN21, WanConfig, WanFlags, WanVAE, build, expected_shapes
 from ..vae.wan.config import diffusers_kwargs
 from .common import BenchOptions, BenchRow, max_abs, measure, psnr
@@ -36,7 +37,7 @@ def weights(opts: BenchOptions, section: str = SECTION, cfg: WanConfig = WAN21) 
     randomised gammas."""
     path = opts.checkpoint.get(section)
     if path:
-        return load_vae(path, device="cpu", dtype="fp32").state_dict()
+        return load_checkpoint(path, device="cpu", dtype="fp32").state_dict()
     g = torch.Generator().manual_seed(0)
     sd = {}
     for k, shape in expected_shapes(cfg).items():
@@ -84,7 +85,7 @@ def _theirs(ref, kind: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     sd = weights(opts)
     model = build(sd, source="bench").to(device=device, dtype=dtype).eval()
     ref_cls = reference_cls()

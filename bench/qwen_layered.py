@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-from ..vae.api import TurboVAE, parse_dtype
+from ..vae.api import TurboVAE
+from ..vae.dtypes import working_dtype
 from ..vae.wan import QWEN_IMAGE_LAYERED, TINY_WAN21, build
 from ..vae.wan.config import diffusers_kwargs
 from .common import BenchOptions, BenchRow, max_abs, measure, psnr
@@ -57,7 +58,7 @@ def _theirs(ref, z: torch.Tensor) -> Callable[[], torch.Tensor]:
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     cfg = TINY_LAYERED if opts.quick else QWEN_IMAGE_LAYERED
     sd = weights(opts, SECTION, cfg)
     # The real size reads its 4 channels off the weights as a loaded file would; the tiny one needs its config.

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import parse_dtype
+from ..vae.dtypes import working_dtype
 from . import main, op_costs
 from .common import BenchOptions, BenchRow, sync
 
@@ -220,7 +220,7 @@ def flop_rows(opts: BenchOptions, dtype: torch.dtype, peaks: Peaks) -> list[Flop
 
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     peak_rows = [measure_peak(p, device, dtype, max(opts.repeat, 3)) for p in probes(device, opts.quick)]
     costs: dict[str, tuple[op_costs.Costs, op_costs.Costs]] = {}
 

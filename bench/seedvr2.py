@@ -13,7 +13,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import load_vae, parse_dtype
+from ..vae.api import load_checkpoint
+from ..vae.dtypes import working_dtype
 from ..vae.seedvr2 import FastPaths, SeedVR2VAE, expected_shapes
 from .common import BenchOptions, BenchRow, fan_in_weights, max_abs, measure, psnr
 
@@ -27,7 +28,7 @@ def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _model(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> SeedVR2VAE:
     source = opts.checkpoint.get(SECTION) or random_weights()
-    return load_vae(source, device=device, dtype=dtype).model
+    return load_checkpoint(source, device=device, dtype=dtype).model
 
 
 def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -57,7 +58,7 @@ def _runner(model: SeedVR2VAE, kind: str, x: torch.Tensor, fast: FastPaths, slic
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     model = _model(opts, device, dtype)
     reference32 = _model(opts, device, torch.float32) if cuda and dtype != torch.float32 else None
     g = torch.Generator().manual_seed(0)

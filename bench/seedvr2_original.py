@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..vae.api import load_vae
+from ..vae.api import load_checkpoint
 from .common import BenchRow, format_table, interleaved_ms, write_json
 from .seedvr2 import random_weights
 
@@ -86,7 +86,7 @@ def _single_process_group() -> None:
 def compare(checkout: Path, cases: Sequence[str], repeat: int = 3) -> list[BenchRow]:
     sd = random_weights()
     original = build_original(checkout, sd)
-    ours = load_vae(sd, device="cpu", dtype="fp32")
+    ours = load_checkpoint(sd, device="cpu", dtype="fp32")
     del sd
     rows = []
     g = torch.Generator().manual_seed(0)

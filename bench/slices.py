@@ -17,7 +17,7 @@ import torch
 
 from ..vae.api import TurboVAE, parse_dtype
 from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
-from .gpu import _seeded_init
+from .models import seeded_init
 
 SECTION = "slices"
 FIXED = (1, 2, 4)
@@ -32,7 +32,7 @@ def _vae(arch: str, quick: bool, device: torch.device, dtype: torch.dtype) -> Tu
         from ..vae.wan import TINY_WAN21, WAN21, WanVAE
 
         model = WanVAE(TINY_WAN21 if quick else WAN21)
-    return TurboVAE(_seeded_init(model).to(device=device, dtype=dtype))
+    return TurboVAE(seeded_init(model).to(device=device, dtype=dtype))
 
 
 def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -41,10 +41,10 @@ CASES_CUDA = [
 
 def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
     """A TurboVAE of the real architecture: the user's checkpoint, or seeded random weights."""
-    from ..vae.api import TurboVAE, load_vae
+    from ..vae.api import TurboVAE, load_checkpoint
 
     if checkpoint:
-        return load_vae(checkpoint, dtype=dtype, device=device)
+        return load_checkpoint(checkpoint, dtype=dtype, device=device)
     torch.manual_seed(0)
     if kind == "seedvr2":
         from ..vae.seedvr2.model import SeedVR2VAE
@@ -78,7 +78,7 @@ def _child(args: dict) -> dict:
         if args["variant"] == "untiled":
             y = vae.decode(z, temporal_slice=args.get("temporal_slice"))
         else:
-            y = decode_tiled(vae, z, tile=args["tile"], overlap=args["overlap"], mode=args["variant"],
+            y = decode_tiled(vae, z, tile_px=args["tile"], overlap_px=args["overlap"], mode=args["variant"],
                              temporal_slice=args.get("temporal_slice"))
     ms = (time.perf_counter() - t0) * 1e3
     peak = peak_increase_mb(base)
@@ -139,7 +139,7 @@ def _in_process(args: dict) -> dict:
     def go():
         if args["variant"] == "untiled":
             return vae.decode(z)
-        return decode_tiled(vae, z, tile=args["tile"], overlap=args["overlap"], mode=args["variant"])
+        return decode_tiled(vae, z, tile_px=args["tile"], overlap_px=args["overlap"], mode=args["variant"])
 
     ms, y = time_ms(go, args["device"], repeat=1, warmup=1)
     peak, _ = cuda_peak_mb(go, args["device"])

@@ -3,7 +3,8 @@
 Conventions for every node module in this folder (engine_nodes.py included):
 - model-folder lookups and untrusted file names go through `nodes/paths.py` (`resolve_model_file`,
   `list_model_files`, `register_tensorrt_folder`, `engine_output_dir`);
-- combo options and their validation live in `nodes/choices.py` (the server does not check V3 combos);
+- combo options are the library's own tables (never restated here); their validation lives in
+  `nodes/choices.py` (the server does not check V3 combos);
 - a VAE produced by our loaders is a `nodes/comfy_vae.ComfyTurboVAE` (`is_turbovae(vae)` tells it apart);
 - optional dependencies (tensorrt, onnx, onnxscript) are imported inside `execute`, never at module level,
   so a missing one only affects the node that needs it, with the install command in its error.

@@ -1,21 +1,15 @@
-"""Combo option lists and their validation.
+"""Validation of combo values, and the tile-mode help text.
 
 ComfyUI does not check V3 combo values against their options (an out-of-list value from an API
-prompt or an old workflow reaches `execute`), so every node checks its own.
+prompt or an old workflow reaches `execute`), so every node checks its own. The option lists are the
+library's tables (`vae.tiling.api.MODES`, `vae.dtypes.DTYPE_CHOICES`, `vae.compile.BACKENDS`/`MODES`/
+`DYNAMIC`, `trt.backend_registry.BACKEND_CHOICES`, `trt.buckets.MODES`), imported by the nodes, so a
+node offers exactly what the library accepts.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
-
-from ..vae.compile import MODES as COMPILE_MODE_NAMES
-from ..vae.dtypes import DTYPE_NAMES
-
-DTYPES = ("auto", *sorted(DTYPE_NAMES))  # auto, bf16, fp16, fp32
-TILE_MODES = ("auto", "fast", "exact")
-COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # not cudagraphs: refused by CompileSettings
-COMPILE_MODES = COMPILE_MODE_NAMES
-COMPILE_DYNAMIC = ("auto", "true", "false")
 
 TILE_MODE_HELP = ("auto: no tiling when the whole pass fits in free memory, otherwise exact tiles sized from "
                   "free memory. exact: tiles whose result equals the untiled pass (frame-wide statistics and "

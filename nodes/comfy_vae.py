@@ -161,7 +161,7 @@ class ComfyTurboVAE:
                              "pixels; nothing to encode")
         return self.process_input(frames_to_clips(frames, b, t).float())
 
-    def _clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
+    def clip_to_image(self, pixels: torch.Tensor, was_4d: bool) -> torch.Tensor:
         """[B, C, T, H, W] (-1..1) -> [B, T, H, W, C] (0..1); 4-D latents give [B, H, W, C]."""
         out = self.process_output(pixels.to(self.output_device).float())
         if was_4d and out.ndim == 5 and out.shape[2] == 1:
@@ -179,7 +179,8 @@ class ComfyTurboVAE:
         """Core VAEDecode contract; `vae_options` may carry core's SeedVR2 `seedvr2_tiling` (our exact tiles)."""
         self.throw_exception_if_invalid()
         if (tiling := seedvr2_tiling_request(vae_options, MIN_TILE_LATENT * self.turbo.spatial_factor)) is not None:
-            return self.decode_tiles(samples_in, tile=tiling[0], overlap=tiling[1], mode="auto", temporal_slice=None)
+            return self.decode_tiled_px(samples_in, tile_px=tiling[0], overlap_px=tiling[1], mode="auto",
+                                        temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
         self._load(self.memory_used_decode(z.shape, self.vae_dtype))
@@ -199,12 +200,12 @@ class ComfyTurboVAE:
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("decoding")
-            rest = self.decode_tiles(samples_in[len(finished):], tile=None, overlap=OOM_RETRY_OVERLAP_PX,
-                                     mode="auto", temporal_slice=None)
+            rest = self.decode_tiled_px(samples_in[len(finished):], tile_px=None, overlap_px=OOM_RETRY_OVERLAP_PX,
+                                        mode="auto", temporal_slice=None)
             if not finished:
                 return rest
-            return torch.cat([self._clip_to_image(torch.cat(finished), was_4d), rest])
-        return self._clip_to_image(out, was_4d)
+            return torch.cat([self.clip_to_image(torch.cat(finished), was_4d), rest])
+        return self.clip_to_image(out, was_4d)
 
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
@@ -221,49 +222,55 @@ class ComfyTurboVAE:
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("encoding")
-            return self.encode_tiles(pixel_samples, tile=None, overlap=OOM_RETRY_OVERLAP_PX, mode="auto",
-                                     temporal_slice=None)
+            return self.encode_tiled_px(pixel_samples, tile_px=None, overlap_px=OOM_RETRY_OVERLAP_PX, mode="auto",
+                                        temporal_slice=None)
         bar.done(0)
         return self.to_comfy_latents(out.to(self.output_device).float())
 
-    # -- tiled passes ---------------------------------------------------------------------
-    def decode_tiles(self, samples: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
-                     temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled decode (pixel units) with a UI progress bar that is also the cancel point."""
-        z = self.latents_for_pass(samples, tile, temporal_slice)
-        plan = plan_tiling(self.turbo, tuple(z.shape), tile=tile, overlap=overlap, mode=mode, decode=True)
+    # -- tiled passes: ours in pixels (`*_tiled_px`); core's decode_tiled/encode_tiled contract converts ----
+    def decode_tiled_px(self, samples: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
+                        temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
+        """Our tiled decode (sizes in output pixels); its UI progress bar is also the cancel point."""
+        z = self.latents_for_pass(samples, tile_px, temporal_slice)
+        plan = plan_tiling(self.turbo, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True)
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "decode", how, temporal_slice, self._keep):
-            out = _decode_tiled(self.turbo, z, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                                progress=progress_callback(node_id), output_device=self.output_device)
-        return self._clip_to_image(out, samples.ndim == 4)
+            out = _decode_tiled(self.turbo, z, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                                temporal_slice=temporal_slice, progress=progress_callback(node_id),
+                                output_device=self.output_device)
+        return self.clip_to_image(out, samples.ndim == 4)
 
-    def encode_tiles(self, pixels: torch.Tensor, *, tile: Optional[int], overlap: int, mode: str,
-                     temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        clip = self.clip_for_pass(pixels, tile, temporal_slice)
-        plan = plan_tiling(self.turbo, tuple(clip.shape), tile=tile, overlap=overlap, mode=mode, decode=False)
+    def encode_tiled_px(self, pixels: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
+                        temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
+        """Our tiled encode (tile and overlap in input pixels), with progress and cancel as decode."""
+        clip = self.clip_for_pass(pixels, tile_px, temporal_slice)
+        plan = plan_tiling(self.turbo, tuple(clip.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                           decode=False)
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "encode", how, temporal_slice, self._keep):
-            out = _encode_tiled(self.turbo, clip, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                                progress=progress_callback(node_id), output_device=self.output_device)
+            out = _encode_tiled(self.turbo, clip, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                                temporal_slice=temporal_slice, progress=progress_callback(node_id),
+                                output_device=self.output_device)
         return self.to_comfy_latents(out.to(self.output_device).float())
 
-    def latents_for_pass(self, samples: torch.Tensor, tile: Optional[int], temporal_slice: Optional[int]) -> torch.Tensor:
+    def latents_for_pass(self, samples: torch.Tensor, tile_px: Optional[int],
+                         temporal_slice: Optional[int]) -> torch.Tensor:
         """Checked latents, with model management asked for one tile × slice of decode working set (any
         pass of ours that streams tiles and slices: the tiled nodes, the multi-GPU nodes)."""
         self.throw_exception_if_invalid()
         z = self._check_latents(samples)
-        side = tile if tile else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
+        side = tile_px if tile_px else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
         frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
         self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
         mm.throw_exception_if_processing_interrupted()
         return z
 
-    def clip_for_pass(self, pixels: torch.Tensor, tile: Optional[int], temporal_slice: Optional[int]) -> torch.Tensor:
+    def clip_for_pass(self, pixels: torch.Tensor, tile_px: Optional[int],
+                      temporal_slice: Optional[int]) -> torch.Tensor:
         """IMAGE -> the clip to encode, with model management asked for one tile × slice of encode working set."""
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixels)
-        side = tile if tile else max(clip.shape[-1], clip.shape[-2])
+        side = tile_px if tile_px else max(clip.shape[-1], clip.shape[-2])
         frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
         self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
         mm.throw_exception_if_processing_interrupted()
@@ -277,16 +284,16 @@ class ComfyTurboVAE:
         """Core VAEDecodeTiled contract: sizes in LATENT units. Temporal overlap is not needed (our
         temporal slices carry the causal cache, so they are exact) and is ignored."""
         f = self.turbo.spatial_factor
-        tile = max(tile_x or 0, tile_y or 0) * f or None
-        return self.decode_tiles(samples, tile=tile, overlap=core_overlap(tile, (overlap or 0) * f), mode="auto",
-                                 temporal_slice=tile_t or None)
+        tile_px = max(tile_x or 0, tile_y or 0) * f or None
+        return self.decode_tiled_px(samples, tile_px=tile_px, overlap_px=core_overlap(tile_px, (overlap or 0) * f),
+                                    mode="auto", temporal_slice=tile_t or None)
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
-        tile = max(tile_x or 0, tile_y or 0) or None
+        tile_px = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
-        return self.encode_tiles(pixel_samples, tile=tile, overlap=core_overlap(tile, overlap or 0), mode="auto",
-                                 temporal_slice=slice_)
+        return self.encode_tiled_px(pixel_samples, tile_px=tile_px, overlap_px=core_overlap(tile_px, overlap or 0),
+                                    mode="auto", temporal_slice=slice_)
 
 
 def is_turbovae(vae: object) -> bool:

@@ -42,10 +42,10 @@ class CoreLatents:
         return samples if self.is_raw else samples / self.scale + self.shift
 
 
-def core_overlap(tile: Optional[int], overlap: int) -> int:
+def core_overlap(tile_px: Optional[int], overlap_px: int) -> int:
     """Core's tiled nodes shrink an overlap that does not fit the tile to a quarter of it; so do we (our
-    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose)."""
-    return tile // 4 if tile and 2 * overlap >= tile else overlap
+    tiler refuses overlap >= tile / 2, which callers of these core-contract methods never chose). Pixels."""
+    return tile_px // 4 if tile_px and 2 * overlap_px >= tile_px else overlap_px
 
 
 def seedvr2_tiling_request(vae_options: Optional[dict], min_tile_px: int) -> Optional[tuple[int, int]]:
@@ -71,6 +71,6 @@ def image_frames(pixels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 def frames_to_clips(frames: torch.Tensor, b: int, t: int) -> torch.Tensor:
     """Frames [B*T, H, W, C] -> clips [B, C, T, H, W]. One clip keeps the view it always had: oneDNN convolutions
-    round differently on other strides (1.5e-6 measured)."""
+    round differently on other strides."""
     channels_first = frames.movedim(-1, 0)  # [C, B*T, H, W]
     return channels_first.unsqueeze(0) if b == 1 else channels_first.unflatten(1, (b, t)).movedim(1, 0)

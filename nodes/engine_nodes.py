@@ -14,7 +14,8 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..trt.backend import AUTO_BACKEND, BACKEND_NAMES, missing_onnx_export, resolve_backend
+from ..trt.backend_registry import AUTO_BACKEND, BACKEND_CHOICES, missing_onnx_export, resolve_backend
+from ..trt.buckets import MODES
 from ..trt.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
 from ..vae.dtypes import DTYPE_NAMES
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
@@ -23,9 +24,6 @@ from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, l
 
 log = logging.getLogger(__name__)
 CATEGORY = "TurboVAE"
-MODES = ("static", "multi_ratio", "multi_profile")
-BACKENDS = (AUTO_BACKEND, *BACKEND_NAMES)
-ENGINE_DTYPES = DTYPE_NAMES
 SCOPES = ("folder", "file")
 
 
@@ -56,11 +54,11 @@ class TurboVAEBuildEngine(io.ComfyNode):
                                        "multi_profile: dynamic engines for <=1 MP, <=2.8 MP, <=4 MP"),
                 io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
                 io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
-                io.Combo.Input("backend", options=list(BACKENDS), default=AUTO_BACKEND,
+                io.Combo.Input("backend", options=list(BACKEND_CHOICES), default=AUTO_BACKEND,
                                tooltip="auto: tensorrt where it can build here, else aoti (the log says which "
                                        "and why); tensorrt: fastest, needs an NVIDIA GPU, the tensorrt package "
                                        "and onnx + onnxscript; aoti: AOTInductor, needs only PyTorch"),
-                io.Combo.Input("dtype", options=list(ENGINE_DTYPES), default="fp16",
+                io.Combo.Input("dtype", options=list(DTYPE_NAMES), default="fp16",
                                tooltip="Engine precision (baked into the engine)"),
                 io.Boolean.Input("overwrite", default=False,
                                  tooltip="Replace engines already in that folder (otherwise the build refuses)"),
@@ -81,11 +79,11 @@ class TurboVAEBuildEngine(io.ComfyNode):
         from ..trt.backend import BuildProgress
         from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
         from ..trt.build import build_engine_set, preflight
-        from ..vae.api import load_vae
+        from ..vae.api import load_checkpoint
         from ..vae.dtypes import parse_dtype
 
-        for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKENDS),
-                                     ("dtype", dtype, ENGINE_DTYPES)):
+        for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKEND_CHOICES),
+                                     ("dtype", dtype, DTYPE_NAMES)):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
         check_model_name(vae_name)  # a NUL, newline or blank name fails here, before anything is evicted
@@ -109,7 +107,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
         checkpoint = resolve_model_file(VAE_KEY, vae_name)  # a missing file also fails before the eviction
         mm.unload_all_models()  # builders size their workspace from free memory
         mm.soft_empty_cache()
-        vae = load_vae(checkpoint, dtype=torch.float32, device=device)
+        vae = load_checkpoint(checkpoint, dtype=torch.float32, device=device)
         bar = comfy.utils.ProgressBar(100)
 
         def report(message: str, fraction) -> None:

@@ -10,9 +10,11 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..loading import load_vae
-from ..vae.dtypes import parse_dtype
-from .choices import (COMPILE_BACKENDS, COMPILE_DYNAMIC, COMPILE_MODES, DTYPES, check_choice, choice_error,
-                      first_error)
+from ..vae.compile import BACKENDS as COMPILE_BACKENDS
+from ..vae.compile import DYNAMIC as COMPILE_DYNAMIC
+from ..vae.compile import MODES as COMPILE_MODES
+from ..vae.dtypes import DTYPE_CHOICES, parse_dtype
+from .choices import check_choice, choice_error, first_error
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import VAE_KEY, list_model_files, resolve_model_file
 
@@ -36,7 +38,7 @@ class TurboVAELoader(io.ComfyNode):
                 io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
                                tooltip="VAE file in models/vae (or an extra_model_paths.yaml vae folder). "
                                        "Supported: SeedVR2 ema_vae, qwen_image_vae, wan_2.1_vae, wan2.2_vae."),
-                io.Combo.Input("dtype", options=list(DTYPES), default="auto",
+                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto",
                                tooltip="Weights and compute precision. auto: ComfyUI's VAE dtype for the device "
                                        "(bf16 on recent GPUs, fp32 on CPU). fp16 can overflow in these VAEs."),
                 CompileSettingsType.Input("compile", optional=True,
@@ -48,11 +50,11 @@ class TurboVAELoader(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, dtype: str = "auto") -> bool | str:
-        return first_error(choice_error("dtype", dtype, DTYPES))
+        return first_error(choice_error("dtype", dtype, DTYPE_CHOICES))
 
     @classmethod
     def execute(cls, vae_name: str, dtype: str = "auto", compile=None) -> io.NodeOutput:
-        check_choice("dtype", dtype, DTYPES)
+        check_choice("dtype", dtype, DTYPE_CHOICES)
         path = resolve_model_file(VAE_KEY, vae_name)
         load_device = mm.vae_device()
         target = parse_dtype(dtype)

@@ -10,8 +10,8 @@ from comfy_api.latest import io
 
 from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
 from .comfy_vae import is_turbovae
-from .progress import progress_callback
-from .tiled_nodes import CATEGORY, MIN_TILE, _node_id
+from .progress import progress_callback, running_node_id
+from .tiled_nodes import CATEGORY, MIN_TILE
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,11 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
                 temporal_slice: int = 0) -> io.NodeOutput:
-        devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        z = vae.latents_for_pass(samples["samples"], tile, slice_)
-        out = decode_parallel(vae.turbo, z, devices=devs, tile=tile, temporal_slice=slice_,
-                              progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
-        images = vae._clip_to_image(out, samples["samples"].ndim == 4)
+        devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
+        z = vae.latents_for_pass(samples["samples"], tile_px, slice_)
+        out = decode_parallel(vae.turbo, z, devices=devs, tile_px=tile_px, temporal_slice=slice_,
+                              progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
+        images = vae.clip_to_image(out, samples["samples"].ndim == 4)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         return io.NodeOutput(images)
@@ -95,10 +95,10 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,
                 temporal_slice: int = 0) -> io.NodeOutput:
-        devs, tile, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        clip = vae.clip_for_pass(pixels, tile, slice_)
-        latents = encode_parallel(vae.turbo, clip, devices=devs, tile=tile, temporal_slice=slice_,
-                                  progress=progress_callback(_node_id(cls)), output_device=vae.output_device)
+        devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
+        clip = vae.clip_for_pass(pixels, tile_px, slice_)
+        latents = encode_parallel(vae.turbo, clip, devices=devs, tile_px=tile_px, temporal_slice=slice_,
+                                  progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
         return io.NodeOutput({"samples": vae.to_comfy_latents(latents.float())})
 
 

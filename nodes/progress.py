@@ -10,6 +10,13 @@ import comfy.model_management as mm
 import comfy.utils
 
 
+def running_node_id(node_cls) -> Optional[str]:
+    """The id of the node ComfyUI is running (its hidden `unique_id`), which the progress bar is drawn on;
+    None outside a prompt (tests, direct calls)."""
+    hidden = getattr(node_cls, "hidden", None)
+    return getattr(hidden, "unique_id", None) if hidden is not None else None
+
+
 def progress_callback(node_id: Optional[str]) -> Callable[[int, int], None]:
     """`progress(done, total)` for the tiling engine and the multi-device passes: drives the node's UI bar,
     and raises ComfyUI's interrupt exception from inside the loop when the user presses Cancel."""

@@ -11,8 +11,10 @@ from typing import Optional
 from comfy_api.latest import io
 
 from ..vae.tiling.api import MIN_TILE_LATENT
-from .choices import TILE_MODE_HELP, TILE_MODES, check_choice, choice_error, first_error
+from ..vae.tiling.api import MODES as TILE_MODES
+from .choices import TILE_MODE_HELP, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
+from .progress import running_node_id
 
 CATEGORY = "TurboVAE"
 MIN_TILE = 64  # pixels: the tiling engine's floor of 8 latents at 8x (128 px for Wan 2.2's 16x)
@@ -48,12 +50,7 @@ def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
         raise ValueError("overlap and temporal_slice must be 0 or more")
     if tile_size and overlap * 2 >= tile_size:
         raise ValueError(f"overlap={overlap} must be less than half of tile_size={tile_size}")
-    return tile_size, (temporal_slice or None)  # tile 0 = sized from free memory
-
-
-def _node_id(cls) -> Optional[str]:
-    hidden = getattr(cls, "hidden", None)
-    return getattr(hidden, "unique_id", None) if hidden is not None else None
+    return tile_size, (temporal_slice or None)  # tile_size 0 = sized from free memory
 
 
 class TurboVAETiledDecode(io.ComfyNode):
@@ -81,13 +78,13 @@ class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tile_px, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         z = samples["samples"]
         if is_turbovae(vae):
-            images = vae.decode_tiles(z, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
-                                      node_id=_node_id(cls))
+            images = vae.decode_tiled_px(z, tile_px=tile_px, overlap_px=overlap, mode=mode, temporal_slice=slice_,
+                                         node_id=running_node_id(cls))
         else:
-            images = _core_decode_tiled(vae, z, tile or 512, overlap, slice_)
+            images = _core_decode_tiled(vae, z, tile_px or 512, overlap, slice_)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         return io.NodeOutput(images, ui=_report_text(vae))
@@ -121,14 +118,15 @@ class TurboVAETiledEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tile_px, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         if is_turbovae(vae):
-            latents = vae.encode_tiles(pixels, tile=tile, overlap=overlap, mode=mode, temporal_slice=slice_,
-                                       node_id=_node_id(cls))
+            latents = vae.encode_tiled_px(pixels, tile_px=tile_px, overlap_px=overlap, mode=mode,
+                                          temporal_slice=slice_, node_id=running_node_id(cls))
         else:
             frames = slice_ * 4 if slice_ else None
             channels = getattr(vae, "output_channels", 3)  # core's name for a VAE's image channels
-            latents = vae.encode_tiled(pixels[..., :channels], tile_x=tile or 512, tile_y=tile or 512, overlap=overlap,
+            latents = vae.encode_tiled(pixels[..., :channels], tile_x=tile_px or 512, tile_y=tile_px or 512,
+                                       overlap=overlap,
                                        tile_t=frames, overlap_t=8 if frames else None)
         return io.NodeOutput({"samples": latents}, ui=_report_text(vae))
 
@@ -140,7 +138,7 @@ def _report_text(vae) -> Optional[dict]:
     return {"text": [report.line()]} if report is not None else None
 
 
-def _core_decode_tiled(vae, z, tile: int, overlap: int, slice_: Optional[int]):
+def _core_decode_tiled(vae, z, tile_px: int, overlap_px: int, slice_: Optional[int]):
     """Core VAEDecodeTiled's unit conversion (pixels -> latent units) for a VAE that is not ours."""
     f = vae.spacial_compression_decode()
     tc = vae.temporal_compression_decode()
@@ -148,7 +146,7 @@ def _core_decode_tiled(vae, z, tile: int, overlap: int, slice_: Optional[int]):
     if tc is not None:
         tile_t = max(2, slice_) if slice_ else max(2, 64 // tc)
         overlap_t = max(1, min(tile_t // 2, 8 // tc))
-    return vae.decode_tiled(z, tile_x=tile // f, tile_y=tile // f, overlap=overlap // f,
+    return vae.decode_tiled(z, tile_x=tile_px // f, tile_y=tile_px // f, overlap=overlap_px // f,
                             tile_t=tile_t, overlap_t=overlap_t)
 
 

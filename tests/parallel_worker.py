@@ -62,7 +62,7 @@ def rank_main(rank: int, world: int, folder: str) -> None:
         x = case_input(vae, decode, frames, hw)
         run = decode_parallel if decode else encode_parallel
         group = sub if i % 2 else None  # odd cases through an explicit group, even ones the default group
-        report[f"{kind}-{decode}-{frames}-{hw}"] = run(vae, x, group=group, tile=tile, temporal_slice=1)
+        report[f"{kind}-{decode}-{frames}-{hw}"] = run(vae, x, group=group, tile_px=tile, temporal_slice=1)
 
     def cancel_on_rank_1(done: int, total: int) -> None:
         if rank == 1 and done == 2:
@@ -71,7 +71,7 @@ def rank_main(rank: int, world: int, folder: str) -> None:
     vae = build("seedvr2")
     x = case_input(vae, True, 1)
     try:
-        decode_parallel(vae, x, tile=TILE, progress=cancel_on_rank_1)
+        decode_parallel(vae, x, tile_px=TILE, progress=cancel_on_rank_1)
         report["cancel"] = "no error"
     except (KeyboardInterrupt, ParallelPassError) as e:
         report["cancel"] = type(e).__name__
@@ -79,7 +79,7 @@ def rank_main(rank: int, world: int, folder: str) -> None:
     bad = torch.full_like(x, float("nan")) if rank == 1 else x  # rank 1 fails its input check
     t0 = time.monotonic()
     try:
-        decode_parallel(vae, bad, group=short, tile=TILE)
+        decode_parallel(vae, bad, group=short, tile_px=TILE)
         report["failure"] = "no error"
     except (ValueError, ParallelPassError) as e:
         report["failure"] = type(e).__name__

@@ -159,7 +159,7 @@ def test_two_gpus_model_on_the_second_and_a_two_device_pass_leave_the_current_de
     torch.cuda.set_device(0)
     gpu = TurboVAE(WanVAE(TINY_WAN21)).to("cuda:1")
     gpu.model.load_state_dict(cpu.model.state_dict())
-    for out in (gpu.decode(z.to("cuda:1")), decode_tiled(gpu, z.to("cuda:1"), tile=64, mode="exact")):
+    for out in (gpu.decode(z.to("cuda:1")), decode_tiled(gpu, z.to("cuda:1"), tile_px=64, mode="exact")):
         assert out.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
         assert (out.cpu() - want).abs().max().item() <= 1e-4
     torch.cuda.set_device(1)

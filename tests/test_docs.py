@@ -139,3 +139,13 @@ def test_results_tables_are_rendered_from_the_committed_json(where, files, table
     assert table == report.format_markdown(rows), (
         f"{where}: table differs from its JSON; regenerate with: python -m turbovae.bench.report --markdown "
         + " ".join(files))
+
+
+def test_multi_gpu_cost_table_is_the_cost_models_output():
+    """docs/multi_gpu.md's predicted-scaling table is what `python -m turbovae.bench.parallel_cost` prints
+    (rendered from vae/parallel/cost.py), so a change to the cost model shows up as a stale doc here."""
+    from turbovae.bench.parallel_cost import markdown
+
+    table = markdown()
+    assert table.count("\n") > 50  # every architecture, direction, size and rank count
+    assert table in (ROOT / "docs" / "multi_gpu.md").read_text()

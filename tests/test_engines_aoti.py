@@ -74,12 +74,12 @@ def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
     x = torch.rand(1, 3, 1, 128, 128, generator=g) * 2 - 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", EngineFallbackWarning)
-        dec = decode_tiled(ev, z, tile=64, overlap=16, mode="fast")
+        dec = decode_tiled(ev, z, tile_px=64, overlap_px=16, mode="fast")
         tiles = ev.engine_calls
-        enc = encode_tiled(ev, x, tile=64, overlap=16, mode="fast")
+        enc = encode_tiled(ev, x, tile_px=64, overlap_px=16, mode="fast")
     assert tiles == 9 and ev.engine_calls == 18  # 3 x 3 tiles of 64 px each way
-    assert (dec - decode_tiled(vae, z, tile=64, overlap=16, mode="fast")).abs().max() <= 1e-4
-    assert (enc - encode_tiled(vae, x, tile=64, overlap=16, mode="fast")).abs().max() <= 1e-4
+    assert (dec - decode_tiled(vae, z, tile_px=64, overlap_px=16, mode="fast")).abs().max() <= 1e-4
+    assert (enc - encode_tiled(vae, x, tile_px=64, overlap_px=16, mode="fast")).abs().max() <= 1e-4
     # auto (the nodes' default) runs an input that fits untiled, i.e. on the engine when one serves it
     small = z[..., :8, :8]
     with warnings.catch_warnings():

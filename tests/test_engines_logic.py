@@ -370,7 +370,8 @@ def test_cli_tables():
 def test_pack_imports_without_tensorrt():
     code = ("import sys; sys.modules['tensorrt'] = None\n"
             "import turbovae, turbovae.trt.engine_vae, turbovae.trt.tensorrt_backend, turbovae.trt.cli\n"
-            "from turbovae.trt.backend import get_backend, BackendUnavailable\n"
+            "from turbovae.trt.backend import BackendUnavailable\n"
+            "from turbovae.trt.backend_registry import get_backend\n"
             "try:\n    get_backend('tensorrt').check_available('cuda')\nexcept BackendUnavailable as e:\n"
             "    print('OK', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -383,7 +384,7 @@ def test_auto_backend_builds_with_tensorrt_only_where_it_can(monkeypatch):
     check passes; a named backend is kept."""
     import torch
 
-    from turbovae.trt import backend as be
+    from turbovae.trt import backend_registry as be
 
     name, why = be.resolve_backend("auto", torch.device("cpu"))
     assert name == "aoti" and why

@@ -37,7 +37,7 @@ def comfy_root(tmp_path, monkeypatch):
     vae_dir.mkdir(parents=True)
     ckpt, cfg = node_helpers.write_tiny_vae(vae_dir, NAME)
     # Same seam as the node tests: real-size default configs cannot hold tiny weights.
-    monkeypatch.setattr(engine_vae, "load_vae", lambda p, **kw: load_vae(p, config=cfg, **kw))
+    monkeypatch.setattr(engine_vae, "load_checkpoint", lambda p, **kw: load_vae(p, config=cfg, **kw))
     return tmp_path, ckpt, cfg
 
 

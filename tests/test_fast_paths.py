@@ -376,7 +376,7 @@ def test_process_group_failure_runs_the_single_device_pass(mode, on_cpu, gloo_gr
 
     vae = build("wan2.1")
     z = torch.randn(1, vae.latent_channels, 2, 7, 5, generator=seeded)
-    want = decode_tiled(vae, z, tile=64, mode="exact")
+    want = decode_tiled(vae, z, tile_px=64, mode="exact")
     real = collectives.DistCollective.all_reduce_sum
 
     def broken(self, t):
@@ -386,7 +386,7 @@ def test_process_group_failure_runs_the_single_device_pass(mode, on_cpu, gloo_gr
 
     monkeypatch.setattr(collectives.DistCollective, "all_reduce_sum", broken)
     with caplog.at_level(logging.WARNING, logger="turbovae"):
-        got = [decode_parallel(vae, z, group=gloo_group, tile=64) for _ in range(2)]
+        got = [decode_parallel(vae, z, group=gloo_group, tile_px=64) for _ in range(2)]
     assert all((g - want).abs().max().item() <= 1e-5 for g in got)
     _one_warning(caplog, "process group", "single-device exact pass")
     assert not fast_paths.enabled("process_group", "cpu")
@@ -399,5 +399,5 @@ def test_process_group_that_passes_is_used(on_cpu, gloo_group, seeded):
 
     vae = build("wan2.1")
     before = fast_paths.usage()
-    decode_parallel(vae, torch.randn(1, vae.latent_channels, 1, 7, 5, generator=seeded), group=gloo_group, tile=64)
+    decode_parallel(vae, torch.randn(1, vae.latent_channels, 1, 7, 5, generator=seeded), group=gloo_group, tile_px=64)
     assert "process_group" in fast_paths.summary_since(before) and fast_paths.results()[0].ok

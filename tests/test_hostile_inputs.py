@@ -427,12 +427,12 @@ def test_loader_arguments_for_engines_only(built):
 
 
 # -- tiled API ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw,match", [({"tile": 64, "overlap": 32}, "less than half"),
-                                      ({"tile": 64, "overlap": 40}, "less than half"),
+@pytest.mark.parametrize("kw,match", [({"tile_px": 64, "overlap_px": 32}, "less than half"),
+                                      ({"tile_px": 64, "overlap_px": 40}, "less than half"),
                                       ({"temporal_slice": -1}, "temporal_slice=-1"),
                                       ({"temporal_slice": 0}, "temporal_slice=0"),
-                                      ({"tile": -64}, "negative"), ({"overlap": -8}, "overlap"),
-                                      ({"tile": "64"}, "integer"), ({"overlap": 8.5}, "integer")])
+                                      ({"tile_px": -64}, "negative"), ({"overlap_px": -8}, "overlap_px"),
+                                      ({"tile_px": "64"}, "integer"), ({"overlap_px": 8.5}, "integer")])
 def test_tiled_api_validates_arguments(built, kw, match):
     from turbovae.vae.tiling import decode_tiled, encode_tiled
 

@@ -505,7 +505,7 @@ def test_core_vae_decode_and_encode_of_a_clip_step_through_slices_and_cancel_bet
     z = torch.randn(1, vae.latent_channels, 9, 4, 4, generator=torch.Generator().manual_seed(5))
     out, seen = _progress_log(lambda: vae.decode(z))
     whole = vae.turbo.decode(vae._check_latents(z), temporal_slice=None)  # one whole-clip pass (raw latents)
-    assert (out - vae._clip_to_image(whole, False)).abs().max().item() <= 1e-5
+    assert (out - vae.clip_to_image(whole, False)).abs().max().item() <= 1e-5
     assert len({v for v, _ in seen}) == 4 and seen[-1][0] == seen[-1][1]  # 9 latents: slices of 3, 2, 2, 2
     assert [v for v, _ in seen] == sorted(v for v, _ in seen)
 
@@ -541,3 +541,49 @@ def test_tiled_api_defaults_to_auto_like_the_nodes():
 
     assert inspect.signature(decode_tiled).parameters["mode"].default == "auto"
     assert inspect.signature(encode_tiled).parameters["mode"].default == "auto"
+
+
+def test_fixed_combo_options_are_the_librarys_tables():
+    """One table per fact: every combo whose options are fixed is exactly one of the library's option tables
+    (what the library accepts), never a list restated in the node; file lists and node-only UI choices are
+    named here with the reason."""
+    from turbovae.trt.backend_registry import BACKEND_CHOICES
+    from turbovae.trt.buckets import MODES as ENGINE_SET_MODES
+    from turbovae.vae import compile as compile_settings
+    from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
+    from turbovae.vae.tiling.api import MODES as TILE_MODES
+
+    library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
+               compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC)}
+    _assert_no_restated_tables(library)
+    file_lists = {"vae_name", "engine", "fallback_vae"}  # the model folders' contents, listed at load
+    node_only = {("TurboVAELoadEngine", "scope")}  # how Load TRT VAE reads its selection: a UI choice only
+    node_helpers.use_comfy_stubs()
+    try:
+        from turbovae.nodes.engine_nodes import ENGINE_NODES
+    finally:
+        node_helpers.hide_comfy_stubs()
+    seen = 0
+    for node in [*all_nodes(), *ENGINE_NODES]:
+        schema = node.define_schema()
+        for inp in schema.inputs:
+            if inp.options is None or inp.id in file_lists or (schema.node_id, inp.id) in node_only:
+                continue
+            seen += 1
+            assert tuple(inp.options) in library, (schema.node_id, inp.id, inp.options)
+    assert seen >= 7  # tile mode ×2, loader dtype, compile backend/mode/dynamic, engine mode/backend/dtype
+
+
+def _assert_no_restated_tables(library: set) -> None:
+    """No literal list of strings in the nodes or the command lines has the same members as a library table
+    (a copy would pass the option check above until the library's table changes)."""
+    import ast
+
+    root = NODES_DIR.parent
+    members = {frozenset(t) for t in library}
+    for path in [*NODES_DIR.glob("*.py"), root / "cli.py", root / "cli_parallel.py", root / "trt" / "cli.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+                literal = frozenset(e.value for e in node.elts)
+                assert literal not in members, f"{path.name}:{node.lineno} restates {sorted(literal)}"

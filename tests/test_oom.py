@@ -114,7 +114,7 @@ def test_decode_tiled_retries_each_kind_with_smaller_tiles(wan, kind, caplog):
     hook = FailingLayer(OOM_KINDS[kind], limit_px=128 + 64)  # conv_out sees the tile plus its halo
     with hooked(wan.model.decoder.conv_out, hook):
         with caplog.at_level(logging.WARNING):
-            out = decode_tiled(wan, z, tile=256, mode="exact")
+            out = decode_tiled(wan, z, tile_px=256, mode="exact")
     assert hook.raised == 1 and max(hook.seen[1:]) <= 128 + 64  # the retry ran smaller tiles
     assert (out - ref).abs().max().item() <= 1e-4
     assert len(_warnings(caplog)) == 1
@@ -136,7 +136,7 @@ def test_exact_retry_keeps_finished_tiles(wan, caplog):
 
     steps = []
     with hooked(wan.model.decoder.conv_out, ThirdTile()), caplog.at_level(logging.WARNING):
-        out = decode_tiled(wan, z, tile=128, mode="exact", progress=lambda d, t: steps.append((d, t)))
+        out = decode_tiled(wan, z, tile_px=128, mode="exact", progress=lambda d, t: steps.append((d, t)))
     assert (out - ref).abs().max().item() <= 1e-4
     big = [c for c in calls if max(c) > 64 + 64]
     assert len(big) == 3  # tiles 1, 2 once each, tile 3 failed once; never a restart from tile 1
@@ -148,7 +148,7 @@ def test_exact_retry_keeps_finished_tiles(wan, caplog):
 def test_fast_retry_keeps_finished_tiles_and_stays_close(wan):
     g = torch.Generator().manual_seed(3)
     z = torch.randn(1, wan.latent_channels, 1, 32, 32, generator=g)
-    plain = decode_tiled(wan, z, tile=128, overlap=32, mode="fast")
+    plain = decode_tiled(wan, z, tile_px=128, overlap_px=32, mode="fast")
     calls = []
 
     def third(module, args):
@@ -157,7 +157,7 @@ def test_fast_retry_keeps_finished_tiles_and_stays_close(wan):
             raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
 
     with hooked(wan.model.decoder.conv_out, third):
-        out = decode_tiled(wan, z, tile=128, overlap=32, mode="fast")
+        out = decode_tiled(wan, z, tile_px=128, overlap_px=32, mode="fast")
     assert calls[:3] == [128] * 3 and all(c <= 64 for c in calls[3:])  # tiles 1-2 kept; 3 on redone smaller
     assert out.shape == plain.shape and torch.isfinite(out).all()
     # fast tiles are approximate: the redone tiles blend sub-tiles, the others are the same computation
@@ -171,7 +171,7 @@ def test_encode_tiled_retries_a_cudnn_allocation_failure(wan, caplog):
     hook = FailingLayer(OOM_KINDS["cudnn9"], limit_px=128 + 64, times=1)
     with hooked(wan.model.encoder.conv_in, hook):
         with caplog.at_level(logging.WARNING):
-            out = encode_tiled(wan, x, tile=256, mode="exact")
+            out = encode_tiled(wan, x, tile_px=256, mode="exact")
     assert hook.raised == 1 and (out - ref).abs().max().item() <= 1e-4
     assert len(_warnings(caplog)) == 1
 
@@ -189,10 +189,10 @@ def test_at_the_floor_the_temporal_slice_shrinks_then_a_clear_error(wan, caplog)
 
     with hooked(wan.model.decoder.conv_out, long_slices):
         with caplog.at_level(logging.WARNING):
-            out = decode_tiled(wan, z, tile=64, mode="exact", temporal_slice=2)
+            out = decode_tiled(wan, z, tile_px=64, mode="exact", temporal_slice=2)
     assert (out - ref).abs().max().item() <= 1e-4
     assert "latent frames per slice; retrying with 1" in caplog.text
 
     with hooked(wan.model.decoder.conv_out, FailingLayer(OOM_KINDS["cuda"], limit_px=0)):
         with pytest.raises(MemoryError, match=r"even with 64 px tiles .* 1 latent frame per slice"):
-            decode_tiled(wan, z, tile=64, mode="exact", temporal_slice=1)
+            decode_tiled(wan, z, tile_px=64, mode="exact", temporal_slice=1)

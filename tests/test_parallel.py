@@ -27,7 +27,7 @@ TOL = 1e-5
 
 def _single(vae, x, decode: bool, tile: int = pw.TILE):
     run = decode_tiled if decode else encode_tiled
-    return run(vae, x, mode="exact", tile=tile, temporal_slice=1)
+    return run(vae, x, mode="exact", tile_px=tile, temporal_slice=1)
 
 
 def _assert_equal(out, ref, vae, x, decode: bool, tile: int):
@@ -53,11 +53,11 @@ def test_devices_mode_equals_single_device_exact(kind, n, frames, hw):
     tile = 128 if kind == "wan2.2" else pw.TILE  # ≥ 8 latents; Wan 2.2 is 16 px per latent
     h, w = hw
     z = torch.randn(1, vae.latent_channels, frames, h, w, generator=torch.Generator().manual_seed(1))
-    out = decode_parallel(vae, z, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    out = decode_parallel(vae, z, devices=["cpu"] * n, tile_px=tile, temporal_slice=1)
     _assert_equal(out, _single(vae, z, True, tile), vae, z, True, tile)
     f = vae.spatial_factor
     x = torch.rand(1, vae.image_channels, 4 * frames - 3, h * f, w * f, generator=torch.Generator().manual_seed(2)) * 2 - 1
-    lat = encode_parallel(vae, x, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    lat = encode_parallel(vae, x, devices=["cpu"] * n, tile_px=tile, temporal_slice=1)
     _assert_equal(lat, _single(vae, x, False, tile), vae, x, False, tile)
 
 
@@ -87,7 +87,7 @@ def test_wan_bands_exchange_halo_rows_per_stage_and_equal_single_device(kind, de
     else:
         x = torch.rand(1, vae.image_channels, 4 * frames - 3, h * f, w * f, generator=g) * 2 - 1
     run = decode_parallel if decode else encode_parallel
-    out = run(vae, x, devices=["cpu"] * n, tile=tile, temporal_slice=1)
+    out = run(vae, x, devices=["cpu"] * n, tile_px=tile, temporal_slice=1)
     assert calls, "the bands recomputed their overlap instead of exchanging halo rows"
     _assert_equal(out, _single(vae, x, decode, tile), vae, x, decode, tile)
 
@@ -100,8 +100,8 @@ def test_bands_thinner_than_a_stage_halo_recompute_their_overlap(monkeypatch):
     vae = pw.build("wan2.1")
     z = torch.randn(1, vae.latent_channels, 1, 6, 5, generator=torch.Generator().manual_seed(4))
     assert not can_exchange(vae.model.exact_plan(decode=True), BandPlan.split(6, 5, 3), Fraction(1))
-    out = decode_parallel(vae, z, devices=["cpu"] * 3, tile=0)
-    _assert_equal(out, decode_tiled(vae, z, mode="exact", tile=1024), vae, z, True, 1024)
+    out = decode_parallel(vae, z, devices=["cpu"] * 3, tile_px=0)
+    _assert_equal(out, decode_tiled(vae, z, mode="exact", tile_px=1024), vae, z, True, 1024)
 
 
 def test_four_d_input_and_auto_slices_and_progress_ticks_to_total():
@@ -164,7 +164,7 @@ def test_cancel_on_rank_0_stops_every_device_thread():
 
     before = threading.active_count()
     with pytest.raises(KeyboardInterrupt, match="user pressed cancel"):
-        decode_parallel(vae, z, devices=["cpu"] * 3, tile=pw.TILE, temporal_slice=1, progress=cancel)
+        decode_parallel(vae, z, devices=["cpu"] * 3, tile_px=pw.TILE, temporal_slice=1, progress=cancel)
     assert threading.active_count() == before  # no band thread left waiting
 
 
@@ -222,7 +222,7 @@ def test_command_line_decodes_and_encodes_files_over_devices(tmp_path, capsys):
     assert cli.main(args + ["--output", str(tmp_path / "out.safetensors")]) == 0
     vae = load_vae(str(folder), device="cpu")
     out = load_file(str(tmp_path / "out.safetensors"))["pixels"]
-    assert (out - decode_tiled(vae, z, mode="exact", tile=64)).abs().max().item() <= TOL
+    assert (out - decode_tiled(vae, z, mode="exact", tile_px=64)).abs().max().item() <= TOL
     capsys.readouterr()
     assert cli.main(args + ["--output", str(tmp_path / "out.safetensors")]) == 2  # exists: one line, no traceback
     assert "--overwrite" in capsys.readouterr().err
@@ -240,12 +240,12 @@ def test_command_line_decodes_and_encodes_files_over_devices(tmp_path, capsys):
 @pytest.mark.parametrize("kind", ["seedvr2", "qwen"])
 def test_real_configs_small_frame_equal_single_device(kind):
     from turbovae import TurboVAE
-    from turbovae.bench.gpu import _seeded_init
+    from turbovae.bench.models import seeded_init
     from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
     from turbovae.vae.wan import WAN21, WanVAE
 
     model = SeedVR2VAE(SeedVR2Config()) if kind == "seedvr2" else WanVAE(WAN21)
-    vae = TurboVAE(_seeded_init(model))
+    vae = TurboVAE(seeded_init(model))
     z = torch.randn(1, vae.latent_channels, 1, 5, 4, generator=torch.Generator().manual_seed(4))  # odd: 3 + 2 rows
     out = decode_parallel(vae, z, devices=["cpu", "cpu"])
     assert (out - decode_tiled(vae, z, mode="exact")).abs().max().item() <= TOL
@@ -259,7 +259,7 @@ def test_devices_mode_mixing_cuda_and_cpu_equals_single_device():
         z = torch.randn(1, vae.latent_channels, 2, 7, 5, generator=torch.Generator().manual_seed(5))
         ref = _single(vae, z, True)
         devices = ["cuda:0", "cpu"] if torch.cuda.device_count() < 2 else ["cuda:0", "cuda:1"]
-        out = decode_parallel(vae, z, devices=devices, tile=pw.TILE, temporal_slice=1)
+        out = decode_parallel(vae, z, devices=devices, tile_px=pw.TILE, temporal_slice=1)
         assert out.device.type == "cpu"
         _assert_equal(out, ref, vae, z, True, pw.TILE)
 

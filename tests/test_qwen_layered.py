@@ -105,15 +105,15 @@ def test_exact_tiles_equal_untiled_and_fast_tiles_cover_rgba(tiny, decode):
     if decode:
         x = torch.randn(5, 4, 1, 20, 16, generator=torch.Generator().manual_seed(30))
         whole = vae.decode(x)
-        exact = decode_tiled(vae, x, tile=64, overlap=0, mode="exact")
-        fast = decode_tiled(vae, x, tile=96, overlap=32, mode="fast")
-        one = decode_tiled(vae, x, tile=160, overlap=0, mode="fast")  # a single tile is the untiled pass
+        exact = decode_tiled(vae, x, tile_px=64, overlap_px=0, mode="exact")
+        fast = decode_tiled(vae, x, tile_px=96, overlap_px=32, mode="fast")
+        one = decode_tiled(vae, x, tile_px=160, overlap_px=0, mode="fast")  # a single tile is the untiled pass
     else:
         x = rgba((2, 4, 1, 160, 128), 31)
         whole = vae.encode(x)
-        exact = encode_tiled(vae, x, tile=64, overlap=0, mode="exact")
-        fast = encode_tiled(vae, x, tile=96, overlap=32, mode="fast")
-        one = encode_tiled(vae, x, tile=160, overlap=0, mode="fast")
+        exact = encode_tiled(vae, x, tile_px=64, overlap_px=0, mode="exact")
+        fast = encode_tiled(vae, x, tile_px=96, overlap_px=32, mode="fast")
+        one = encode_tiled(vae, x, tile_px=160, overlap_px=0, mode="fast")
     assert exact.shape == whole.shape == fast.shape and whole.shape[1] == (4 if decode else TINY_RGBA.z_dim)
     assert max_err(exact, whole) <= 1e-5 and max_err(one, whole) <= 1e-5
     assert torch.isfinite(fast).all()
@@ -123,7 +123,7 @@ def test_exact_tiles_equal_untiled_and_fast_tiles_cover_rgba(tiny, decode):
 def test_diffusers_folder_loads_as_layered_and_matches(tmp_path):
     ref = reference(TINY_RGBA, seed=1)
     ref.save_pretrained(tmp_path / "Qwen-Image-Layered" / "vae")
-    vae = api.load_vae(tmp_path / "Qwen-Image-Layered", device="cpu")
+    vae = api.load_checkpoint(tmp_path / "Qwen-Image-Layered", device="cpu")
     assert vae.kind == "qwen_image_layered" and vae.image_channels == 4 and vae.latent_format.image_channels == 4
     x = rgba((1, 4, 32, 48), 2)
     z = torch.randn(5, 4, 1, 4, 6, generator=torch.Generator().manual_seed(3))
@@ -158,7 +158,7 @@ def real_file(tmp_path_factory):
 def test_comfyui_single_file_and_diffusers_state_dict_load_strictly_and_match(real_file):
     path, sd, x, z, (want_m, want_px) = real_file
     for source in (path, sd):  # Wan/ComfyUI keys from a file; diffusers keys, no config
-        vae = api.load_vae(source, device="cpu", dtype="fp32")
+        vae = api.load_checkpoint(source, device="cpu", dtype="fp32")
         assert vae.kind == "qwen_image_layered" and vae.image_channels == 4 and vae.latent_channels == 16
         assert vae.latent_format.mean == WAN21.latents_mean  # same latent space as Qwen-Image
         with torch.inference_mode():

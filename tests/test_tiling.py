@@ -43,18 +43,18 @@ def _pixels(t, h, w, seed=0):
 def test_fast_single_tile_equals_untiled(vae, t):
     z = _latents(vae, t, 6, 9)
     ref = vae.decode(z)
-    out = decode_tiled(vae, z, tile=1024, overlap=64, mode="fast", temporal_slice=1)
+    out = decode_tiled(vae, z, tile_px=1024, overlap_px=64, mode="fast", temporal_slice=1)
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 1e-5
     x = _pixels(4 * t - 3, 48, 72)
     ref_e = vae.encode(x)
-    out_e = encode_tiled(vae, x, tile=1024, overlap=64, mode="fast", temporal_slice=1)
+    out_e = encode_tiled(vae, x, tile_px=1024, overlap_px=64, mode="fast", temporal_slice=1)
     assert (out_e - ref_e).abs().max().item() <= 1e-5
 
 
 def test_fast_multi_tile_shape_and_range(vae):
     z = _latents(vae, 1, 10, 13)
-    out = decode_tiled(vae, z, tile=64, overlap=24, mode="fast")
+    out = decode_tiled(vae, z, tile_px=64, overlap_px=24, mode="fast")
     assert out.shape == (1, 3, 1, 80, 104)
     assert torch.isfinite(out).all() and out.abs().max() <= 1.0
 
@@ -69,7 +69,7 @@ def test_fast_multi_tile_shape_and_range(vae):
 def test_exact_decode_equals_untiled(vae, t, h, w, tile, ts):
     z = _latents(vae, t, h, w, seed=t + h)
     ref = vae.decode(z)
-    out = decode_tiled(vae, z, tile=tile, overlap=16, mode="exact", temporal_slice=ts)
+    out = decode_tiled(vae, z, tile_px=tile, overlap_px=16, mode="exact", temporal_slice=ts)
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 1e-4
 
@@ -84,7 +84,7 @@ def test_exact_decode_equals_untiled(vae, t, h, w, tile, ts):
 def test_exact_encode_equals_untiled(vae, t, h, w, tile, ts):
     x = _pixels(t, h, w, seed=h)
     ref = vae.encode(x)
-    out = encode_tiled(vae, x, tile=tile, overlap=16, mode="exact", temporal_slice=ts)
+    out = encode_tiled(vae, x, tile_px=tile, overlap_px=16, mode="exact", temporal_slice=ts)
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 1e-4
 
@@ -92,9 +92,9 @@ def test_exact_encode_equals_untiled(vae, t, h, w, tile, ts):
 def test_exact_wan22_decode_and_encode():
     vae = _build("wan2.2")  # 16x spatial, patchify, residual-of-residual shortcuts
     z = _latents(vae, 2, 11, 5)
-    assert (decode_tiled(vae, z, tile=128, overlap=32, mode="exact") - vae.decode(z)).abs().max() <= 1e-4
+    assert (decode_tiled(vae, z, tile_px=128, overlap_px=32, mode="exact") - vae.decode(z)).abs().max() <= 1e-4
     x = _pixels(5, 176, 80)
-    assert (encode_tiled(vae, x, tile=128, overlap=32, mode="exact") - vae.encode(x)).abs().max() <= 1e-4
+    assert (encode_tiled(vae, x, tile_px=128, overlap_px=32, mode="exact") - vae.encode(x)).abs().max() <= 1e-4
 
 
 def test_exact_real_qwen_config_image():
@@ -102,7 +102,7 @@ def test_exact_real_qwen_config_image():
     vae = TurboVAE(WanVAE(WAN21))
     z = _latents(vae, 1, 14, 18)
     ref = vae.decode(z)
-    assert (decode_tiled(vae, z, tile=64, mode="exact") - ref).abs().max() <= 1e-4
+    assert (decode_tiled(vae, z, tile_px=64, mode="exact") - ref).abs().max() <= 1e-4
 
 
 def test_auto_uses_untiled_when_it_fits_and_tiles_when_not(vae, monkeypatch):
@@ -146,7 +146,7 @@ def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
     guard = _OOMAbove(vae.model, limit=16)
     monkeypatch.setattr(vae.model, "decode_latents", guard)
     with caplog.at_level(logging.WARNING):
-        out = decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
+        out = decode_tiled(vae, z, tile_px=256, overlap_px=32, mode="fast")
     assert out.shape[-1] == 160
     assert max(guard.seen) > 16 and guard.seen[-1] <= 16
     assert "retrying with 128 px" in caplog.text
@@ -156,7 +156,7 @@ def test_oom_at_floor_gives_clear_error(vae, monkeypatch):
     z = _latents(vae, 1, 20, 20)
     monkeypatch.setattr(vae.model, "decode_latents", _OOMAbove(vae.model, limit=0))
     with pytest.raises(MemoryError, match=r"even with 64 px tiles .*started at 256 px.*GiB free"):
-        decode_tiled(vae, z, tile=256, overlap=32, mode="fast")
+        decode_tiled(vae, z, tile_px=256, overlap_px=32, mode="fast")
 
 
 class Cancelled(Exception):
@@ -167,7 +167,7 @@ class Cancelled(Exception):
 def test_progress_counts_and_cancel_leaves_model_usable(vae, mode):
     z = _latents(vae, 2, 12, 10)
     seen = []
-    out = decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1, progress=lambda d, t: seen.append((d, t)))
+    out = decode_tiled(vae, z, tile_px=64, overlap_px=16, mode=mode, temporal_slice=1, progress=lambda d, t: seen.append((d, t)))
     total = seen[-1][1]
     assert [d for d, _ in seen] == list(range(1, total + 1)) and total >= 4
 
@@ -176,8 +176,8 @@ def test_progress_counts_and_cancel_leaves_model_usable(vae, mode):
             raise Cancelled()
 
     with pytest.raises(Cancelled):
-        decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1, progress=cancel)
-    again = decode_tiled(vae, z, tile=64, overlap=16, mode=mode, temporal_slice=1)
+        decode_tiled(vae, z, tile_px=64, overlap_px=16, mode=mode, temporal_slice=1, progress=cancel)
+    again = decode_tiled(vae, z, tile_px=64, overlap_px=16, mode=mode, temporal_slice=1)
     assert torch.equal(again, out)
 
 
@@ -186,15 +186,15 @@ def test_bad_arguments_are_value_errors(vae):
     with pytest.raises(ValueError, match="mode must be one of"):
         decode_tiled(vae, z, mode="exactly")
     with pytest.raises(ValueError, match="too small"):
-        decode_tiled(vae, z, tile=16)
+        decode_tiled(vae, z, tile_px=16)
     with pytest.raises(ValueError, match="overlap"):
-        decode_tiled(vae, z, tile=64, overlap=-8)
+        decode_tiled(vae, z, tile_px=64, overlap_px=-8)
     with pytest.raises(ValueError, match="less than half the tile"):
-        decode_tiled(vae, z, tile=64, overlap=32)
+        decode_tiled(vae, z, tile_px=64, overlap_px=32)
     with pytest.raises(ValueError, match="temporal_slice=-1 must be"):
         decode_tiled(vae, z, temporal_slice=-1)
-    with pytest.raises(ValueError, match="tile must be an integer"):
-        decode_tiled(vae, z, tile=64.5)
+    with pytest.raises(ValueError, match="tile_px must be an integer"):
+        decode_tiled(vae, z, tile_px=64.5)
     with pytest.raises(ValueError, match="channels"):
         decode_tiled(vae, torch.randn(1, vae.latent_channels + 1, 1, 8, 8))
 
@@ -210,7 +210,7 @@ def test_default_tile_is_512_px_in_fast_and_exact(vae, monkeypatch):
     decode_tiled(vae, z, mode="exact")
     assert tiles[-1] == 512 // vae.spatial_factor
     monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 64 * 2**30)
-    decode_tiled(vae, z, mode="exact", tile=0)  # 0 = from free memory: plenty here, one tile
+    decode_tiled(vae, z, mode="exact", tile_px=0)  # 0 = from free memory: plenty here, one tile
     assert tiles[-1] == 72
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from turbovae.vae.tiling.exact import _halos, partition, LocalStage
+from turbovae.vae.tiling.exact import stage_halos, partition, LocalStage
 from turbovae.vae.tiling.grid import AxisGrid, TileGrid, raised_cosine
 
 
@@ -58,7 +58,7 @@ def test_halos_account_for_resolution_and_stride():
 
     up = [LocalStage(F(1), 2), LocalStage(F(2), 1), LocalStage(F(1), 3)]
     # at 1 px/latent: last stage needs 3 px at res 2 = 1.5 latent; middle adds 1 px at res 1
-    assert _halos(up, F(1)) == [5, 3, 3]
+    assert stage_halos(up, F(1)) == [5, 3, 3]
     down = [LocalStage(F(1), 1), LocalStage(F(1, 2), 1)]
-    h = _halos(down, F(8))
+    h = stage_halos(down, F(8))
     assert h[1] % 2 == 0 and h[0] >= h[1] + 1

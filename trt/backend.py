@@ -1,8 +1,10 @@
-"""One interface for engine backends (build, load, describe, run) and the errors the fallback catches."""
+"""One interface for engine backends (build, load, describe, run) and the errors the fallback catches.
+
+The backends themselves and the choice between them live in `backend_registry.py`, which imports them;
+this module imports none of them, so each backend can import the interface without a cycle."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -11,8 +13,6 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
-
-BACKEND_NAMES = ("tensorrt", "aoti")  # what get_backend builds; CLI, nodes and manifests check against it
 
 # (min, opt, max) full tensor shapes of one input for one optimization profile.
 ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -132,40 +132,3 @@ class Backend(ABC):
 def shape_in_range(shape: Sequence[int], rng: ShapeRange) -> bool:
     lo, _opt, hi = rng
     return len(shape) == len(lo) and all(a <= s <= b for s, a, b in zip(shape, lo, hi))
-
-
-AUTO_BACKEND = "auto"  # what the Build Engine node offers first: TensorRT where it can build, else AOTInductor
-ONNX_EXPORT_PACKAGES = ("onnx", "onnxscript")  # the TensorRT backend builds from an ONNX export; both optional
-
-
-def missing_onnx_export() -> list[str]:
-    """The packages of ONNX_EXPORT_PACKAGES that are not installed."""
-    return [name for name in ONNX_EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
-
-
-def resolve_backend(name: str, device: torch.device) -> tuple[str, str]:
-    """(backend to build with, why) for a backend name or `auto`. Auto takes TensorRT when it can build on
-    `device` (CUDA, TensorRT importable, ONNX export packages present), else AOTInductor, which needs only
-    PyTorch; the reason says which check failed, so the caller can tell the user."""
-    if name != AUTO_BACKEND:
-        return name, "asked for"
-    missing = missing_onnx_export()
-    if missing:
-        return "aoti", f"TensorRT builds need {' and '.join(missing)} for the ONNX export"
-    try:
-        get_backend("tensorrt").check_available(torch.device(device))
-    except BackendUnavailable as e:
-        return "aoti", str(e)
-    return "tensorrt", "TensorRT can build here"
-
-
-def get_backend(name: str) -> Backend:
-    if name == "aoti":
-        from .aoti import AOTIBackend
-
-        return AOTIBackend()
-    if name == "tensorrt":
-        from .tensorrt_backend import TensorRTBackend
-
-        return TensorRTBackend()
-    raise ValueError(f"unknown engine backend {name!r}; use {' or '.join(BACKEND_NAMES)}")

@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from ..vae.dtypes import dtype_name
-from .backend import BuildProgress, BuildSpec, get_backend
+from .backend import BuildProgress, BuildSpec
+from .backend_registry import get_backend
 from .buckets import BucketTable
-from .engine_set import COMPONENTS, IO_NAMES, component_profiles
+from .engine_set import IO_NAMES, component_profiles
 from .fileio import file_sha256, publish, refuse_existing, temporary_name
-from .identity import EngineIdentity, device_facts, model_hash
+from .identity import COMPONENTS, EngineIdentity, device_facts, model_hash
 from .manifest import MANIFEST_NAME, Manifest, ManifestEntry
 from .video import VIDEO_COMPONENTS, check_video_model, example_inputs, slice_io, slice_module
 

@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from ..vae.dtypes import DTYPE_NAMES
-from .backend import AUTO_BACKEND, BACKEND_NAMES, resolve_backend
+from .backend_registry import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+from .identity import COMPONENTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,16 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="multi-ratio static set of these sizes (default when given without sizes: Qwen-Image "
                             "ratios + 512², 1024²)")
     shape.add_argument("--multi-profile", action="store_true", help="dynamic engines for ≤1 MP, ≤2.8 MP, ≤4 MP")
-    parser.add_argument("--backend", choices=(AUTO_BACKEND, *BACKEND_NAMES), default=AUTO_BACKEND,
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, default=AUTO_BACKEND,
                         help="auto (tensorrt where it can build here, else aoti; it prints which and why), tensorrt "
                              "(needs a GPU, the tensorrt package, onnx and onnxscript) or aoti (AOTInductor, "
                              "PyTorch only; on CPU it can be slower than eager PyTorch at small sizes, so time it "
                              "with `bench --sections engines`) (default: auto)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="fp16", help="engine precision (default: fp16)")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--components", default="encoder,decoder",
-                        help="comma list of encoder, decoder (empty with --video: only the video engines; "
-                             "default: encoder,decoder)")
+    parser.add_argument("--components", default=",".join(COMPONENTS),
+                        help=f"comma list of {', '.join(COMPONENTS)} (empty with --video: only the video engines; "
+                             f"default: {','.join(COMPONENTS)})")
     parser.add_argument("--video", action="store_true",
                         help="also build SeedVR2 video slice engines (decode_slice_first/next, one pair per "
                              "static bucket) so clips decode on engines; static/multi-ratio tables only")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     folder) is checked before the checkpoint is loaded."""
     import torch
 
-    from ..vae.api import load_vae, resolve_device
+    from ..vae.api import load_checkpoint, resolve_device
     from ..vae.dtypes import parse_dtype
     from .backend import EngineError
     from .build import build_engine_set, preflight
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"backend: {backend} ({why})")
     preflight(args.out, table, backend=backend, device=device, components=components, video=args.video,
               overwrite=args.overwrite)
-    vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    vae = load_checkpoint(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=backend, dtype=dtype, device=device,
                                  components=components, video=args.video, overwrite=args.overwrite, source=args.vae,

@@ -17,15 +17,15 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .backend import EngineRunError, LoadedEngine, ShapeRange, get_backend
+from .backend import EngineRunError, LoadedEngine, ShapeRange
+from .backend_registry import get_backend
 from .buckets import BucketTable, Selection, crop_to, pad_to
-from .identity import EngineIdentity, IdentityError, mismatches, verify_file
+from .identity import COMPONENTS, EngineIdentity, IdentityError, mismatches, verify_file
 from .manifest import Manifest, read_manifest
 from .video import SLICE_FIRST, SLICE_NEXT, VIDEO_COMPONENTS, chain_slices
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("encoder", "decoder")
 IO_NAMES = {"encoder": (("pixels",), ("moments",)), "decoder": (("latents",), ("pixels",))}
 
 

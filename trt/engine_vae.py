@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..vae.api import TurboVAE, check_temporal_slice, load_vae, resolve_device
+from ..vae.api import TurboVAE, check_temporal_slice, load_checkpoint, resolve_device
 from ..vae.base import Progress, VAEModel
 from ..vae.oom import describe, is_out_of_memory, release_cached
 from .backend import EngineError
@@ -218,7 +218,7 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
         checkpoint = check_source(Path(checkpoint), folder, source_roots if fallback is None else None)
     # The manifest's hash is of the fp32 weights (as `build_engine_set` hashes them): load fp32 on the CPU,
     # hash, then move to the requested dtype/device.
-    base = load_vae(checkpoint, dtype=torch.float32, device="cpu")
+    base = load_checkpoint(checkpoint, dtype=torch.float32, device="cpu")
     weights_hash = model_hash(base.model.state_dict())
     base.to(device=device, dtype=dtype if dtype is not None else torch.float32)
     engines = None

@@ -17,9 +17,11 @@ from typing import Mapping, Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
-from .backend import BACKEND_NAMES, EngineLoadError
+from .backend import EngineLoadError
+from .backend_registry import BACKEND_NAMES
 from .buckets import BucketTable
 from .fileio import file_sha256
+from .video import VIDEO_COMPONENTS
 
 FORMAT_VERSION = 1
 
@@ -46,7 +48,8 @@ def device_facts(device: torch.device) -> dict:
     return {"device_type": device.type, "gpu_name": None, "compute_capability": None}
 
 
-KNOWN_COMPONENTS = ("encoder", "decoder", "decode_slice_first", "decode_slice_next")
+COMPONENTS = ("encoder", "decoder")  # the image engines a set can hold (build's default: both)
+KNOWN_COMPONENTS = COMPONENTS + VIDEO_COMPONENTS
 
 
 class IdentityError(EngineLoadError):

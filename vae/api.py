@@ -18,7 +18,7 @@ from .architectures import detect_architecture
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
 from .cuda_graphs import CudaGraphRunner
-from .dtypes import parse_dtype
+from .dtypes import parse_dtype, working_dtype
 from .weight_layout import checkpoint_layout
 from .memory import auto_temporal_slice, check_fits
 
@@ -341,11 +341,20 @@ def _default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
-             dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
-             config: Optional[dict] = None) -> TurboVAE:
-    """Load a VAE from a checkpoint file, a diffusers folder or a state dict (engines: `turbovae.load_vae`,
-    which chooses between this and the engine loader).
+def resolve_dtype_and_device(dtype: Union[None, str, torch.dtype],
+                             device: Union[None, str, torch.device]) -> tuple[torch.dtype, torch.device]:
+    """The loaders' defaults: `device` None picks CUDA when available; `dtype` None (or "auto") keeps fp32 on
+    the CPU and uses bf16 on CUDA."""
+    target_device = resolve_device(device)
+    return working_dtype(dtype, target_device), target_device
+
+
+def load_checkpoint(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
+                    dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
+                    config: Optional[dict] = None) -> TurboVAE:
+    """Load a VAE from a checkpoint file, a diffusers folder or a state dict — checkpoints only. The public
+    loader is `turbovae.load_vae` (loading.py), which also takes engine folders and calls this for
+    checkpoints; `vae/` code and the engine loader's fallback call this directly (`vae/` never imports `trt/`).
 
     The architecture is detected from the keys and checked strictly (every key, every shape, every value
     finite). `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.
@@ -353,10 +362,7 @@ def load_vae(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
     if not isinstance(source, (str, os.PathLike, Mapping)):
         raise TypeError(f"source must be a checkpoint path, a diffusers folder or a state dict, got "
                         f"{type(source).__name__}")
-    target_dtype = parse_dtype(dtype)
-    target_device = resolve_device(device)
-    if target_dtype is None:
-        target_dtype = torch.bfloat16 if target_device.type == "cuda" else torch.float32
+    target_dtype, target_device = resolve_dtype_and_device(dtype, device)
 
     if isinstance(source, Mapping):
         sd, name = dict(source), "state dict"

@@ -40,6 +40,8 @@ from .oom import is_out_of_memory, release_cached
 log = logging.getLogger("turbovae")
 
 MODES = ("default", "max-autotune-no-cudagraphs")
+# Backends every torch build has that run a region without CUDA graph trees: what the nodes offer.
+BACKENDS = ("inductor", "aot_eager", "eager")
 # torch.compile settings that capture CUDA graph trees around each region: refused (see the module doc).
 GRAPH_TREE_MODES = ("reduce-overhead", "max-autotune")
 GRAPH_TREE_BACKENDS = ("cudagraphs",)
@@ -89,7 +91,7 @@ class CompileSettings:
 def available_backends() -> list[str]:
     import torch._dynamo
 
-    return sorted(set(torch._dynamo.list_backends(exclude_tags=())) | {"inductor", "eager", "aot_eager"})
+    return sorted(set(torch._dynamo.list_backends(exclude_tags=())) | set(BACKENDS))
 
 
 def find_regions(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -64,11 +64,9 @@ def check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: to
 
 
 # Latent frames per decode slice that ran fastest, per device type, where memory would allow more (slicing is exact,
-# so this changes time and memory only). CPU, 2 cores, fp32, interleaved runs (`python -m turbovae bench
-# --sections slices`, docs/BENCHMARKS.md): slices of 1-2 latent frames were as fast as the whole clip or faster
-# — SeedVR2 21 frames 64²: 11.0-11.4 s vs 13.2-15.2 s whole; Wan 2.1 81 frames 64²: 17.5 s vs 19.0 s; at 128²
-# within the noise — and never slower; smaller working sets stay in cache and reuse the allocator's blocks.
-# CUDA, and encode anywhere: not measured yet, so the memory rule alone decides (the largest slice that fits).
+# so this changes time and memory only): smaller working sets stay in cache. Measured by `python -m turbovae bench
+# --sections slices` (docs/BENCHMARKS.md, "Temporal slices"); device types not listed (CUDA) and encode are not
+# measured yet, so the memory rule alone decides there (the largest slice that fits).
 FASTEST_SLICE = {"cpu": 2}
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..base import Progress
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
-from ..tiling.api import _tile_latent
+from ..tiling.api import resolve_tile_latent
 from ..tiling.exact import supports_exact
 from .collectives import DistCollective, process_group_trusted, run_on_devices
 from .sharded import sharded_pass
@@ -66,7 +66,7 @@ def _replica(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 
 def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceList, group,
-              tile: Optional[int], temporal_slice: Optional[int], progress: Progress,
+              tile_px: Optional[int], temporal_slice: Optional[int], progress: Progress,
               output_device: Optional[torch.device]) -> torch.Tensor:
     what = "decode" if decode else "encode"
     if not supports_exact(vae.model, decode=decode):
@@ -74,21 +74,21 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     if devices is not None and group is not None:
         raise ValueError("pass devices= (one process, several devices) or group= (one process per rank), not both")
     use_dist = group is not None or (devices is None and dist.is_available() and dist.is_initialized())
-    if tile is not None and tile < 0:
-        raise ValueError(f"tile must be ≥ 0 px (0 = from free memory), got {tile}")
+    if tile_px is not None and tile_px < 0:
+        raise ValueError(f"tile_px must be ≥ 0 px (0 = from free memory), got {tile_px}")
     f = vae.spatial_factor
     in_scale = 1 if decode else f
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
     latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
     pixel_frames = vae.latent_format.pixel_frames(latent_frames)
-    tile_lat = _tile_latent(vae, tile, "exact", h_lat, w_lat, pixel_frames, decode=decode)
+    tile_lat = resolve_tile_latent(vae, tile_px, "exact", h_lat, w_lat, pixel_frames, decode=decode)
     if temporal_slice is None:
         px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
         temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
     out_device = torch.device(output_device) if output_device is not None else vae.device
-    # a given (or default) tile is shared by the bands; tile=0 sized it from each device's own free memory
+    # a given (or default) tile is shared by the bands; tile_px=0 sized it from each device's own free memory
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
-                  share_tile=tile != 0)
+                  share_tile=tile_px != 0)
     if use_dist and not process_group_trusted(DistCollective(group, vae.device)):
         use_dist, devices = False, [vae.device]  # the group failed its self-check: this rank runs the whole pass
     if use_dist:
@@ -112,13 +112,13 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
 
 
 def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList = None, group=None,
-                    tile: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
+                    tile_px: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
                     output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Exact decode with the frame split into row bands over `devices` (this process) or the ranks of `group`.
 
-    `tile` (pixels; None = 512) is the single-device tile whose working memory the bands share: each band's
-    tiles hold 1/N of its area, so a device needs about 1/N of what `decode_tiled(mode="exact", tile=tile)`
-    needs (plus halos), and the result equals that pass. `tile=0`: each device sizes its tiles from its own
+    `tile_px` (pixels; None = 512) is the single-device tile whose working memory the bands share: each band's
+    tiles hold 1/N of its area, so a device needs about 1/N of what `decode_tiled(mode="exact", tile_px=tile_px)`
+    needs (plus halos), and the result equals that pass. `tile_px=0`: each device sizes its tiles from its own
     free memory. `temporal_slice` bounds the frames per step, as there. `progress(done, total)` runs on rank 0 with
     `devices=`, on every rank with a process group; raising from it (a cancel) stops every rank. With
     `devices=None` and no process group: every visible CUDA device, else the VAE's device.
@@ -126,20 +126,20 @@ def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList
     """
     squeeze = isinstance(latents, torch.Tensor) and latents.ndim == 4
     z = vae.check_latents(latents).to(device=vae.device, dtype=vae.dtype)
-    out = _parallel(vae, z, decode=True, devices=devices, group=group, tile=tile, temporal_slice=temporal_slice,
-                    progress=progress, output_device=output_device)
+    out = _parallel(vae, z, decode=True, devices=devices, group=group, tile_px=tile_px,
+                    temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
 def encode_parallel(vae: TurboVAE, pixels: torch.Tensor, *, devices: DeviceList = None, group=None,
-                    tile: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
+                    tile_px: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
                     sample: bool = False, generator: Optional[torch.Generator] = None,
                     output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Exact encode split like `decode_parallel`; returns raw latents (posterior mean, or a sample) as
     `encode_tiled(mode="exact")` does. Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does."""
     squeeze = isinstance(pixels, torch.Tensor) and pixels.ndim == 4
     x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
-    moments = _parallel(vae, x, decode=False, devices=devices, group=group, tile=tile,
+    moments = _parallel(vae, x, decode=False, devices=devices, group=group, tile_px=tile_px,
                         temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out

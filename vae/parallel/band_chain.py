@@ -1,7 +1,7 @@
 """The local stages of an `ExactPlan` (Wan 2.1/2.2, Qwen-Image) on one band, with halo rows exchanged between
 the neighbouring bands at every stage instead of recomputed.
 
-The recompute way (`_run_tiles` on the band's tiles) reads each tile's whole halo from the input, which for an
+The recompute way (`run_tiles` on the band's tiles) reads each tile's whole halo from the input, which for an
 encode is 75 pixel rows per side (Wan 2.1) — most of a thin band's work and memory. Here each stage runs once
 on the band's rows plus its own receptive radius, taken from the neighbours' outputs of the stage before
 (a few rows), so a band computes and holds about 1/N of the frame. It holds the band whole at every stage, so
@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..plans import ExactPlan, LocalStage
-from ..tiling.exact import _resolutions
+from ..tiling.exact import stage_resolutions
 from ..tiling.fast import PassGeometry
 from .bands import BandPlan
 from .collectives import Collective
@@ -49,7 +49,7 @@ def _join_rows(parts: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tenso
 def can_exchange(plan: ExactPlan, bands: BandPlan, res_in: Fraction) -> bool:
     """Whether every band is at least as tall as each stage's halo at that stage (the rows come from the
     direct neighbour only). Stage 0 reads the input, which every rank holds whole."""
-    res = _resolutions(plan.local, res_in)
+    res = stage_resolutions(plan.local, res_in)
     thinnest = min(bands.counts())
     return all(thinnest * res[k] >= stage_halo(s) for k, s in enumerate(plan.local) if k > 0)
 
@@ -62,7 +62,7 @@ def run_band_chain(plan: ExactPlan, src: torch.Tensor, dst: torch.Tensor, bands:
     `src`: the whole stage-0 input (every rank holds it: the latent features for a decode, the pixels for an
     encode), at `res_in` rows per latent row. One causal session for the band, as for one tile."""
     a, b = bands.rows(comm.rank)
-    res = _resolutions(plan.local, res_in)
+    res = stage_resolutions(plan.local, res_in)
     halos = [stage_halo(s) for s in plan.local]
     full0 = int(bands.h_lat * res[0])
     lo0, hi0 = int(a * res[0]), int(b * res[0])

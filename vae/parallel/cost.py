@@ -2,8 +2,8 @@
 
 Everything is read off the real layer shapes: the model is built and run on the meta device (no memory,
 no weights) with hooks recording every convolution's and attention block's input and output shapes, so
-the numbers follow the code, not a hand count. `python -m turbovae.vae.parallel.cost` prints the table
-docs/multi_gpu.md shows.
+the numbers follow the code, not a hand count. The table docs/multi_gpu.md shows is rendered from these
+predictions by `python -m turbovae.bench.parallel_cost` (the library keeps only the model).
 
 Per rank (interior band, the busiest):
 - SeedVR2 (halo exchange): conv FLOPs / N, attention queries / N (keys/values projected on every rank);
@@ -185,7 +185,7 @@ def predict(arch: str, decode: bool, size: str, ranks: tuple[int, ...] = (2, 4, 
 def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -> list[Prediction]:
     from fractions import Fraction
 
-    from ..tiling.exact import _halos, _resolutions
+    from ..tiling.exact import stage_halos, stage_resolutions
     from ..wan import WAN21, WAN22, WanVAE
     from .band_chain import stage_halo
 
@@ -193,7 +193,7 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
     with torch.device("meta"):
         plan = WanVAE(cfg).exact_plan(decode=decode)
     res_in = Fraction(1) if decode else Fraction(cfg.spatial_factor)
-    halos, res = _halos(plan.local, res_in), _resolutions(plan.local, res_in)
+    halos, res = stage_halos(plan.local, res_in), stage_resolutions(plan.local, res_in)
     part = "decoder" if decode else "encoder"
     prefixes = ([f"{part}.up_blocks.{i}." for i in range(len(plan.local) - 1)] + [f"{part}.conv_out"]
                 if decode else [f"{part}.conv_in"] + [f"{part}.down_blocks.{i}." for i in range(len(plan.local) - 1)])
@@ -232,21 +232,3 @@ def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -
         _predict(arch, "decode" if decode else "encode", size, n, "halo exchange per stage", total,
                  exchange, gather_out + mid_bytes + halo_bytes, ticks + len(local) - 1, assume),
     ]
-
-
-def markdown(assume: Assumptions = Assumptions()) -> str:
-    lines = ["| VAE | pass | size | ranks | split | TFLOP total | TFLOP / rank | MB in / rank | "
-             + " | ".join(f"eff. {l.name}" for l in assume.links) + " |",
-             "|" + "---|" * (8 + len(assume.links))]
-    for arch in ("seedvr2", "wan2.1", "wan2.2"):
-        for decode in (True, False):
-            for size in SIZES:
-                for p in predict(arch, decode, size, assume=assume):
-                    effs = " | ".join(f"{p.efficiency[l.name]:.0%}" for l in assume.links)
-                    lines.append(f"| {arch} | {p.pass_name} | {size} | {p.ranks} | {p.variant} | {p.total_tflop:.1f} | "
-                                 f"{p.rank_tflop:.2f} | {p.rank_mbytes:.0f} | {effs} |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print(markdown())

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from ..base import Progress
-from ..tiling.exact import ExactPlan, LayerwisePlan, _run_global, _run_tiles
+from ..tiling.exact import ExactPlan, LayerwisePlan, run_global, run_tiles
 from ..tiling.fast import PassGeometry
 from .band_chain import can_exchange, run_band_chain
 from .bands import Band, BandPlan
@@ -90,13 +90,13 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
         if exchange:
             run_band_chain(plan, src, dst, bands, comm, res_in, slices, geom, tick, device=comm.device)
         else:
-            _run_tiles(plan, src, dst, cores, res_in, (h_lat, w_lat), slices, geom, out_scale, tick, dst_row0=a,
-                       device=comm.device)
+            run_tiles(plan, src, dst, cores, res_in, (h_lat, w_lat), slices, geom, out_scale, tick, dst_row0=a,
+                      device=comm.device)
 
     batch, device = x.shape[0], comm.device
     if geom.decode:
         f = geom.out_scale
-        glob = _run_global(plan, x.to(device), slices, tick, shard=Band(bands, comm))
+        glob = run_global(plan, x.to(device), slices, tick, shard=Band(bands, comm))
         out = torch.empty(batch, geom.out_channels, geom.out_frames(x.shape[2]), (b - a) * f, w_lat * f,
                           dtype=torch.float32, device=device)
         local(glob, out, f)
@@ -106,6 +106,6 @@ def _exact_plan_band(plan: ExactPlan, x: torch.Tensor, bands: BandPlan, comm: Co
     local(x, mid, 1)
     whole = comm.all_gather_rows(mid, bands.counts())
     del mid
-    moments = _run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick,
-                          shard=Band(bands, comm))
+    moments = run_global(plan, whole, [geom.out_frame_range(t0, t1) for t0, t1 in slices], tick,
+                         shard=Band(bands, comm))
     return moments[..., a:b, :]

@@ -29,7 +29,7 @@ from .retry import MIN_TILE_LATENT, TileRetry
 
 log = logging.getLogger(__name__)
 
-MODES = ("fast", "exact", "auto")
+MODES = ("auto", "fast", "exact")  # the default first: what the nodes offer, in this order
 DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
 
 
@@ -43,30 +43,31 @@ def _check_mode(mode: str) -> str:
 DEFAULT_OVERLAP_PX = 64
 
 
-def _default_overlap(tile: Optional[int], overlap: Optional[int]) -> int:
-    """`overlap=None`: 64 px, or a quarter of a smaller explicit tile (an overlap must stay below half the tile)."""
-    if overlap is not None:
-        return overlap
-    return min(DEFAULT_OVERLAP_PX, tile // 4) if isinstance(tile, int) and tile > 0 else DEFAULT_OVERLAP_PX
+def _default_overlap(tile_px: Optional[int], overlap_px: Optional[int]) -> int:
+    """`overlap_px=None`: 64 px, or a quarter of a smaller explicit tile (an overlap must stay below half the
+    tile)."""
+    if overlap_px is not None:
+        return overlap_px
+    return min(DEFAULT_OVERLAP_PX, tile_px // 4) if isinstance(tile_px, int) and tile_px > 0 else DEFAULT_OVERLAP_PX
 
 
-def _check_sizes(tile: Optional[int], overlap: int, f: int, temporal_slice: Optional[int] = None) -> None:
+def _check_sizes(tile_px: Optional[int], overlap_px: int, f: int, temporal_slice: Optional[int] = None) -> None:
     """ValueError naming the fix for a tile, overlap or temporal_slice the tiler cannot honour."""
     check_temporal_slice(temporal_slice)
-    for name, value in (("tile", tile), ("overlap", overlap)):
+    for name, value in (("tile_px", tile_px), ("overlap_px", overlap_px)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{name} must be an integer, got {value!r}")
-    if tile is not None and tile < 0:
-        raise ValueError(f"tile={tile} px is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
+    if tile_px is not None and tile_px < 0:
+        raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
                          "from free memory")
-    if tile and tile < MIN_TILE_LATENT * f:
-        raise ValueError(f"tile={tile} px is too small; use at least {MIN_TILE_LATENT * f} px "
+    if tile_px and tile_px < MIN_TILE_LATENT * f:
+        raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
                          "(or 0 to size tiles from free memory)")
-    if overlap < 0:
-        raise ValueError(f"overlap must be ≥ 0 px, got {overlap}")
-    if tile and 2 * overlap >= tile:
-        raise ValueError(f"overlap={overlap} px must be less than half the tile ({tile} px): tiles would overlap "
-                         f"their neighbours' neighbours; use overlap ≤ {tile // 2 - f} px")
+    if overlap_px < 0:
+        raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
+    if tile_px and 2 * overlap_px >= tile_px:
+        raise ValueError(f"overlap_px={overlap_px} must be less than half the tile ({tile_px} px): tiles would "
+                         f"overlap their neighbours' neighbours; use overlap_px ≤ {tile_px // 2 - f}")
 
 
 def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
@@ -85,13 +86,14 @@ def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, deco
     return MIN_TILE_LATENT
 
 
-def _tile_latent(vae: TurboVAE, tile: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
-                 decode: bool) -> int:
-    """Tile side in latent pixels: as asked; 512 px for fast/exact by default; from free memory for auto or 0."""
+def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
+                        decode: bool) -> int:
+    """Tile side in latent pixels for a tile side `tile_px` in pixels: as asked; 512 px for fast/exact when
+    None; from free memory for auto or 0. The tiled passes, their plan and the parallel passes share it."""
     f = vae.spatial_factor
-    if tile:
-        return max(MIN_TILE_LATENT, tile // f)
-    if tile is None and mode != "auto":
+    if tile_px:
+        return max(MIN_TILE_LATENT, tile_px // f)
+    if tile_px is None and mode != "auto":
         return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
     return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
 
@@ -128,7 +130,7 @@ def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
     return "exact" if has_exact and mode in ("exact", "auto") else "fast"
 
 
-def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[int], overlap: int, mode: str,
+def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile_px: Optional[int], overlap_px: int, mode: str,
                 temporal_slice: Optional[int], progress: Progress,
                 output_device: Optional[torch.device]) -> torch.Tensor:
     """The pass both directions share: x is validated, on the model's device and dtype; returns the
@@ -154,7 +156,7 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
             px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
             retry.temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
         ts = retry.temporal_slice
-        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap // f)
+        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap_px // f)
         kind = pass_kind(mode, len(grid), has_exact)
         with torch.inference_mode():
             if kind == "untiled":
@@ -164,43 +166,44 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile: Optional[
                 return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
                                  output_device=output_device, retry=retry)
             # ramps are in output units: pixels for decode, latent pixels for encode
-            return run_tiled(x, grid, geom, stream, whole, blend=overlap // in_scale, temporal_slice=ts,
+            return run_tiled(x, grid, geom, stream, whole, blend=overlap_px // in_scale, temporal_slice=ts,
                              progress=progress, accum_device=output_device, retry=retry)
 
-    first_tile = _tile_latent(vae, tile, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    first_tile = resolve_tile_latent(vae, tile_px, mode, h_lat, w_lat, pixel_frames, decode=decode)
     retry = TileRetry(what, f, vae.device, first_tile, temporal_slice, latent_frames)
     return _run_with_oom_retry(run, retry).to(vae.dtype)
 
 
-def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile: Optional[int] = None, overlap: Optional[int] = None,
-                 mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
-                 output_device: Optional[torch.device] = None) -> torch.Tensor:
+def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int] = None,
+                 overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
+                 progress: Progress = None, output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
     `mode` defaults to "auto" like the nodes: untiled when it fits, else exact tiles (never seams by default).
-    `tile=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
-    `tile=0`: sized from free memory in any mode. `overlap` (pixels) must be below half the tile;
-    None: 64 px, or a quarter of a smaller tile.
+    `tile_px=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
+    `tile_px=0`: sized from free memory in any mode. `overlap_px` must be below half the tile;
+    None: 64 px, or a quarter of a smaller tile. Both are in pixels (output pixels for decode, input pixels
+    for encode), whatever the VAE's spatial factor.
 
     `progress(done, total)` is called after every tile×slice step; an exception it raises (e.g. a
     UI interrupt) propagates and leaves the model usable. `output_device` holds the fp32 accumulator
     (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
     """
     _check_mode(mode)
-    overlap = _default_overlap(tile, overlap)
-    _check_sizes(tile, overlap, vae.spatial_factor, temporal_slice)
+    overlap_px = _default_overlap(tile_px, overlap_px)
+    _check_sizes(tile_px, overlap_px, vae.spatial_factor, temporal_slice)
     squeeze = latents.ndim == 4
     z = vae.check_latents(latents)
     vae.check_decoded_size(z, output_device)
     z = z.to(device=vae.device, dtype=vae.dtype)
-    out = _tiled_pass(vae, z, decode=True, tile=tile, overlap=overlap, mode=mode, temporal_slice=temporal_slice,
-                      progress=progress, output_device=output_device)
+    out = _tiled_pass(vae, z, decode=True, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                      temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
-def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = None, overlap: Optional[int] = None,
-                 mode: str = "auto", temporal_slice: Optional[int] = None, progress: Progress = None,
-                 sample: bool = False, generator: Optional[torch.Generator] = None,
+def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] = None,
+                 overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
+                 progress: Progress = None, sample: bool = False, generator: Optional[torch.Generator] = None,
                  output_device: Optional[torch.device] = None) -> torch.Tensor:
     """Encode pixels in spatial tiles (input pixels) and temporal slices; returns raw latents.
 
@@ -208,11 +211,11 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile: Optional[int] = N
     Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`.
     """
     _check_mode(mode)
-    overlap = _default_overlap(tile, overlap)
-    _check_sizes(tile, overlap, vae.spatial_factor, temporal_slice)
+    overlap_px = _default_overlap(tile_px, overlap_px)
+    _check_sizes(tile_px, overlap_px, vae.spatial_factor, temporal_slice)
     squeeze = pixels.ndim == 4
     x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
-    moments = _tiled_pass(vae, x, decode=False, tile=tile, overlap=overlap, mode=mode,
+    moments = _tiled_pass(vae, x, decode=False, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
                           temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out

@@ -31,10 +31,11 @@ from .fast import PassGeometry, Progress
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry
 
-__all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "supports_exact", "run_exact"]
+__all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "supports_exact", "run_exact", "run_global",
+           "run_tiles", "stage_halos", "stage_resolutions"]
 
 
-def _resolutions(stages: Sequence[LocalStage], res_in: Fraction) -> list[Fraction]:
+def stage_resolutions(stages: Sequence[LocalStage], res_in: Fraction) -> list[Fraction]:
     """Pixels per latent pixel at the input of each stage, and after the last one."""
     res = [res_in]
     for s in stages:
@@ -42,14 +43,14 @@ def _resolutions(stages: Sequence[LocalStage], res_in: Fraction) -> list[Fractio
     return res
 
 
-def _halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
+def stage_halos(stages: Sequence[LocalStage], res_in: Fraction) -> list[int]:
     """Halo (input pixels of each stage) such that the last stage's core output is exact.
 
     Works backwards: the context still needed after stage k, expressed in latent units, plus stage
     k's own radius. Down-sampling stages need crops aligned to their stride, so halos are rounded up
     to a multiple of 1/scale.
     """
-    res = _resolutions(stages, res_in)
+    res = stage_resolutions(stages, res_in)
     halos = [0] * len(stages)
     need_latent = Fraction(0)  # context needed at the output of the current stage, in latent units
     for k in range(len(stages) - 1, -1, -1):
@@ -65,8 +66,8 @@ class _TileChain:
     def __init__(self, stages: Sequence[LocalStage], open_local, res_in: Fraction,
                  core: tuple[tuple[int, int], tuple[int, int]], full_latent: tuple[int, int], stack: ExitStack):
         self.stages = stages
-        self.res = _resolutions(stages, res_in)
-        self.halos = _halos(stages, res_in) + [0]
+        self.res = stage_resolutions(stages, res_in)
+        self.halos = stage_halos(stages, res_in) + [0]
         self.core = core
         self.full = full_latent
         self.streams = [stack.enter_context(s) for s in open_local()]
@@ -102,7 +103,7 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
               progress: Progress, output_device: Optional[torch.device] = None,
               retry: Optional[TileRetry] = None) -> torch.Tensor:
     """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32.
-    `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `_run_tiles`)."""
+    `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`)."""
     plan = model.exact_plan(decode=decode)
     if isinstance(plan, LayerwisePlan):
         tile = max(grid.rows.tile, grid.cols.tile)
@@ -122,23 +123,23 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
 
     b, t_in = x.shape[0], x.shape[2]
     if decode:
-        glob = _run_global(plan, x, slices, tick)
+        glob = run_global(plan, x, slices, tick)
         out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32,
                           device=device)
-        _run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
-                   grow=counter.grow)
+        run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
+                  grow=counter.grow)
         return out
     # encode: local prefix per tile into a latent-resolution buffer, then the global part
     t_lat = in_geom.out_frames(t_in)
     mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
-    _run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
+    run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
                grow=counter.grow)
     lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
-    moments = _run_global(plan, mid, lat_slices, tick)
+    moments = run_global(plan, mid, lat_slices, tick)
     return moments.to(device=device, dtype=torch.float32)
 
 
-def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:
+def run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:
     """The global part over the whole latent clip; `shard` (multi-device passes) is handed to the plan."""
     parts = []
     with (plan.open_global() if shard is None else plan.open_global(shard)) as stream:
@@ -148,7 +149,7 @@ def _run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> t
     return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
 
 
-def _run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
+def run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
                out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None,
                retry: Optional[TileRetry] = None, grow: Optional[Callable[[int], None]] = None) -> None:
     """Every core's local chain into `dst`, which holds the output rows from latent row `dst_row0` on;
