@@ -142,9 +142,11 @@ def _predict(arch, pass_name, size, n, variant, total, rank_flops, rank_bytes, c
 def _arch(arch: str):
     """(builder, latent channels, spatial factor, temporal factor, exact plan builder or None)."""
     if arch == "seedvr2":
-        from ..seedvr2 import SeedVR2Config, SeedVR2VAE
+        from ..seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
 
-        return (lambda: SeedVR2VAE(SeedVR2Config())), 16, 8, 4
+        # A frame split across ranks runs layer by layer, where upsamplers run their convs as they are (the
+        # composed upsampler, `subpixel_conv`, is a whole-frame path): model what the ranks run.
+        return (lambda: SeedVR2VAE(SeedVR2Config(), FastPaths().without("subpixel_conv"))), 16, 8, 4
     from ..wan import WAN21, WAN22, WanVAE
 
     cfg = WAN22 if arch == "wan2.2" else WAN21
