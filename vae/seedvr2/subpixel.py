@@ -42,6 +42,8 @@ from ..kernels.conv_guard import conv3d as guarded_conv3d
 # For output phase a of a 3-tap window (offsets -1, 0, +1 at full resolution): which of the two
 # low-resolution taps (0: the lower-index pixel) and which input sub-pixel each full-resolution tap reads.
 _TAPS = {a: tuple(((a + d - 1) // 2 + 1 - a, (a + d - 1) % 2) for d in range(3)) for a in (0, 1)}
+# Output frames of a class are computed in about this many convs (bounds the 4·O-channel intermediate).
+CHUNKS = 4
 # The composition must save at least this many times its own FLOPs before it is used: its GEMM runs below the
 # convs' rate on CPU, and the head of a first slice already saves part of the plain conv's work.
 MIN_GAIN = 4.0
@@ -205,19 +207,26 @@ def _run_class(cls: OutputClass, xp: torch.Tensor, atoms: torch.Tensor, patterns
     total = sum(patterns[k, z] for k, _, z in cls.taps).add_(conv_bias.float().view(-1, 1, 1))  # [O, 6, 6]
     inside = total[:, 2:4, 2:4]  # [O, a, b]
     bias = inside.permute(1, 2, 0).reshape(o4).to(xp.dtype)
-    if src.shape[2] == 1:  # one frame in, one out: a 2-D conv (a one-frame conv3d takes a slow CPU kernel)
-        y = F.conv2d(src[:, :, 0], kernel[:, :, 0].to(xp.dtype), bias).unsqueeze(2)
-    else:
-        y = guarded_conv3d(src, kernel.to(xp.dtype), bias, 1, 0)
-    del kernel, src
+    kernel = kernel.to(xp.dtype)
     o = o4 // 4
     h, w = xp.shape[-2] - 2, xp.shape[-1] - 2
     frames = out[:, :, cls.first::cls.step][:, :, :cls.count]
     phases = frames.unflatten(3, (h, 2)).unflatten(5, (w, 2))  # [B, O, n, h, 2, w, 2]
-    for a in (0, 1):
-        for bb in (0, 1):
-            k = a * 2 + bb
-            phases[:, :, :, :, a, :, bb] = y[:, k * o:(k + 1) * o, :, a:a + h, bb:bb + w]
+    # A few output frames per conv: its 4·O-channel result is then a fraction of the output, so the composed
+    # path's working memory stays below the plain path's (whose shuffled input is the output's size).
+    chunk = max(1, cls.count // CHUNKS)
+    for c0 in range(0, cls.count, chunk):
+        n = min(chunk, cls.count - c0)
+        window = src[:, :, c0:c0 + n + span - 1]
+        if window.shape[2] == 1:  # one frame in, one out: a 2-D conv (a one-frame conv3d takes a slow CPU kernel)
+            y = F.conv2d(window[:, :, 0], kernel[:, :, 0], bias).unsqueeze(2)
+        else:
+            y = guarded_conv3d(window, kernel, bias, 1, 0)
+        for a in (0, 1):
+            for bb in (0, 1):
+                k = a * 2 + bb
+                phases[:, :, c0:c0 + n, :, a, :, bb] = y[:, k * o:(k + 1) * o, :, a:a + h, bb:bb + w]
+        del y
     _fix_borders(frames, (expand_pattern(total, h, w) - inside.repeat(1, h, w)).to(out.dtype))
 
 
