@@ -5,9 +5,9 @@ below depends on the count except the two pixel convs.
 Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
 state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
 
-Exactness: the video path streams clips through causal caches (encode: 1+4k frames, then 4k per
-step; decode: any number of latent frames per step) and equals diffusers' frame-by-frame pass for
-every slicing; images (T = 1) run the exact 2-D fold.
+Exactness: clips run through `encode_step` / `decode_step` with explicit causal memory (the contract in
+vae/base.py; encode: 1+4k frames, then 4k per step; decode: any number of latent frames per step) and equal
+diffusers' frame-by-frame pass for every slicing; images (T = 1) run the exact 2-D fold.
 """
 
 from __future__ import annotations
