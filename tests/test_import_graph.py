@@ -23,14 +23,6 @@ ABOVE_TRT = ("turbovae.nodes", "turbovae.bench", "turbovae.cli", "turbovae.cli_p
              "comfy", "comfy_api", "folder_paths")
 NOT_PACKAGE = {"tests", "scripts", "build", "dist"}  # folders of the repository that are not in the package
 
-# Import edges that are known to close a cycle and are being removed on another branch. The lead empties this
-# after merging that branch; the cycle test ignores only these edges, and a test fails once an edge is gone
-# (so the entry cannot outlive its cycle).
-EDGES_BEING_REMOVED = {
-    ("turbovae.vae.wan.exact_plan", "turbovae.vae.wan.model"): "helper 25a (issue 25 item 1) removes it",
-}
-
-
 def _module_name(path: Path, root: Path = ROOT) -> str:
     parts = ["turbovae", *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -86,10 +78,6 @@ def _graph(files: list[Path]) -> dict[str, set[str]]:
 
 def _package_graph() -> dict[str, set[str]]:
     return _graph(_package_files())
-
-
-def _without(graph: dict[str, set[str]], edges) -> dict[str, set[str]]:
-    return {m: {n for n in imps if (m, n) not in edges} for m, imps in graph.items()}
 
 
 def _vae_graph() -> dict[str, set[str]]:
@@ -149,15 +137,8 @@ def test_package_graph_covers_every_sub_package():
 
 
 def test_package_has_no_import_cycle():
-    cycle = _cycle(_without(_package_graph(), EDGES_BEING_REMOVED))
+    cycle = _cycle(_package_graph())
     assert cycle == [], "import cycle: " + " -> ".join(cycle)
-
-
-def test_edges_being_removed_are_still_there():
-    """An entry of EDGES_BEING_REMOVED whose import is gone must leave the list (the lead empties it)."""
-    graph = _package_graph()
-    gone = [edge for edge in EDGES_BEING_REMOVED if edge[1] not in graph.get(edge[0], set())]
-    assert gone == [], f"these edges are gone; delete them from EDGES_BEING_REMOVED: {gone}"
 
 
 def _private_imports(files: list[Path], root: Path = ROOT) -> list[str]:

@@ -183,7 +183,7 @@ def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     if prev is not None:
         _add_memory_taps(out, prev, w3, patterns)
     if ctx.collect and conv.memory_frames:
-        ctx.put(_memory_tail(up, x, prev, conv.memory_frames))
+        ctx.put(_memory_tail(up, x, prev, conv.memory_frames), conv)
     return out
 
 

@@ -9,14 +9,14 @@ temporal tap, and the time-only convs never run, so images need a third of the M
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalState
+from ..base import CausalMemory
+from ..fast_options import FastPaths
 from ..ops import rms_norm_silu
 from ..memory_format import memory_format_of
 from ..weight_layout import PassScratch
@@ -25,48 +25,45 @@ from ..kernels.conv_guard import conv3d as guarded_conv3d
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 
 
-@dataclass(frozen=True)
-class WanFlags:
-    """Switchable optimisations (all exact in fp32); the benchmark ablates them one by one."""
+WAN_FAST = FastPaths(channels_last=True)
+"""The Wan family's default fast paths (channels-last pays on CPU oneDNN and GPUs alike)."""
 
-    fold_image: bool = True  # T = 1 runs 2-D convs with the last temporal tap
-    sdpa: bool = True  # scaled_dot_product_attention (else explicit softmax(QK^T)V)
-    channels_last: bool = True  # NHWC / NDHWC activations (faster convs on CPU oneDNN and GPU)
-    inplace: bool = True  # in-place residual adds when no autograd graph is being recorded
+WAN_FAST_FIELDS = ("image_path", "sdpa", "channels_last", "inplace_residual")
+"""The `FastPaths` fields the Wan blocks read."""
 
 
-@dataclass
-class StreamContext(CausalState):
-    """State shared by all blocks during one pass: flags, causal caches keyed by module, stream start."""
+class StreamContext(CausalMemory):
+    """State shared by all blocks during one step: fast paths, the causal memory in and out (`CausalMemory`: one
+    tensor per causal conv with time history and one per time downsample, in execution order), the device
+    split and the pass's weight scratch.
 
-    flags: WanFlags
-    cache: dict = field(default_factory=dict)
-    first: bool = True  # True during the first step of a stream
-    # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
-    shard: Optional[object] = None
-    # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
-    scratch: PassScratch = field(default_factory=PassScratch)
+    Every memory tensor holds the conv's whole history (`time_history` frames; a history shorter than that,
+    such as a folded one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape
+    is fixed from the first slice on. A temporal upsampler's "started" state is "not the first slice": every
+    step runs every block.
+    """
+
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+                 shard: Optional[object] = None):
+        super().__init__(memory_in, collect)
+        self.fast = fast
+        # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
+        self.shard = shard
+        # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
+        self.scratch = PassScratch()
 
     def clear(self) -> None:
-        self.cache.clear()
-        self.first = True
+        """Back to a fresh stream: no memory, first slice next, scratch freed."""
+        self.start(None, self.collect)
         self.scratch.clear()
 
-    def snapshot(self) -> object:
-        return dict(self.cache), self.first
 
-    def restore(self, saved: object) -> None:
-        cache, self.first = saved
-        self.cache.clear()
-        self.cache.update(cache)
+def _can_inplace(fast: FastPaths) -> bool:
+    return fast.inplace_residual and not torch.is_grad_enabled()
 
 
-def _can_inplace(flags: WanFlags) -> bool:
-    return flags.inplace and not torch.is_grad_enabled()
-
-
-def add_residual(x: torch.Tensor, h: torch.Tensor, flags: WanFlags) -> torch.Tensor:
-    return x.add_(h) if _can_inplace(flags) else x + h
+def add_residual(x: torch.Tensor, h: torch.Tensor, fast: FastPaths) -> torch.Tensor:
+    return x.add_(h) if _can_inplace(fast) else x + h
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +82,7 @@ def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_f
     """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
     stored so: the kernel reads the parameter itself), else `x`'s own."""
     if ctx is not None:
-        return torch.channels_last_3d if ctx.flags.channels_last else torch.contiguous_format
+        return torch.channels_last_3d if ctx.fast.channels_last else torch.contiguous_format
     return memory_format_of(x)
 
 
@@ -123,9 +120,9 @@ class CausalConv3d(nn.Conv3d):
         weight = packed(self.weight, fmt, fmt_ctx)
         if self.time_history == 0:
             return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
-        hist = ctx.cache.get(self) if ctx is not None else None
+        hist = ctx.take() if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
-        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
+        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.fast.image_path)
         if fold:
             out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
             xin = x
@@ -134,14 +131,26 @@ class CausalConv3d(nn.Conv3d):
             if n_hist:
                 parts.insert(0, hist)
             if n_hist < self.time_history:
-                zeros = (x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:])
-                parts.insert(0, torch.empty(zeros, dtype=x.dtype, device=x.device, memory_format=fmt).zero_())
+                parts.insert(0, self._zeros(x, self.time_history - n_hist, fmt))
             xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
             out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
-        if ctx is not None:
-            # A folded first frame keeps just itself: missing history frames count as zeros next step.
-            ctx.cache[self] = (x if fold else xin[:, :, -self.time_history:]).clone()
+        if ctx is not None and ctx.collect:
+            # A folded first frame is the last of a zero-padded history (`skip` below says why it is padded).
+            tail = torch.cat([self._zeros(x, self.time_history - 1, fmt), x], dim=2) if fold else \
+                xin[:, :, -self.time_history:]
+            ctx.put(tail.clone(), self)
         return out
+
+    def skip(self, x: torch.Tensor, ctx: StreamContext) -> None:
+        """This conv does not run on this (first) slice: its memory is an all-zero history, the causal padding
+        it would have read, so that every step's memory has the same tensors of the same shapes."""
+        if ctx.collect:
+            ctx.put(self._zeros(x, self.time_history, pass_format(x, ctx)), self)
+
+    @staticmethod
+    def _zeros(x: torch.Tensor, frames: int, fmt: torch.memory_format) -> torch.Tensor:
+        shape = (x.shape[0], x.shape[1], frames, *x.shape[3:])
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt).zero_()
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
@@ -170,7 +179,7 @@ class ResidualBlock(nn.Module):
         h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         y = self.conv1(self.norm1(x), ctx)
         y = self.conv2(self.norm2(y), ctx)
-        return add_residual(y, h, ctx.flags)
+        return add_residual(y, h, ctx.fast)
 
 
 class AttentionBlock(nn.Module):
@@ -196,17 +205,17 @@ class AttentionBlock(nn.Module):
             return self._attend_band(x, tokens, ctx)
         qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
         q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
-        if ctx.flags.sdpa:
+        if ctx.fast.sdpa:
             a = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c))
             a = torch.matmul(scores.softmax(dim=-1), v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, HW, C]
-        if ctx.flags.channels_last:
+        if ctx.fast.channels_last:
             out = out.view(n, h, w, c).permute(0, 3, 1, 2)  # NHWC storage, no copy
         else:
             out = out.transpose(1, 2).reshape(n, c, h, w)
-        return add_residual(out, x, ctx.flags)
+        return add_residual(out, x, ctx.fast)
 
 
     def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -217,14 +226,14 @@ class AttentionBlock(nn.Module):
         weight, bias = self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias
         q = F.linear(tokens[:, lo * w:hi * w], weight[:c], bias[:c]).unsqueeze(1)
         k, v = F.linear(tokens, weight[c:], bias[c:]).unsqueeze(1).chunk(2, dim=-1)
-        if ctx.flags.sdpa:
+        if ctx.fast.sdpa:
             a = F.scaled_dot_product_attention(q, k, v)
         else:
             a = torch.matmul(torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c)).softmax(dim=-1), v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, band HW, C]
         out = out.transpose(1, 2).reshape(n, c, hi - lo, w) + x[:, :, lo:hi]
         whole = ctx.shard.gather_rows(out)
-        return whole.contiguous(memory_format=torch.channels_last) if ctx.flags.channels_last else whole
+        return whole.contiguous(memory_format=torch.channels_last) if ctx.fast.channels_last else whole
 
 
 class MidBlock(nn.Module):
@@ -281,17 +290,16 @@ class Resample(nn.Module):
         return x
 
     def _time_up(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        started = ctx.cache.get(self, False)
-        ctx.cache[self] = True
-        if started:
+        if not ctx.first:
             return interleave_time(self.time_conv.video(x, ctx))
         if x.shape[2] == 1:
+            self.time_conv.skip(x, ctx)
             return x
         rest = interleave_time(self.time_conv.video(x[:, :, 1:], ctx))
         return torch.cat([x[:, :, :1], rest], dim=2)
 
     def _time_down(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        prev = ctx.cache.get(self)
+        prev = ctx.take()
         t = x.shape[2]
         if prev is None:
             if t % 2 != 1:
@@ -301,7 +309,8 @@ class Resample(nn.Module):
             if t % 2:
                 raise ValueError(f"after the first step an encode stream takes 4k frames (got {t} at a time downsample)")
             out = self.time_conv.video(torch.cat([prev, x], dim=2), None, ctx)
-        ctx.cache[self] = x[:, :, -1:].clone()
+        if ctx.collect:
+            ctx.put(x[:, :, -1:].clone(), self)
         return out
 
 
@@ -354,7 +363,7 @@ class DownResidualBlock(nn.Module):
             h = r(h, ctx)
         if self.downsampler is not None:
             h = self.downsampler(h, ctx)
-        return add_residual(h, self.shortcut(x), ctx.flags)
+        return add_residual(h, self.shortcut(x), ctx.fast)
 
 
 class UpResidualBlock(nn.Module):
@@ -378,7 +387,7 @@ class UpResidualBlock(nn.Module):
         if not self.up:
             return h
         h = self.upsampler(h, ctx)
-        return add_residual(h, self.shortcut(x, ctx), ctx.flags)
+        return add_residual(h, self.shortcut(x, ctx), ctx.fast)
 
 
 class UpBlock(nn.Module):

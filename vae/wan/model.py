@@ -5,28 +5,28 @@ below depends on the count except the two pixel convs.
 Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
 state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
 
-Exactness: the video path streams clips through causal caches (encode: 1+4k frames, then 4k per
-step; decode: any number of latent frames per step) and equals diffusers' frame-by-frame pass for
-every slicing; images (T = 1) run the exact 2-D fold.
+Exactness: clips run through `encode_step` / `decode_step` with explicit causal memory (the contract in
+vae/base.py; encode: 1+4k frames, then 4k per step; decode: any number of latent frames per step) and equal
+diffusers' frame-by-frame pass for every slicing; images (T = 1) run the exact 2-D fold.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, check_temporal_slice, split_slices
-from ..channels_last import channels_last_trusted
+from ..base import LatentFormat, MemoryModel, State, VAEModel
+from ..fast_options import FastPaths
 from ..memory_format import channels_last_format
+from ..plans import ExactPlan
 from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
-                     UpBlock, UpResidualBlock, WanFlags)
+                     UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS)
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
@@ -65,7 +65,7 @@ class Encoder(nn.Module):
 
     def forward_down(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
@@ -73,13 +73,13 @@ class Encoder(nn.Module):
 
     def forward_mid(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         h = self.mid_block(h, ctx)
         h = self.conv_out(self.norm_out(h), ctx)
         return self._quant[0](h, ctx)
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -114,20 +114,20 @@ class Decoder(nn.Module):
 
     def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
     def forward_up(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = self.conv_out(self.norm_out(h), ctx)
         return unpatchify(h, self.patch_size)
 
     def forward(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 
@@ -153,46 +153,17 @@ class _ImageDecoder(nn.Module):
         return self.vae.decoder(z, self.vae.context()).clamp(-1.0, 1.0)
 
 
-class _EncodeStream(CausalStream):
-    def __init__(self, vae: "WanVAE"):
-        self.vae, self.ctx = vae, vae.context()
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[2]
-        if (self.ctx.first and (t - 1) % 4) or (not self.ctx.first and t % 4):
-            raise ValueError(f"encode stream steps take 1+4k frames first, then 4k frames; got {t} "
-                             f"({'first' if self.ctx.first else 'later'} step)")
-        x = self.vae.to_memory_format(x)
-        out = self.vae.encoder(x, self.ctx)
-        self.ctx.first = False
-        return out
-
-    def close(self) -> None:
-        self.ctx.clear()
-
-
-class _DecodeStream(CausalStream):
-    def __init__(self, vae: "WanVAE"):
-        self.vae, self.ctx = vae, vae.context()
-
-    def step(self, z: torch.Tensor) -> torch.Tensor:
-        out = self.vae.decoder(self.vae.to_memory_format(z), self.ctx).clamp_(-1.0, 1.0)
-        self.ctx.first = False
-        return out
-
-    def close(self) -> None:
-        self.ctx.clear()
-
-
 class WanVAE(VAEModel):
     """Qwen-Image / Wan 2.1 (16 ch, 8x; RGB, or RGBA for Qwen-Image-Layered) or Wan 2.2 (48 ch, 16x) causal
     video VAE; raw latents in and out."""
 
-    def __init__(self, cfg: WanConfig, kind: Optional[str] = None, flags: WanFlags = WanFlags()):
+    fast_fields = WAN_FAST_FIELDS
+
+    def __init__(self, cfg: WanConfig, kind: Optional[str] = None, fast: FastPaths = WAN_FAST):
         super().__init__()
         self.config = cfg
         self.kind = kind or kind_from_channels(cfg.family, cfg.image_channels) or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
-        self.flags = flags
+        self.fast = fast
         self.encoder = Encoder(cfg)
         self.quant_conv = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
         self.post_quant_conv = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
@@ -213,50 +184,41 @@ class WanVAE(VAEModel):
         hold_channels_last(m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d)))
 
     def context(self) -> StreamContext:
-        return StreamContext(self.active_flags())
-
-    def active_flags(self) -> WanFlags:
-        """The flags a pass runs with: channels-last only where it passed its self-check (vae/channels_last)."""
-        if self.flags.channels_last and not channels_last_trusted(self.device, self.dtype):
-            return replace(self.flags, channels_last=False)
-        return self.flags
+        return StreamContext(self.active_fast())
 
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.active_flags().channels_last:
+        if not self.active_fast().channels_last:
             return x
         return x.contiguous(memory_format=channels_last_format(x.ndim))
 
-    # -- whole-clip passes -------------------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        t = pixels.shape[2]
-        if t == 1 and self.flags.fold_image:
-            return self.encoder(self.to_memory_format(pixels[:, :, 0]), self.context()).unsqueeze(2).contiguous()
-        check_temporal_slice(temporal_slice)
-        tf = self.latent_format.temporal_factor
-        n = t if temporal_slice is None else tf * temporal_slice
-        with self.encode_stream() as stream:
-            outs = _stream_slices(stream, pixels, list(split_slices(t, 1 + n if n < t else t, n)), progress)
-        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+    # -- the causal steps --------------------------------------------------------------------
+    def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
+        """A lone first frame whose memory is not wanted runs the exact 2-D fold (a third of the MACs)."""
+        return state is None and not collect and x.shape[2] == 1 and self.fast.image_path
 
-    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        t = latents.shape[2]
-        if t == 1 and self.flags.fold_image:
-            z = self.to_memory_format(latents[:, :, 0])
-            return self.decoder(z, self.context()).clamp_(-1.0, 1.0).unsqueeze(2).contiguous()
-        check_temporal_slice(temporal_slice)
-        n = t if temporal_slice is None else temporal_slice
-        with self.decode_stream() as stream:
-            outs = _stream_slices(stream, latents, list(split_slices(t, n + 1, n)), progress)
-        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+    def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True) -> tuple[torch.Tensor, State]:
+        ctx = StreamContext(self.active_fast(), state, collect)
+        if self._fold(pixels, state, collect):
+            out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
+        else:
+            out = self.encoder(self.to_memory_format(pixels), ctx)
+        return out, ctx.finish()
 
-    # -- streaming ---------------------------------------------------------------------------
-    def encode_stream(self) -> CausalStream:
-        return _EncodeStream(self)
+    def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
+        ctx = StreamContext(self.active_fast(), state, collect)
+        if self._fold(latents, state, collect):
+            out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
+        else:
+            out = self.decoder(self.to_memory_format(latents), ctx)
+        if clamp:
+            out = out.clamp_(-1.0, 1.0)
+        return out, ctx.finish()
 
-    def decode_stream(self) -> CausalStream:
-        return _DecodeStream(self)
+    def meta_copy(self) -> "WanVAE":
+        with torch.device("meta"):
+            return WanVAE(self.config, self.kind, self.fast)
 
     # -- export ------------------------------------------------------------------------------
     def image_encoder(self) -> nn.Module:
@@ -266,19 +228,11 @@ class WanVAE(VAEModel):
         return _ImageDecoder(self)
 
     # -- exact tiling ------------------------------------------------------------------------
-    def exact_plan(self, *, decode: bool):
+    def exact_plan(self, *, decode: bool) -> ExactPlan:
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
-        return wan_exact_plan(self, decode=decode)
-
-
-def _stream_slices(stream: CausalStream, x: torch.Tensor, bounds: list[tuple[int, int]],
-                   progress: Progress) -> list[torch.Tensor]:
-    outs = []
-    for i, (a, b) in enumerate(bounds):
-        outs.append(stream.step(x[:, :, a:b]))
-        if progress is not None:
-            progress(i + 1, len(bounds))
-    return outs
+        part = self.decoder if decode else self.encoder
+        return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
+                              prepare=self.to_memory_format, image_path=self.fast.image_path)
 
 
 def memory_model(cfg: WanConfig) -> MemoryModel:
