@@ -1,15 +1,15 @@
-"""Engine vs eager vs torch.compile, same run, same input: image decode at a static bucket, and a
-SeedVR2 clip decoded by the video slice engines (first -> next -> ...) vs the eager sliced decode.
+"""Engine vs eager vs torch.compile, same run, same input: image decode at a static bucket, and clips
+of SeedVR2, Wan 2.1 and Wan 2.2 decoded by the video slice engines (first -> next -> ...) vs eager.
 
 CPU: AOTInductor engines of tiny configs (real topologies; full-size compiles take too long on small
-CPUs). GPU: the real-size Qwen-Image/Wan 2.1 VAE and SeedVR2 VAE (720p x 21 frames: latents
-(1, 16, 6, 90, 160)), random weights unless a checkpoint is given, with AOTInductor and TensorRT when
-it is installed.
+CPUs). GPU: the real-size VAEs (Qwen-Image/Wan 2.1 image and 832x480 x 21 frames, Wan 2.2 and SeedVR2
+1280x720 x 21 frames), random weights, with AOTInductor and TensorRT when it is installed.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .common import BenchOptions, BenchRow, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, time_ms
 
 SECTION = "engines"
 
@@ -131,38 +131,97 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     return rows
 
 
-def clip_latent_shape(cpu: bool, quick: bool) -> tuple[int, ...]:
-    """SeedVR2 clip latents: 720p x 21 frames on CUDA; 96x64 x 17 frames (quick: 48x32 x 9) on CPU."""
-    if not cpu:
-        return (1, 16, 6, 90, 160)
-    return (1, 16, 3, 4, 6) if quick else (1, 16, 5, 8, 12)
+# Clip cases: (tiny CPU latent size, quick CPU latent size, real CUDA latent size) as (T, h, w); 21 frames
+# (6 latents) except SeedVR2's CPU case, kept at its earlier size so its rows stay comparable.
+CLIP_LATENTS = {
+    "seedvr2": ((5, 8, 12), (3, 4, 6), (6, 90, 160)),  # 96x64 x 17 / 48x32 x 9 / 1280x720 x 21
+    "wan2.1": ((6, 16, 16), (3, 8, 8), (6, 60, 104)),  # 128x128 x 21 / 64x64 x 9 / 832x480 x 21
+    "wan2.2": ((6, 8, 8), (3, 4, 4), (6, 45, 80)),  # 128x128 x 21 / 64x64 x 9 / 1280x720 x 21 (16x space)
+}
 
 
-def seedvr2_clip_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
-    """SeedVR2 clip decode: eager sliced (`temporal_slice=1`, the slicing the engines reproduce) vs the
-    video slice-engine chain, same weights and latents."""
+CLIP_CHECKPOINT_KEY = {"seedvr2": "seedvr2", "wan2.1": "qwen"}  # arch -> BenchOptions.checkpoint key
+
+
+def clip_model(arch: str, cpu: bool, opts: BenchOptions) -> nn.Module:
+    """The architecture in fp32 on CPU: the user's checkpoint (--seedvr2-checkpoint, --qwen-checkpoint) or
+    fan-in-scaled seeded weights (activations stay O(1) at any size), tiny configs (real topologies) on CPU
+    and the released configs on CUDA."""
+    from ..vae.api import load_vae
+    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+    from ..vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
+
+    ckpt = opts.checkpoint.get(CLIP_CHECKPOINT_KEY.get(arch, ""))
+    if ckpt:
+        return load_vae(ckpt, device="cpu", dtype=torch.float32).model
+    if arch == "seedvr2":
+        model = SeedVR2VAE(SeedVR2Config.tiny() if cpu else SeedVR2Config())
+    else:
+        model = WanVAE({"wan2.1": (TINY_WAN21, WAN21), "wan2.2": (TINY_WAN22, WAN22)}[arch][0 if cpu else 1])
+    model.load_state_dict(fan_in_weights({k: tuple(v.shape) for k, v in model.state_dict().items()}))
+    return model.eval().requires_grad_(False)
+
+
+def clip_latent_shape(arch: str, channels: int, cpu: bool, quick: bool) -> tuple[int, ...]:
+    tiny, small, real = CLIP_LATENTS[arch]
+    return (1, channels, *(real if not cpu else small if quick else tiny))
+
+
+def clip_rows(arch: str, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
+    """One clip decode, all sides in the same run on the same weights and latents: eager as a user gets it
+    (`TurboVAE.decode(z)`, the reference), eager sliced one latent per slice (the slicing the engines
+    reproduce), and the video slice-engine chain per backend. Each side runs its warm-up, then one call whose
+    peak memory is measured, then `repeat` timed runs alternating between the sides."""
+    from ..trt.backend import EngineError, get_backend
     from ..trt.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
-    from .gpu import build_model
+    from .main import PeakMemory
 
     cpu = device.type == "cpu"
-    shape = clip_latent_shape(cpu, opts.quick)
-    model32 = build_model("seedvr2", opts, quick=cpu).to(device)
+    model32 = clip_model(arch, cpu, opts).to(device)
     model = copy.deepcopy(model32).to(dtype=dtype)
-    f, tf = model.latent_format.spatial_factor, model.latent_format.temporal_factor
-    h, w, frames = shape[3] * f, shape[4] * f, 1 + tf * (shape[2] - 1)
+    lf = model.latent_format
+    shape = clip_latent_shape(arch, lf.channels, cpu, opts.quick)
+    h, w, frames = shape[3] * lf.spatial_factor, shape[4] * lf.spatial_factor, 1 + lf.temporal_factor * (shape[2] - 1)
+    case = f"{'tiny' if cpu and not opts.checkpoint.get(CLIP_CHECKPOINT_KEY.get(arch, '')) else 'real'} {arch} clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
+    if opts.cases and not any(c in case for c in opts.cases):
+        return []
     z = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
-    case = f"{'tiny' if cpu else 'real'} seedvr2 clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
     vae = TurboVAE(model, source="random weights")
-    eager_ms, ref = time_ms(lambda: vae.decode(z, temporal_slice=1), device, opts.repeat, opts.warmup)
-    rows = [BenchRow(SECTION, case, "eager sliced (1 latent/slice)", eager_ms)]
-    table = static_table(Bucket(h, w))
-    rows += _engine_rows(device, opts,
-                         lambda be, d: _engine_vae(model32, model, d, table, be, dtype, device, components=(),
-                                                   video=True),
-                         [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z))])
-    for r in rows[1:]:
-        r.variant = f"{r.variant} slice chain"
+    sides: list[tuple[str, Callable[[], torch.Tensor], object]] = [
+        ("eager", lambda: vae.decode(z), None),
+        ("eager sliced (1 latent/slice)", lambda: vae.decode(z, temporal_slice=1), None)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for be in _backends(device):
+            try:
+                get_backend(be).check_available(device)
+                ev = _engine_vae(model32, model, Path(tmp) / be, static_table(Bucket(h, w)), be, dtype, device,
+                                 components=(), video=True)
+            except (EngineError, ImportError) as e:
+                rows.append(BenchRow(SECTION, case, f"{be} slice chain", float("nan"),
+                                     note=f"unavailable: {str(e)[:80]}"))
+                continue
+            sides.append((f"{be} slice chain", lambda ev=ev: ev.decode(z), ev))
+        peak = PeakMemory(device)
+        peaks, outs = [], []
+        with torch.inference_mode():
+            for _name, fn, _ev in sides:
+                for _ in range(opts.warmup):
+                    fn()
+                mb, out = peak(fn)
+                peaks.append(mb)
+                outs.append(out)
+            calls = [ev.engine_calls if ev is not None else 0 for _n, _f, ev in sides]
+            times, _ = interleaved_ms([fn for _n, fn, _e in sides], device, opts.repeat)
+    ref_ms = statistics.median(times[0])
+    for i, (name, _fn, ev) in enumerate(sides):
+        ms = statistics.median(times[i])
+        fell_back = ev is not None and ev.engine_calls < calls[i] + opts.repeat
+        rows.insert(i, BenchRow(SECTION, case, name, ms, baseline_ms=None if i == 0 else ref_ms, peak_mb=peaks[i],
+                                max_abs_err=None if i == 0 else max_abs(outs[i], outs[0]),
+                                psnr_db=None if i == 0 else psnr(outs[i], outs[0]), reference=i == 0,
+                                note="FELL BACK to PyTorch" if fell_back else ""))
     return rows
 
 
@@ -171,4 +230,4 @@ def run(opts: BenchOptions) -> list[BenchRow]:
 
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-    return image_rows(opts, device, dtype) + seedvr2_clip_rows(opts, device, dtype)
+    return image_rows(opts, device, dtype) + [r for arch in CLIP_LATENTS for r in clip_rows(arch, opts, device, dtype)]

@@ -120,8 +120,9 @@ def test_node_list_and_schemas():
 class _CountingEngines:
     """Stands in for an EngineSet: device memory it would hold, and how often it was released."""
 
-    def __init__(self, footprint: int):
+    def __init__(self, footprint: int, kind: str):
         self.footprint = footprint
+        self.kind = kind  # the model kind its engines were built for (EngineVAE checks it)
         self.released = 0
 
     def footprint_bytes(self) -> int:
@@ -138,7 +139,7 @@ def test_model_management_counts_engine_memory_and_unloading_releases_engines(co
     _base, ckpt, cfg = comfy_root
     model = load_vae(ckpt, config=cfg, device="cpu").model
     weights = sum(t.nelement() * t.element_size() for t in model.state_dict().values())
-    engines = _CountingEngines(123_456_789)
+    engines = _CountingEngines(123_456_789, model.kind)
     vae = ComfyTurboVAE(EngineVAE(model, engines))
     assert vae.patcher.model_size() == weights + 123_456_789
     vae.patcher.detach()  # what model management does to free memory

@@ -1,11 +1,16 @@
-"""SeedVR2 video slice engines: what is built (names, static I/O) and how a clip runs on them.
+"""Video slice engines: what is built (names, static I/O) and how a clip runs on them.
+
+Any VAE with the causal-step contract gets them (SeedVR2, Qwen-Image / Wan 2.1, Wan 2.2):
+`decode_step(latents, state) -> (pixels, state)` with the causal memory as explicit tensors, and
+`memory_layout(decode=True, ...)` naming their shapes. The engines are decided by that contract, never
+by architecture name.
 
 A clip of T >= 2 latents runs as "decode_slice_first" on latents 0..1 (a first slice of 1 + k with
 k = 1) -> (pixels, causal memory), then "decode_slice_next" once per further latent, (latent, memory)
 -> (pixels, memory'). That is the eager `decode_latents(z, temporal_slice=1)` slice for slice, so the
 chain equals it (and the whole-clip decode) up to float rounding. Both engines are static-shape: one
-pair per bucket at the bucket's latent size; the memory is one tensor per causal conv in
-`memory_layout()` order. The graphs themselves are `export.DecodeSliceGraph`.
+pair per bucket at the bucket's latent size; the memory is one tensor per entry of `memory_layout()`,
+in its order. The graphs themselves are `export.DecodeSliceGraph`.
 """
 
 from __future__ import annotations
@@ -26,17 +31,22 @@ NEXT_LATENTS = 1  # latents per next-slice call: the smallest step, so any clip 
 FIRST_LATENTS = 1 + NEXT_LATENTS  # the first slice of `temporal_slice=NEXT_LATENTS`
 
 
+CONTRACT = ("decode_step", "memory_layout")  # what a model needs for slice graphs (vae/base.py's causal-step contract)
+
+
 def supports_video(model: nn.Module) -> bool:
-    """Only a decoder with explicit causal memory (SeedVR2) has slice graphs."""
-    return callable(getattr(model, "decode_step", None)) and callable(getattr(model, "memory_layout", None))
+    """A decoder with explicit causal memory (`decode_step` + `memory_layout`) has slice graphs."""
+    return all(callable(getattr(model, name, None)) for name in CONTRACT)
 
 
 def check_video_model(model: nn.Module) -> None:
-    """Raise a ValueError naming the limitation when `model` has no video slice graphs."""
-    if not supports_video(model):
+    """Raise a ValueError naming the fix when `model` has no video slice graphs."""
+    missing = [name for name in CONTRACT if not callable(getattr(model, name, None))]
+    if missing:
         kind = getattr(model, "kind", type(model).__name__)
-        raise ValueError(f"video slice engines exist only for SeedVR2 (its decoder carries explicit causal memory); "
-                         f"this is a {kind} VAE — build without video (CLI: drop --video)")
+        raise ValueError(f"video slice engines need a VAE with explicit causal memory ({' and '.join(CONTRACT)}); "
+                         f"this {kind} VAE has no {' or '.join(missing)} — build without video (CLI: drop --video; "
+                         "Build Engine: video off), or give the model the causal-step contract")
 
 
 @dataclass(frozen=True)
