@@ -7,8 +7,10 @@ model through `VAEModel`; architecture modules (vae/seedvr2, vae/wan) never need
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -106,8 +108,77 @@ class CausalState(ABC):
         """Back to the state `snapshot` recorded."""
 
 
+State = tuple[torch.Tensor, ...]
+"""The causal memory a step hands to the next: one tensor per cached thing, in execution order."""
+
+
+class CausalMemory(CausalState):
+    """The causal memory of one encode/decode step as an explicit list of tensors, read (`take`) and written
+    (`put`) in execution order; every architecture's pass context is one.
+
+    Why explicit: a step is then a pure function (input slice, memory) -> (output, memory') that can be
+    traced for export and chained by engines, streams and tiles alike. `memory_in` None means "first slice"
+    (`take` gives None: no history); otherwise it must be exactly the tuple a previous step of the same model
+    returned. `collect=False` (the last slice of a clip) builds no memory. A stream calls `advance` after
+    each step, so the memory written becomes the memory read.
+    """
+
+    def __init__(self, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True):
+        self.start(memory_in, collect)
+
+    def start(self, memory_in: Optional[Sequence[torch.Tensor]], collect: bool) -> None:
+        """Begin a step reading `memory_in` (None: the first slice)."""
+        self.first = memory_in is None
+        self._memory_in = list(memory_in) if memory_in is not None else []
+        self._pos = 0
+        self.collect = collect
+        self.memory_out: list[torch.Tensor] = []
+
+    def take(self) -> Optional[torch.Tensor]:
+        """The next memory tensor (None on the first slice)."""
+        if self.first:
+            return None
+        if self._pos >= len(self._memory_in):
+            raise ValueError(f"causal memory has {len(self._memory_in)} tensors but the model needs more; "
+                             "pass the state returned by the previous step of the same model")
+        t = self._memory_in[self._pos]
+        self._pos += 1
+        return t
+
+    def put(self, t: torch.Tensor, owner: Optional[nn.Module] = None) -> None:
+        """Record the next memory tensor (dropped when not collecting); `owner`: the module it belongs to
+        (named by `VAEModel.memory_layout`)."""
+        if self.collect:
+            self.memory_out.append(t)
+            owners = _memory_owners.get()
+            if owners is not None:
+                owners.append(owner)
+
+    def snapshot(self) -> object:
+        return self._pos, len(self.memory_out)
+
+    def restore(self, saved: object) -> None:
+        self._pos, produced = saved
+        del self.memory_out[produced:]
+
+    def finish(self) -> State:
+        """The memory this step wrote; ValueError when the memory read was not all used (another model's)."""
+        if not self.first and self._pos != len(self._memory_in):
+            raise ValueError(f"causal memory has {len(self._memory_in)} tensors, the model used {self._pos}; "
+                             "pass the state returned by the previous step of the same model")
+        return tuple(self.memory_out)
+
+    def advance(self) -> None:
+        """End a stream's step: the memory written becomes the memory the next step reads."""
+        self.start(self.finish(), self.collect)
+
+
 class VAEModel(nn.Module, ABC):
     """An architecture: holds the weights and runs validated tensors.
+
+    The architecture supplies the two causal steps (`encode_step`, `decode_step`: pure functions of (slice,
+    causal memory) -> (output, memory')), the single-frame export graphs and `meta_copy`; whole-clip passes
+    with temporal slicing, streams and `memory_layout` are written once, here, on top of the steps.
 
     Inputs reaching these methods are already checked by `TurboVAE`: 5-D, right channels, model
     dtype and device, spatial dims multiples of `latent_format.spatial_factor`, and pixel clips of
@@ -118,29 +189,83 @@ class VAEModel(nn.Module, ABC):
     latent_format: LatentFormat
     memory_model: MemoryModel
 
-    # -- whole-clip passes -------------------------------------------------------------------
+    # -- the causal steps (the architecture's part) -------------------------------------------
     @abstractmethod
+    def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True) -> tuple[torch.Tensor, State]:
+        """One causal encode slice: [B, I, T, H, W] -> (moments [B, 2C, T', h, w], memory for the next slice).
+
+        I is `latent_format.image_channels` here and below. First slice (`state=None`): T = 1 + tf·k frames
+        (tf = `latent_format.temporal_factor`); later slices tf·k frames, with `state` the tuple the previous
+        step returned. `collect=False` skips building the memory (the last slice of a clip)."""
+
+    @abstractmethod
+    def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
+        """One causal decode slice: [B, C, n, h, w] -> (pixels, memory). The first slice (`state=None`) gives
+        1 + tf·(n-1) frames, later slices tf·n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
+
+    @abstractmethod
+    def meta_copy(self) -> "VAEModel":
+        """The same architecture and options on the meta device (no memory): `memory_layout` runs it."""
+
+    # -- whole-clip passes -------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
                        progress: Progress = None) -> torch.Tensor:
-        """[B, I, T, H, W] in [-1, 1] -> posterior moments [B, 2C, T', h, w] (mean ‖ logvar).
-
-        I is `latent_format.image_channels` here and below. `progress(done, total)` runs after each temporal
+        """[B, I, T, H, W] in [-1, 1] -> posterior moments [B, 2C, T', h, w] (mean ‖ logvar), whole or in
+        temporal slices of `temporal_slice` latent frames. `progress(done, total)` runs after each temporal
         slice; raising from it (a cancel) stops the pass there."""
+        check_temporal_slice(temporal_slice)
+        tf = self.latent_format.temporal_factor
+        if (pixels.shape[2] - 1) % tf:
+            raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
+        bounds = self.slice_bounds(pixels.shape[2], temporal_slice, decode=False)
+        return run_slices(self.encode_step, pixels, bounds, {}, progress)
 
-    @abstractmethod
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        """Raw latents [B, C, T', h, w] -> pixels [B, I, 4(T'-1)+1, H, W] (clamped as the reference does);
-        `progress` as for `encode_moments`."""
+                       clamp: bool = True, progress: Progress = None) -> torch.Tensor:
+        """Raw latents [B, C, T', h, w] -> pixels [B, I, tf(T'-1)+1, H, W] (clamped as the reference does);
+        `temporal_slice` and `progress` as for `encode_moments`."""
+        check_temporal_slice(temporal_slice)
+        bounds = self.slice_bounds(latents.shape[2], temporal_slice, decode=True)
+        return run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress)
+
+    def slice_bounds(self, frames: int, temporal_slice: Optional[int], *, decode: bool) -> list[tuple[int, int]]:
+        """Whole clip, or slices of 1+k then k latent frames (1+tf·k then tf·k pixel frames for encode)."""
+        if temporal_slice is None:
+            return [(0, frames)]
+        step = temporal_slice if decode else self.latent_format.temporal_factor * temporal_slice
+        return list(split_slices(frames, 1 + step, step))
 
     # -- streaming (temporal slicing, tiling) ------------------------------------------------
-    @abstractmethod
     def encode_stream(self) -> CausalStream:
-        """A fresh causal encode stream yielding moments per step."""
+        """A fresh causal encode stream yielding moments per step (1+tf·k pixel frames first, then tf·k)."""
+        tf = self.latent_format.temporal_factor
+        return StepStream(self.encode_step, first=lambda t: t >= 1 and (t - 1) % tf == 0,
+                          rest=lambda t: t >= tf and t % tf == 0,
+                          rule=f"pixel frames: 1+{tf}k first, then {tf}k (multiples of {tf})")
 
-    @abstractmethod
     def decode_stream(self) -> CausalStream:
-        """A fresh causal decode stream yielding pixels per step."""
+        """A fresh causal decode stream yielding clamped pixels per step (any number ≥ 1 of latent frames)."""
+        return StepStream(self.decode_step, first=lambda t: t >= 1, rest=lambda t: t >= 1,
+                          rule="latent frames: at least 1 per step")
+
+    # -- causal memory -----------------------------------------------------------------------
+    def memory_layout(self, *, decode: bool, batch: int, height: int, width: int,
+                      first_frames: int = 2) -> list[tuple[str, tuple[int, ...]]]:
+        """(module name, memory shape) in state order after a first slice of `first_frames` frames (latent
+        frames for decode, pixel frames 1+tf·k for encode) at `height`×`width` of the step's input.
+        Runs a meta-device copy, so it costs nothing; engines use it to declare the cache I/O."""
+        clone = self.meta_copy()
+        names = {id(m): n for n, m in clone.named_modules()}
+        channels = self.latent_format.channels if decode else self.latent_format.image_channels
+        x = torch.empty(batch, channels, first_frames, height, width, device="meta")
+        with recorded_memory_owners() as owners:
+            _, state = clone.decode_step(x, None, clamp=False) if decode else clone.encode_step(x, None)
+        if len(owners) != len(state):
+            raise RuntimeError(f"{type(self).__name__}: {len(state)} memory tensors but {len(owners)} recorded "
+                               "owners; every memory tensor must be `put` with the module that owns it")
+        return [(names[id(o)], tuple(t.shape)) for o, t in zip(owners, state)]
 
     # -- export (engines) --------------------------------------------------------------------
     @abstractmethod
@@ -159,6 +284,61 @@ class VAEModel(nn.Module, ABC):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
+               bounds: Sequence[tuple[int, int]], kwargs: dict, progress: Progress = None) -> torch.Tensor:
+    """A clip through `step` slice by slice (time bounds `bounds`), memory carried, the last slice collecting
+    none; the outputs concatenated in time (contiguous). `progress(i, n)` after each slice."""
+    state: Optional[State] = None
+    outs = []
+    for i, (a, b) in enumerate(bounds):
+        out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
+        outs.append(out)
+        if progress is not None:
+            progress(i + 1, len(bounds))
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)).contiguous()
+
+
+class StepStream(CausalStream):
+    """A `CausalStream` over a step function: checks each slice's length against the stream's rule (other
+    lengths would break the causal memory) and carries the memory from step to step."""
+
+    def __init__(self, step: Callable[..., tuple[torch.Tensor, State]], *, first: Callable[[int], bool],
+                 rest: Callable[[int], bool], rule: str):
+        self._step, self._first, self._rest, self._rule = step, first, rest, rule
+        self._state: Optional[State] = None
+        self._started = False
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[2]
+        ok = self._rest(t) if self._started else self._first(t)
+        if not ok:
+            raise ValueError(f"stream slice of {t} frames is not allowed ({self._rule}; this was the "
+                             f"{'first' if not self._started else 'a later'} slice); other lengths would break the "
+                             "causal memory")
+        out, self._state = self._step(x, self._state, collect=True)
+        self._started = True
+        return out
+
+    def close(self) -> None:
+        self._state = None
+        self._started = False
+
+
+_memory_owners: ContextVar[Optional[list]] = ContextVar("turbovae_memory_owners", default=None)
+
+
+@contextmanager
+def recorded_memory_owners() -> Iterator[list]:
+    """Within the block, every `CausalMemory.put` also records the module that owns the tensor (what
+    `memory_layout` names); outside it nothing is recorded."""
+    owners: list = []
+    token = _memory_owners.set(owners)
+    try:
+        yield owners
+    finally:
+        _memory_owners.reset(token)
 
 
 def check_temporal_slice(temporal_slice: Optional[int]) -> None:

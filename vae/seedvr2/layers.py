@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalState
+from ..base import CausalMemory
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
@@ -23,56 +23,25 @@ from .layerwise import SplitPolicy
 from .config import FastPaths
 
 
-class PassContext(CausalState):
-    """State of one encode/decode step: fast paths plus causal memory in and out.
+class PassContext(CausalMemory):
+    """State of one encode/decode step: fast paths plus causal memory in and out (`CausalMemory`).
 
-    `memory_in` None means "first slice": causal convs replicate the first frame as head padding and
+    On the first slice (`memory_in` None) causal convs replicate the first frame as head padding and
     temporal upsamplers drop the duplicated first frame, as the reference does outside its ACTIVE
-    state. Otherwise it must be exactly the list a previous step returned (see `memory_layout`).
+    state. Otherwise `memory_in` must be exactly the tuple a previous step returned (see `memory_layout`).
     """
 
     def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False,
                  split: Optional["SplitPolicy"] = None):
+        super().__init__(memory_in, collect)
         self.fast = fast
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
         self.tick: Optional[Callable[[], None]] = None  # called after each layer-wise conv (progress, cancel)
-        self.first = memory_in is None
-        self._memory_in = list(memory_in) if memory_in is not None else []
-        self._pos = 0
-        self.collect = collect
-        self.memory_out: list[torch.Tensor] = []
         self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
 
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
         return self.fast.image_path and self.first and x.shape[2] == 1
-
-    def take(self) -> Optional[torch.Tensor]:
-        if self.first:
-            return None
-        if self._pos >= len(self._memory_in):
-            raise ValueError(f"causal memory has {len(self._memory_in)} tensors but the model needs more; "
-                             "pass the state returned by the previous step of the same model")
-        t = self._memory_in[self._pos]
-        self._pos += 1
-        return t
-
-    def put(self, t: torch.Tensor) -> None:
-        if self.collect:
-            self.memory_out.append(t)
-
-    def snapshot(self) -> object:
-        return self._pos, len(self.memory_out)
-
-    def restore(self, saved: object) -> None:
-        self._pos, produced = saved
-        del self.memory_out[produced:]
-
-    def finish(self) -> tuple[torch.Tensor, ...]:
-        if not self.first and self._pos != len(self._memory_in):
-            raise ValueError(f"causal memory has {len(self._memory_in)} tensors, the model used {self._pos}; "
-                             "pass the state returned by the previous step of the same model")
-        return tuple(self.memory_out)
 
 
 class CausalConv3d(nn.Conv3d):
@@ -111,7 +80,7 @@ class CausalConv3d(nn.Conv3d):
             padded = self._cat_padded(x, prev)
         if self.memory_frames and ctx.collect:
             tail = padded[:, :, -self.memory_frames:]
-            ctx.put(tail.clone() if ctx.fast.single_buffer else tail)
+            ctx.put(tail.clone() if ctx.fast.single_buffer else tail, self)
         return guarded_conv3d(padded, self.weight, self.bias, self.stride, self.padding)
 
     def _head_taps_apply(self, x: torch.Tensor) -> bool:
@@ -139,7 +108,7 @@ class CausalConv3d(nn.Conv3d):
         if t > 2:
             out[:, :, 2:] = guarded_conv3d(x, self.weight, self.bias, self.stride, self.padding)
         if self.memory_frames and ctx.collect:
-            ctx.put(x[:, :, -self.memory_frames:].contiguous().clone())
+            ctx.put(x[:, :, -self.memory_frames:].contiguous().clone(), self)
         return out
 
     def _head(self, prev: Optional[torch.Tensor]) -> int:
@@ -180,7 +149,7 @@ class CausalConv3d(nn.Conv3d):
         if ctx.fast.channels_last:
             x2 = x2.contiguous(memory_format=torch.channels_last)
         if self.memory_frames and ctx.collect:  # the padded input was [f0] * k_t; its tail is the memory
-            ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous())
+            ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous(), self)
         y = F.conv2d(x2, self.folded_weight(), self.bias, self.stride[1:], self.padding[1:])
         return y.unsqueeze(2)
 

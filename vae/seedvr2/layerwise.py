@@ -211,7 +211,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, src, prev, pre, image, e))
+        ctx.put(_memory(conv, src, prev, pre, image, e), conv)
     return out
 
 

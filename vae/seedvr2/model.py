@@ -18,16 +18,12 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, check_temporal_slice, split_slices
+from ..base import LatentFormat, MemoryModel, State, VAEModel, run_slices
 from ..channels_last import channels_last_trusted
 from ..plans import LayerwisePlan
 from .config import FastPaths, SeedVR2Config
-from .layers import (CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D,
-                     norm_silu_conv)
+from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
 from .layerwise import SplitPolicy, normalised_convs
-
-State = tuple[torch.Tensor, ...]
-
 
 class DownBlock3D(nn.Module):
     def __init__(self, cin: int, cout: int, layers: int, cfg: SeedVR2Config, downsample: Optional[bool]):
@@ -162,42 +158,9 @@ class SeedVR2VAE(VAEModel):
             out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
         return out, ctx.finish()
 
-    # -- whole clips and temporal slicing --------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        tf = self.latent_format.temporal_factor
-        check_temporal_slice(temporal_slice)
-        if (pixels.shape[2] - 1) % tf:
-            raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
-        n = temporal_slice
-        bounds = self._slice_bounds(pixels.shape[2], n, decode=False)
-        return self._run_slices(self.encode_step, pixels, bounds, {}, progress)
-
-    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       clamp: bool = True, progress: Progress = None) -> torch.Tensor:
-        check_temporal_slice(temporal_slice)
-        n = temporal_slice
-        bounds = self._slice_bounds(latents.shape[2], n, decode=True)
-        return self._run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress)
-
-    def _slice_bounds(self, frames: int, temporal_slice: Optional[int], *, decode: bool) -> list[tuple[int, int]]:
-        """Whole clip, or slices of 1+k then k latent frames (1+4k then 4k pixel frames for encode)."""
-        if temporal_slice is None:
-            return [(0, frames)]
-        step = temporal_slice if decode else self.latent_format.temporal_factor * temporal_slice
-        return list(split_slices(frames, 1 + step, step))
-
-    @staticmethod
-    def _run_slices(step: Callable, x: torch.Tensor, bounds: Sequence[tuple[int, int]], kwargs: dict,
-                    progress: Progress = None) -> torch.Tensor:
-        state: Optional[State] = None
-        outs = []
-        for i, (a, b) in enumerate(bounds):
-            out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
-            outs.append(out)
-            if progress is not None:
-                progress(i + 1, len(bounds))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    def meta_copy(self) -> "SeedVR2VAE":
+        with torch.device("meta"):
+            return SeedVR2VAE(self.config, self.fast)
 
     # -- exact tiling ------------------------------------------------------------------------------
     def exact_plan(self, *, decode: bool):
@@ -208,7 +171,7 @@ class SeedVR2VAE(VAEModel):
             f = self.latent_format.spatial_factor
             policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0],
                                  shard=shard)
-            bounds = self._slice_bounds(x.shape[2], temporal_slice, decode=decode)
+            bounds = self.slice_bounds(x.shape[2], temporal_slice, decode=decode)
             total = len(bounds) * normalised_convs(self.decoder if decode else self.encoder)
             done = 0
 
@@ -219,18 +182,9 @@ class SeedVR2VAE(VAEModel):
                     progress(done, total)
 
             kwargs = {"split": policy, "tick": tick}
-            return self._run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs)
+            return run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs)
 
         return LayerwisePlan(run)
-
-    # -- streams -----------------------------------------------------------------------------------
-    def encode_stream(self) -> CausalStream:
-        return _Stream(self.encode_step, first_rule=lambda t: (t - 1) % 4 == 0, rest_rule=lambda t: t % 4 == 0,
-                       what="pixel frames: 1+4k first, then multiples of 4")
-
-    def decode_stream(self) -> CausalStream:
-        return _Stream(lambda z, s, collect: self.decode_step(z, s, collect=collect), first_rule=lambda t: t >= 1,
-                       rest_rule=lambda t: t >= 1, what="latent frames: at least 1 per step")
 
     # -- export ----------------------------------------------------------------------------------
     def image_encoder(self) -> nn.Module:
@@ -238,46 +192,6 @@ class SeedVR2VAE(VAEModel):
 
     def image_decoder(self) -> nn.Module:
         return _ImageDecoder(self)
-
-    def memory_layout(self, *, decode: bool, batch: int, height: int, width: int,
-                      first_frames: int = 2) -> list[tuple[str, tuple[int, ...]]]:
-        """(conv name, memory shape) in state order after a first slice of `first_frames` frames (latent
-        frames for decode, pixel frames for encode, 1+4k) at `height`×`width` of the step's input.
-        Runs a meta-device copy, so it costs nothing; engines use it to declare the cache I/O."""
-        with torch.device("meta"):
-            clone = SeedVR2VAE(self.config, self.fast)
-        channels = self.config.latent_channels if decode else self.config.in_channels
-        x = torch.empty(batch, channels, first_frames, height, width, device="meta")
-        order: list[str] = []
-        hooks = [m.register_forward_pre_hook(lambda mod, args, name=n: order.append(name))
-                 for n, m in clone.named_modules() if isinstance(m, CausalConv3d) and m.memory_frames]
-        try:
-            _, state = clone.decode_step(x, None, clamp=False) if decode else clone.encode_step(x, None)
-        finally:
-            for h in hooks:
-                h.remove()
-        return list(zip(order, [tuple(t.shape) for t in state]))
-
-
-class _Stream(CausalStream):
-    def __init__(self, step: Callable, first_rule: Callable[[int], bool], rest_rule: Callable[[int], bool], what: str):
-        self._step, self._first, self._rest, self._what = step, first_rule, rest_rule, what
-        self._state: Optional[State] = None
-        self._started = False
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[2]
-        ok = self._rest(t) if self._started else self._first(t)
-        if not ok:
-            raise ValueError(f"stream slice of {t} frames is not allowed ({self._what}); "
-                             "other lengths would break the causal memory")
-        out, self._state = self._step(x, self._state, collect=True)
-        self._started = True
-        return out
-
-    def close(self) -> None:
-        self._state = None
-        self._started = False
 
 
 class _ImageEncoder(nn.Module):

@@ -9,51 +9,47 @@ convs and the encoder head form the global part at latent resolution.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
+from torch import nn
 
 from ..base import CausalStream
 from ..plans import ExactPlan, LocalStage
 from .layers import StreamContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
-if TYPE_CHECKING:  # annotations only: the model imports this module
-    from .model import WanVAE
-
-
-class _Session:
-    """Per-tile state shared by the stages of one tile: one causal context, one "first step" flag."""
-
-    def __init__(self, vae: WanVAE):
-        self.vae = vae
-        self.ctx = vae.context()
-
 
 class _StageStream(CausalStream):
-    def __init__(self, session: _Session, fn: Callable[[torch.Tensor, StreamContext], torch.Tensor], last: bool):
-        self.session, self.fn, self.last = session, fn, last
+    """One stage of one tile. The stages of a tile share one causal context (`ctx`): their memory is one
+    state in execution order, and the last stage ends the step (`advance`)."""
+
+    def __init__(self, ctx: StreamContext, fn: Callable[[torch.Tensor, StreamContext], torch.Tensor], last: bool,
+                 prepare: Callable[[torch.Tensor], torch.Tensor], fold_image: bool):
+        self.ctx, self.fn, self.last, self.prepare, self.fold_image = ctx, fn, last, prepare, fold_image
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
-        ctx = self.session.ctx
-        vae = self.session.vae
-        if ctx.first and x.shape[2] == 1 and vae.flags.fold_image:
-            y = self.fn(vae.to_memory_format(x[:, :, 0]), ctx).unsqueeze(2)
+        ctx = self.ctx
+        if ctx.first and x.shape[2] == 1 and self.fold_image:
+            y = self.fn(self.prepare(x[:, :, 0]), ctx).unsqueeze(2)
         else:
-            y = self.fn(vae.to_memory_format(x), ctx)
+            y = self.fn(self.prepare(x), ctx)
         if self.last:
-            ctx.first = False
+            ctx.advance()
         return y
 
     def close(self) -> None:
         if self.last:
-            self.session.ctx.clear()
+            self.ctx.clear()
 
 
-def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
-    p = vae.config.patch_size
+def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], StreamContext],
+                   prepare: Callable[[torch.Tensor], torch.Tensor], fold_image: bool) -> ExactPlan:
+    """The plan of `part` (the model's decoder when `decode`, else its encoder). `open_context()`: a fresh
+    causal context of the model's flags; `prepare`: the model's input memory-format conversion."""
+    p = patch_size
     if decode:
-        dec = vae.decoder
+        dec = part
         fns: list[Callable] = list(dec.up_blocks)  # blocks are called as block(x, ctx)
         geoms = [footprint(spatial_ops(b.modules())) for b in dec.up_blocks]
 
@@ -64,7 +60,7 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
         geoms.append((Fraction(p), 1))
         global_fn = dec.forward_mid
     else:
-        enc = vae.encoder
+        enc = part
 
         def stem(x, ctx):
             return enc.conv_in(patchify(x, p), ctx)
@@ -77,15 +73,15 @@ def wan_exact_plan(vae: WanVAE, *, decode: bool) -> ExactPlan:
     stages = [LocalStage(scale, radius, name=f"stage{i}") for i, (scale, radius) in enumerate(geoms)]
 
     def open_local() -> list[CausalStream]:
-        session = _Session(vae)
-        return [_StageStream(session, fn, last=i == len(fns) - 1) for i, fn in enumerate(fns)]
+        ctx = open_context()
+        return [_StageStream(ctx, fn, i == len(fns) - 1, prepare, fold_image) for i, fn in enumerate(fns)]
 
     def open_global(shard=None) -> CausalStream:
         """`shard`: the frame is split across devices (vae/parallel); the mid-block attention divides its queries."""
-        session = _Session(vae)
-        session.ctx.shard = shard
-        return _StageStream(session, global_fn, last=True)
+        ctx = open_context()
+        ctx.shard = shard
+        return _StageStream(ctx, global_fn, True, prepare, fold_image)
 
     # the tensor between the local and global parts has the mid block's width
-    channels = (vae.decoder if decode else vae.encoder).mid_block.resnets[0].norm1.gamma.shape[0]
+    channels = part.mid_block.resnets[0].norm1.gamma.shape[0]
     return ExactPlan(stages, open_local, open_global, channels)

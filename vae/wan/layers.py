@@ -9,14 +9,14 @@ temporal tap, and the time-only convs never run, so images need a third of the M
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalState
+from ..base import CausalMemory
 from ..ops import rms_norm_silu
 from ..memory_format import memory_format_of
 from ..weight_layout import PassScratch
@@ -35,30 +35,30 @@ class WanFlags:
     inplace: bool = True  # in-place residual adds when no autograd graph is being recorded
 
 
-@dataclass
-class StreamContext(CausalState):
-    """State shared by all blocks during one pass: flags, causal caches keyed by module, stream start."""
+class StreamContext(CausalMemory):
+    """State shared by all blocks during one step: flags, the causal memory in and out (`CausalMemory`: one
+    tensor per causal conv with time history and one per time downsample, in execution order), the device
+    split and the pass's weight scratch.
 
-    flags: WanFlags
-    cache: dict = field(default_factory=dict)
-    first: bool = True  # True during the first step of a stream
-    # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
-    shard: Optional[object] = None
-    # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
-    scratch: PassScratch = field(default_factory=PassScratch)
+    Every memory tensor holds the conv's whole history (`time_history` frames; a history shorter than that,
+    such as a folded one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape
+    is fixed from the first slice on. A temporal upsampler's "started" state is "not the first slice": every
+    step runs every block.
+    """
+
+    def __init__(self, flags: WanFlags, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+                 shard: Optional[object] = None):
+        super().__init__(memory_in, collect)
+        self.flags = flags
+        # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
+        self.shard = shard
+        # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
+        self.scratch = PassScratch()
 
     def clear(self) -> None:
-        self.cache.clear()
-        self.first = True
+        """Back to a fresh stream: no memory, first slice next, scratch freed."""
+        self.start(None, self.collect)
         self.scratch.clear()
-
-    def snapshot(self) -> object:
-        return dict(self.cache), self.first
-
-    def restore(self, saved: object) -> None:
-        cache, self.first = saved
-        self.cache.clear()
-        self.cache.update(cache)
 
 
 def _can_inplace(flags: WanFlags) -> bool:
@@ -123,7 +123,7 @@ class CausalConv3d(nn.Conv3d):
         weight = packed(self.weight, fmt, fmt_ctx)
         if self.time_history == 0:
             return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
-        hist = ctx.cache.get(self) if ctx is not None else None
+        hist = ctx.take() if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
         fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
         if fold:
@@ -134,14 +134,26 @@ class CausalConv3d(nn.Conv3d):
             if n_hist:
                 parts.insert(0, hist)
             if n_hist < self.time_history:
-                zeros = (x.shape[0], x.shape[1], self.time_history - n_hist, *x.shape[3:])
-                parts.insert(0, torch.empty(zeros, dtype=x.dtype, device=x.device, memory_format=fmt).zero_())
+                parts.insert(0, self._zeros(x, self.time_history - n_hist, fmt))
             xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
             out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
-        if ctx is not None:
-            # A folded first frame keeps just itself: missing history frames count as zeros next step.
-            ctx.cache[self] = (x if fold else xin[:, :, -self.time_history:]).clone()
+        if ctx is not None and ctx.collect:
+            # A folded first frame is the last of a zero-padded history (`skip` below says why it is padded).
+            tail = torch.cat([self._zeros(x, self.time_history - 1, fmt), x], dim=2) if fold else \
+                xin[:, :, -self.time_history:]
+            ctx.put(tail.clone(), self)
         return out
+
+    def skip(self, x: torch.Tensor, ctx: StreamContext) -> None:
+        """This conv does not run on this (first) slice: its memory is an all-zero history, the causal padding
+        it would have read, so that every step's memory has the same tensors of the same shapes."""
+        if ctx.collect:
+            ctx.put(self._zeros(x, self.time_history, pass_format(x, ctx)), self)
+
+    @staticmethod
+    def _zeros(x: torch.Tensor, frames: int, fmt: torch.memory_format) -> torch.Tensor:
+        shape = (x.shape[0], x.shape[1], frames, *x.shape[3:])
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt).zero_()
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
@@ -281,17 +293,16 @@ class Resample(nn.Module):
         return x
 
     def _time_up(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        started = ctx.cache.get(self, False)
-        ctx.cache[self] = True
-        if started:
+        if not ctx.first:
             return interleave_time(self.time_conv.video(x, ctx))
         if x.shape[2] == 1:
+            self.time_conv.skip(x, ctx)
             return x
         rest = interleave_time(self.time_conv.video(x[:, :, 1:], ctx))
         return torch.cat([x[:, :, :1], rest], dim=2)
 
     def _time_down(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        prev = ctx.cache.get(self)
+        prev = ctx.take()
         t = x.shape[2]
         if prev is None:
             if t % 2 != 1:
@@ -301,7 +312,8 @@ class Resample(nn.Module):
             if t % 2:
                 raise ValueError(f"after the first step an encode stream takes 4k frames (got {t} at a time downsample)")
             out = self.time_conv.video(torch.cat([prev, x], dim=2), None, ctx)
-        ctx.cache[self] = x[:, :, -1:].clone()
+        if ctx.collect:
+            ctx.put(x[:, :, -1:].clone(), self)
         return out
 
 

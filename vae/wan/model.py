@@ -5,23 +5,24 @@ below depends on the count except the two pixel convs.
 Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
 state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
 
-Exactness: the video path streams clips through causal caches (encode: 1+4k frames, then 4k per
-step; decode: any number of latent frames per step) and equals diffusers' frame-by-frame pass for
-every slicing; images (T = 1) run the exact 2-D fold.
+Exactness: clips run through `encode_step` / `decode_step` with explicit causal memory (the contract in
+vae/base.py; encode: 1+4k frames, then 4k per step; decode: any number of latent frames per step) and equal
+diffusers' frame-by-frame pass for every slicing; images (T = 1) run the exact 2-D fold.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
-from ..base import CausalStream, LatentFormat, MemoryModel, Progress, VAEModel, check_temporal_slice, split_slices
+from ..base import LatentFormat, MemoryModel, State, VAEModel
 from ..channels_last import channels_last_trusted
 from ..memory_format import channels_last_format
+from ..plans import ExactPlan
 from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
@@ -153,37 +154,6 @@ class _ImageDecoder(nn.Module):
         return self.vae.decoder(z, self.vae.context()).clamp(-1.0, 1.0)
 
 
-class _EncodeStream(CausalStream):
-    def __init__(self, vae: "WanVAE"):
-        self.vae, self.ctx = vae, vae.context()
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[2]
-        if (self.ctx.first and (t - 1) % 4) or (not self.ctx.first and t % 4):
-            raise ValueError(f"encode stream steps take 1+4k frames first, then 4k frames; got {t} "
-                             f"({'first' if self.ctx.first else 'later'} step)")
-        x = self.vae.to_memory_format(x)
-        out = self.vae.encoder(x, self.ctx)
-        self.ctx.first = False
-        return out
-
-    def close(self) -> None:
-        self.ctx.clear()
-
-
-class _DecodeStream(CausalStream):
-    def __init__(self, vae: "WanVAE"):
-        self.vae, self.ctx = vae, vae.context()
-
-    def step(self, z: torch.Tensor) -> torch.Tensor:
-        out = self.vae.decoder(self.vae.to_memory_format(z), self.ctx).clamp_(-1.0, 1.0)
-        self.ctx.first = False
-        return out
-
-    def close(self) -> None:
-        self.ctx.clear()
-
-
 class WanVAE(VAEModel):
     """Qwen-Image / Wan 2.1 (16 ch, 8x; RGB, or RGBA for Qwen-Image-Layered) or Wan 2.2 (48 ch, 16x) causal
     video VAE; raw latents in and out."""
@@ -226,37 +196,34 @@ class WanVAE(VAEModel):
             return x
         return x.contiguous(memory_format=channels_last_format(x.ndim))
 
-    # -- whole-clip passes -------------------------------------------------------------------
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        t = pixels.shape[2]
-        if t == 1 and self.flags.fold_image:
-            return self.encoder(self.to_memory_format(pixels[:, :, 0]), self.context()).unsqueeze(2).contiguous()
-        check_temporal_slice(temporal_slice)
-        tf = self.latent_format.temporal_factor
-        n = t if temporal_slice is None else tf * temporal_slice
-        with self.encode_stream() as stream:
-            outs = _stream_slices(stream, pixels, list(split_slices(t, 1 + n if n < t else t, n)), progress)
-        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+    # -- the causal steps --------------------------------------------------------------------
+    def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
+        """A lone first frame whose memory is not wanted runs the exact 2-D fold (a third of the MACs)."""
+        return state is None and not collect and x.shape[2] == 1 and self.flags.fold_image
 
-    def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        t = latents.shape[2]
-        if t == 1 and self.flags.fold_image:
-            z = self.to_memory_format(latents[:, :, 0])
-            return self.decoder(z, self.context()).clamp_(-1.0, 1.0).unsqueeze(2).contiguous()
-        check_temporal_slice(temporal_slice)
-        n = t if temporal_slice is None else temporal_slice
-        with self.decode_stream() as stream:
-            outs = _stream_slices(stream, latents, list(split_slices(t, n + 1, n)), progress)
-        return torch.cat(outs, dim=2).contiguous() if len(outs) > 1 else outs[0].contiguous()
+    def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True) -> tuple[torch.Tensor, State]:
+        ctx = StreamContext(self.active_flags(), state, collect)
+        if self._fold(pixels, state, collect):
+            out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
+        else:
+            out = self.encoder(self.to_memory_format(pixels), ctx)
+        return out, ctx.finish()
 
-    # -- streaming ---------------------------------------------------------------------------
-    def encode_stream(self) -> CausalStream:
-        return _EncodeStream(self)
+    def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
+                    collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
+        ctx = StreamContext(self.active_flags(), state, collect)
+        if self._fold(latents, state, collect):
+            out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
+        else:
+            out = self.decoder(self.to_memory_format(latents), ctx)
+        if clamp:
+            out = out.clamp_(-1.0, 1.0)
+        return out, ctx.finish()
 
-    def decode_stream(self) -> CausalStream:
-        return _DecodeStream(self)
+    def meta_copy(self) -> "WanVAE":
+        with torch.device("meta"):
+            return WanVAE(self.config, self.kind, self.flags)
 
     # -- export ------------------------------------------------------------------------------
     def image_encoder(self) -> nn.Module:
@@ -266,19 +233,11 @@ class WanVAE(VAEModel):
         return _ImageDecoder(self)
 
     # -- exact tiling ------------------------------------------------------------------------
-    def exact_plan(self, *, decode: bool):
+    def exact_plan(self, *, decode: bool) -> ExactPlan:
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
-        return wan_exact_plan(self, decode=decode)
-
-
-def _stream_slices(stream: CausalStream, x: torch.Tensor, bounds: list[tuple[int, int]],
-                   progress: Progress) -> list[torch.Tensor]:
-    outs = []
-    for i, (a, b) in enumerate(bounds):
-        outs.append(stream.step(x[:, :, a:b]))
-        if progress is not None:
-            progress(i + 1, len(bounds))
-    return outs
+        part = self.decoder if decode else self.encoder
+        return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
+                              prepare=self.to_memory_format, fold_image=self.flags.fold_image)
 
 
 def memory_model(cfg: WanConfig) -> MemoryModel:

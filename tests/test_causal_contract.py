@@ -1,0 +1,140 @@
+"""The causal-step contract every architecture implements (vae/base.py `VAEModel`): `encode_step` /
+`decode_step(x, state) -> (y, state)` chained over any legal slicing equal the whole clip, `memory_layout`
+names the state's tensors and their shapes, and a wrong state is a typed error naming the fix."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from turbovae.vae.base import VAEModel
+from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WanVAE
+
+ARCHITECTURES = {
+    "wan2.1": lambda: WanVAE(TINY_WAN21),
+    "wan2.2": lambda: WanVAE(TINY_WAN22),
+    "qwen_image_layered": lambda: WanVAE(replace(TINY_WAN21, image_channels=4)),
+    "seedvr2": lambda: SeedVR2VAE(SeedVR2Config.tiny()),
+}
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def model(request) -> VAEModel:
+    torch.manual_seed(0)
+    m = ARCHITECTURES[request.param]().eval()
+    with torch.no_grad():  # seeded random weights at a scale that keeps activations away from the clamp
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 / max(1, p[0].numel()) ** 0.5) if p.ndim > 1 else p)
+    return m
+
+
+def _latents(m: VAEModel, frames: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, m.latent_format.channels, frames, 3, 4, generator=g)
+
+
+def _pixels(m: VAEModel, frames: int, seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    f = m.latent_format.spatial_factor
+    return torch.rand(1, m.latent_format.image_channels, frames, 2 * f, 3 * f, generator=g) * 2 - 1
+
+
+def _chain(step, x: torch.Tensor, bounds, **kwargs):
+    state, outs, states = None, [], []
+    for a, b in bounds:
+        out, state = step(x[:, :, a:b], state, collect=True, **kwargs)
+        outs.append(out)
+        states.append(state)
+    return torch.cat(outs, dim=2), states
+
+
+@pytest.mark.parametrize("bounds", [[(0, 2), (2, 3), (3, 4), (4, 5)], [(0, 3), (3, 5)], [(0, 1), (1, 5)],
+                                    [(0, 5)]], ids=["1", "2", "first1", "whole"])
+def test_decode_step_chain_equals_whole_clip(model, bounds):
+    z = _latents(model, 5)
+    with torch.inference_mode():
+        whole = model.decode_latents(z)
+        chained, _ = _chain(model.decode_step, z, bounds)
+    assert chained.shape == whole.shape
+    assert max_err(chained, whole) <= 1e-5
+
+
+@pytest.mark.parametrize("bounds", [[(0, 5), (5, 9)], [(0, 1), (1, 5), (5, 9)], [(0, 9)]],
+                         ids=["1", "first1", "whole"])
+def test_encode_step_chain_equals_whole_clip(model, bounds):
+    x = _pixels(model, 9)
+    with torch.inference_mode():
+        whole = model.encode_moments(x)
+        chained, _ = _chain(model.encode_step, x, bounds)
+    assert chained.shape == whole.shape
+    assert max_err(chained, whole) <= 1e-5
+
+
+@pytest.mark.parametrize("temporal_slice", [1, 2])
+def test_whole_clip_passes_slice_exactly_and_report_progress(model, temporal_slice):
+    z, x = _latents(model, 5), _pixels(model, 9)
+    seen = []
+    with torch.inference_mode():
+        assert max_err(model.decode_latents(z, temporal_slice=temporal_slice,
+                                            progress=lambda d, t: seen.append((d, t))), model.decode_latents(z)) <= 1e-5
+        assert max_err(model.encode_moments(x, temporal_slice=temporal_slice), model.encode_moments(x)) <= 1e-5
+    n = len(model.slice_bounds(5, temporal_slice, decode=True))
+    assert seen == [(i + 1, n) for i in range(n)]
+
+
+def test_memory_layout_names_the_state_and_fixes_its_shapes(model):
+    """The layout equals the state a first slice returns, and (decode, first slice ≥ 2 latents) every later
+    one-latent step returns memory of the same shapes: what static slice engines need."""
+    z = _latents(model, 5)
+    h, w = z.shape[-2:]
+    layout = model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=2)
+    assert len({name for name, _ in layout}) == len(layout)
+    modules = dict(model.named_modules())
+    assert all(name in modules for name, _ in layout)
+    with torch.inference_mode():
+        _, states = _chain(model.decode_step, z, [(0, 2), (2, 3), (3, 4)])
+    for state in states:
+        assert [tuple(t.shape) for t in state] == [shape for _, shape in layout]
+    x = _pixels(model, 9)
+    enc_layout = model.memory_layout(decode=False, batch=1, height=x.shape[-2], width=x.shape[-1], first_frames=5)
+    with torch.inference_mode():
+        _, enc_states = _chain(model.encode_step, x, [(0, 5), (5, 9)])
+    for state in enc_states:
+        assert [tuple(t.shape) for t in state] == [shape for _, shape in enc_layout]
+
+
+def test_last_slice_collects_no_memory(model):
+    z = _latents(model, 3)
+    with torch.inference_mode():
+        _, state = model.decode_step(z[:, :, :2])
+        _, last = model.decode_step(z[:, :, 2:], state, collect=False)
+    assert state and last == ()
+
+
+@pytest.mark.parametrize("change", ["short", "long"])
+def test_wrong_state_is_a_value_error_naming_the_fix(model, change):
+    z = _latents(model, 3)
+    with torch.inference_mode():
+        _, state = model.decode_step(z[:, :, :2])
+        bad = state[:-1] if change == "short" else (*state, state[-1])
+        with pytest.raises(ValueError, match="pass the state returned by the previous step"):
+            model.decode_step(z[:, :, 2:], bad)
+
+
+def test_streams_check_slice_lengths_with_one_message(model):
+    tf = model.latent_format.temporal_factor
+    x = _pixels(model, 9)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=f"1\\+{tf}k first, then {tf}k"):
+            model.encode_stream().step(x[:, :, :2])
+        with model.encode_stream() as s:
+            s.step(x[:, :, :5])
+            with pytest.raises(ValueError, match="later slice"):
+                s.step(x[:, :, 5:8])
+        with pytest.raises(ValueError, match="at least 1"):
+            model.decode_stream().step(_latents(model, 1)[:, :, :0])
