@@ -88,6 +88,21 @@ class ToyVAE(VAEModel):
         y = fn(x.transpose(1, 2).reshape(b * t, c, h, w))
         return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
 
+    # The causal steps (no memory: frames are independent, so every state is empty).
+    def encode_step(self, pixels, state=None, *, collect=True):
+        frames = pixels[:, :, ::4] if state is None else pixels[:, :, 3::4]  # 1+4k frames first, then 4k
+        return self._per_frame(self.encoder, frames), ()
+
+    def decode_step(self, latents, state=None, *, collect=True, clamp=True):
+        out = self._per_frame(self.decoder, latents)
+        if state is None:  # a first slice: latent 0 is one frame
+            return torch.cat([out[:, :, :1], out[:, :, 1:].repeat_interleave(4, dim=2)], dim=2), ()
+        return out.repeat_interleave(4, dim=2), ()
+
+    def meta_copy(self):
+        with torch.device("meta"):
+            return ToyVAE()
+
     def encode_moments(self, pixels, *, temporal_slice=None, progress=None):
         return self._per_frame(self.encoder, pixels[:, :, ::4] if pixels.shape[2] > 1 else pixels)
 

@@ -199,3 +199,60 @@ def test_real_aoti_compile_chain_on_cpu(tmp_path, kind):
     errors = _real_compile_chain(tmp_path, kind)
     print(f"{kind} compiled AOTInductor chain vs eager at 5/9/21 frames: max abs {', '.join(f'{e:.2e}' for e in errors)}")
     assert max(errors) <= 1e-4
+
+
+def test_a_model_without_the_causal_step_contract_is_refused_naming_the_fix():
+    from torch import nn
+
+    from turbovae.trt.video import check_video_model, supports_video
+
+    assert supports_video(WanVAE(TINY_WAN21)) and supports_video(WanVAE(TINY_WAN22_48CH))
+    with pytest.raises(ValueError, match=r"decode_step and memory_layout.*drop --video"):
+        check_video_model(nn.Conv2d(4, 3, 1))
+
+
+class _FakeSliceEngine:
+    """A LoadedEngine double: pixels filled with the latents' first value (so the order is visible), memory +1."""
+
+    def __init__(self, name: str, frames: int, hw=(8, 8), dtype=torch.float32):
+        self.path, self.frames, self.hw, self.dtype = Path(name), frames, hw, dtype
+
+    def run(self, inputs, profile=0):
+        z = inputs["latents"]
+        memory = inputs.get("memory_0", torch.zeros(1))
+        pixels = torch.full((1, 3, self.frames, *self.hw), float(z.flatten()[0]), dtype=self.dtype)
+        return {"pixels": pixels, "memory_0_out": memory + 1}
+
+
+def test_chain_writes_each_slice_in_place_and_refuses_a_slice_that_does_not_fit():
+    from turbovae.trt.backend import EngineRunError
+    from turbovae.trt.video import chain_slices
+
+    names = (("latents",), ("pixels", "memory_0_out")), (("latents", "memory_0"), ("pixels", "memory_0_out"))
+    z = torch.arange(5.0).reshape(1, 1, 5, 1, 1)  # latent t holds the value t
+    clip = chain_slices(_FakeSliceEngine("first", 5), names[0], _FakeSliceEngine("next", 4), names[1], z, 4)
+    assert clip.shape == (1, 3, 5 + 3 * 4, 8, 8)
+    assert [clip[0, 0, f, 0, 0].item() for f in (0, 4, 5, 8, 9, 13, 16)] == [0, 0, 2, 2, 3, 4, 4]
+    for bad in (_FakeSliceEngine("next", 4, hw=(8, 9)), _FakeSliceEngine("next", 4, dtype=torch.float16),
+                _FakeSliceEngine("next", 3)):
+        with pytest.raises(EngineRunError, match="next: pixels"):
+            chain_slices(_FakeSliceEngine("first", 5), names[0], bad, names[1], z, 4)
+
+
+def test_bench_clip_rows_time_engine_and_eager_in_one_run():
+    """bench/engines.py's clip case (quick size): eager (the reference), eager sliced and the slice-engine chain
+    on the same latents, each with its peak memory; the chain runs on the engines and matches eager."""
+    from turbovae.bench.common import BenchOptions
+    from turbovae.bench.engines import clip_rows
+
+    with export_only():
+        rows = clip_rows("wan2.2", BenchOptions(quick=True, repeat=1, warmup=0), torch.device("cpu"), torch.float32)
+    assert [r.variant for r in rows] == ["eager", "eager sliced (1 latent/slice)", "aoti slice chain"]
+    eager, _sliced, chain = rows
+    assert eager.reference and eager.case == chain.case == "tiny wan2.2 clip decode 64x64x9 float32"
+    assert chain.note == "" and chain.baseline_ms == eager.ms and chain.max_abs_err <= 1e-4
+    assert all(r.ms > 0 for r in rows)
+    from turbovae.bench import peak_rss
+
+    if peak_rss.supported():
+        assert all(r.peak_mb is not None for r in rows)

@@ -114,7 +114,8 @@ class EngineVAE(TurboVAE):
                            f"{sel.label} (pad_to_bucket): the result is approximate, not equal to PyTorch",
                            ApproximateResultWarning)
         self.engine_calls += 1
-        return torch.cat(outs).to(device=self.device, dtype=self.dtype)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # one sample: no copy of the whole output
+        return out.to(device=self.device, dtype=self.dtype)
 
     def _engine(self, component: str, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Engine output for a 5-D single-frame batch, or None when the PyTorch path must run."""

@@ -16,7 +16,7 @@ in its order. The graphs themselves are `export.DecodeSliceGraph`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -88,10 +88,16 @@ def pixel_frames(latents: int, temporal_factor: int, *, first: bool) -> int:
     return 1 + temporal_factor * (latents - 1) if first else temporal_factor * latents
 
 
-def _pixels(out: Mapping[str, torch.Tensor], names: Sequence[str], expected_frames: int, who: str) -> torch.Tensor:
+def _pixels(out: Mapping[str, torch.Tensor], names: Sequence[str], expected_frames: int, who: str,
+            like: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Output 0 of a slice engine, checked: 5-D with `expected_frames` frames, and (`like`: the clip it goes
+    into) the clip's batch, channels, frame size and dtype, so no slice is silently broadcast or cast."""
     pixels = out[names[0]]
-    if pixels.ndim != 5 or pixels.shape[2] != expected_frames:
-        raise EngineRunError(f"{who}: pixels {tuple(pixels.shape)}, expected {expected_frames} frames")
+    if pixels.ndim != 5 or pixels.shape[2] != expected_frames or (like is not None and (
+            pixels.shape[:2] != like.shape[:2] or pixels.shape[3:] != like.shape[3:] or pixels.dtype != like.dtype)):
+        want = f"{expected_frames} frames" if like is None else \
+            f"{(*like.shape[:2], expected_frames, *like.shape[3:])} {like.dtype}"
+        raise EngineRunError(f"{who}: pixels {tuple(pixels.shape)} {pixels.dtype}, expected {want}")
     return pixels
 
 
@@ -101,7 +107,9 @@ def chain_slices(first: LoadedEngine, first_names: tuple[Sequence[str], Sequence
     """Decode a [1, C, T >= 2, h, w] clip: first slice, then one next slice per further latent.
 
     `*_names` are each engine's (input names, output names) from its identity; output 0 / input 0 are
-    pixels / latents, the rest is the causal memory in the same order on both engines.
+    pixels / latents, the rest is the causal memory in the same order on both engines. Each slice's pixels
+    are written into one clip tensor allocated after the first slice (no list of slices concatenated at
+    the end: that held the clip twice at its peak).
     """
     (_fin, fout), (nin, nout) = first_names, next_names
     if not (len(fout) == len(nin) == len(nout)):
@@ -110,11 +118,19 @@ def chain_slices(first: LoadedEngine, first_names: tuple[Sequence[str], Sequence
     if z.shape[2] < FIRST_LATENTS:
         raise EngineRunError(f"a clip for the slice engines needs >= {FIRST_LATENTS} latents, got {z.shape[2]}")
     out = first.run({"latents": z[:, :, :FIRST_LATENTS]}, 0)
-    frames = [_pixels(out, fout, pixel_frames(FIRST_LATENTS, temporal_factor, first=True), first.path.name)]
+    done = pixel_frames(FIRST_LATENTS, temporal_factor, first=True)
+    pixels = _pixels(out, fout, done, first.path.name)
+    total = done + pixel_frames(z.shape[2] - FIRST_LATENTS, temporal_factor, first=False)
+    clip = torch.empty((*pixels.shape[:2], total, *pixels.shape[3:]), dtype=pixels.dtype, device=pixels.device)
+    clip[:, :, :done] = pixels
     memory = [out[name] for name in fout[1:]]
+    step = pixel_frames(NEXT_LATENTS, temporal_factor, first=False)
     for t in range(FIRST_LATENTS, z.shape[2], NEXT_LATENTS):
+        del out, pixels  # the previous slice's outputs are not needed while the next one runs
         feeds = {nin[0]: z[:, :, t:t + NEXT_LATENTS], **dict(zip(nin[1:], memory))}
         out = nxt.run(feeds, 0)
-        frames.append(_pixels(out, nout, pixel_frames(NEXT_LATENTS, temporal_factor, first=False), nxt.path.name))
+        pixels = _pixels(out, nout, step, nxt.path.name, like=clip)
+        clip[:, :, done:done + step] = pixels
+        done += step
         memory = [out[name] for name in nout[1:]]
-    return torch.cat(frames, dim=2)
+    return clip
