@@ -122,19 +122,12 @@ def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
 
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
-    """Switch the architecture's own fast paths (SeedVR2 `FastPaths`, Wan `WanFlags`)."""
-    if hasattr(model, "fast"):  # SeedVR2
-        from ..vae.seedvr2 import FastPaths
+    """Switch the architecture's own fast paths (`model.fast`, a `FastPaths`): all on or all off, with
+    channels-last as asked."""
+    from ..vae.fast_options import FastPaths
 
-        paths = FastPaths() if fast else FastPaths.plain()
-        model.fast = replace(paths, channels_last=channels_last)
-    elif hasattr(model, "flags"):  # Wan / Qwen-Image
-        from ..vae.wan import WanFlags
-
-        flags = WanFlags() if fast else WanFlags(fold_image=False, sdpa=False, inplace=False)
-        model.flags = replace(flags, channels_last=channels_last)
-    else:  # pragma: no cover - a new architecture without switches
-        raise ValueError(f"{type(model).__name__} exposes neither `fast` nor `flags`")
+    paths = FastPaths() if fast else FastPaths.plain()
+    model.fast = replace(paths, channels_last=channels_last)
 
 
 def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callable[[torch.Tensor], torch.Tensor]:

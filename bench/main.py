@@ -147,7 +147,8 @@ def _wan_config(family: str, tiny: bool):
 
 def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
     from ..vae.api import load_vae
-    from ..vae.wan import WanFlags, WanVAE, build
+    from ..vae.fast_options import FastPaths
+    from ..vae.wan import WanVAE, build
     from ..vae.wan.config import diffusers_kwargs
 
     cfg = _wan_config(family, opts.quick)
@@ -165,11 +166,12 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
         diffusers = None
     if diffusers is None:  # the `bench` extra is missing: say so in the row instead of failing
         def plain(x: torch.Tensor) -> torch.Tensor:
-            model.flags = WanFlags(False, False, False, False)
+            fast = model.fast
+            model.fast = FastPaths.plain()
             try:
                 return ours(x)
             finally:
-                model.flags = WanFlags()
+                model.fast = fast
         return Pair("plain path (diffusers missing: pip install -e .[bench])", plain,
                     "turbovae", ours, keep=[model], **layout)
     cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
@@ -185,7 +187,8 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
 
 def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
     from ..vae.api import load_vae
-    from ..vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
+    from ..vae.fast_options import FastPaths
+    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
     cfg = SeedVR2Config.tiny() if opts.quick else SeedVR2Config()
     path = None if opts.quick else opts.checkpoint.get("seedvr2")

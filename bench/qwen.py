@@ -3,20 +3,20 @@
 CPU (fp32): image decode/encode at 256² and 512², a 5-frame clip at 128² (`--quick`: 256² images only).
 CUDA (bench dtype, bf16 by default): images at 1024², 1328², 1664×928, with PSNR against our fp32.
 Each row reports ours vs the diffusers baseline (speedup, max abs error); the ablation (image decode
-256² on CPU, 1024² on CUDA) turns one WanFlags switch off at a time. Weights are random (seeded)
+256² on CPU, 1024² on CUDA) turns one of the Wan fast paths (`FastPaths`) off at a time. Weights are random (seeded)
 unless `--qwen-checkpoint` is given.
 """
 
 from __future__ import annotations
 
 import gc
-from dataclasses import fields, replace
 from typing import Callable
 
 import torch
 
 from ..vae.api import load_vae, parse_dtype
-from ..vae.wan import WAN21, WanConfig, WanFlags, WanVAE, build, expected_shapes
+from ..vae.fast_options import FastPaths, ablations
+from ..vae.wan import WAN21, WanConfig, WanVAE, build, expected_shapes
 from ..vae.wan.config import diffusers_kwargs
 from .common import BenchOptions, BenchRow, max_abs, measure, psnr
 
@@ -66,9 +66,9 @@ def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ..
             ("5-frame decode 128²", "decode", (1, 16, 2, 16, 16)), ("5-frame encode 128²", "encode", (1, 3, 5, 128, 128))]
 
 
-def _ours(model: WanVAE, kind: str, x: torch.Tensor, flags: WanFlags) -> Callable[[], torch.Tensor]:
+def _ours(model: WanVAE, kind: str, x: torch.Tensor, fast: FastPaths) -> Callable[[], torch.Tensor]:
     def run() -> torch.Tensor:
-        model.flags = flags
+        model.fast = fast
         with torch.inference_mode():
             return model.decode_latents(x) if kind == "decode" else model.encode_moments(x)
     return run
@@ -98,7 +98,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     g = torch.Generator().manual_seed(0)
     tag = str(dtype)[6:]
     rows: list[BenchRow] = []
-    fast = WanFlags()
+    fast = model.fast
     for case, kind, shape in _cases(opts, cuda):
         x = (torch.rand(shape, generator=g) * 2 - 1) if kind == "encode" else torch.randn(shape, generator=g)
         x = x.to(device=device, dtype=dtype)
@@ -106,7 +106,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             base_ms, base_peak, base = measure(opts, device, _theirs(ref, kind, x))
             base_name = "diffusers AutoencoderKLQwenImage"
         else:  # no diffusers: our own code with every fast path off is the baseline
-            base_ms, base_peak, base = measure(opts, device, _ours(model, kind, x, WanFlags(False, False, False, False)))
+            base_ms, base_peak, base = measure(opts, device, _ours(model, kind, x, FastPaths.plain()))
             base_name = "ours, all flags off (diffusers not installed)"
         rows.append(BenchRow(SECTION, case, base_name, base_ms, base_ms, base_peak, note=tag))
         ms, peak, out = measure(opts, device, _ours(model, kind, x, fast))
@@ -119,14 +119,13 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         rows.append(row)
         ablate = (not opts.quick) and case == ("image decode 1024²" if cuda else "image decode 256²")
         if ablate:
-            for f in fields(WanFlags):
-                if getattr(fast, f.name):
-                    ms, peak, o = measure(opts, device, _ours(model, kind, x, replace(fast, **{f.name: False})))
-                    rows.append(BenchRow(SECTION, case, f"turbovae without {f.name}", ms, base_ms, peak,
-                                         max_abs(o, base), note=tag))
+            for name, without in ablations(fast, model.fast_fields):
+                ms, peak, o = measure(opts, device, _ours(model, kind, x, without))
+                rows.append(BenchRow(SECTION, case, f"turbovae without {name}", ms, base_ms, peak,
+                                     max_abs(o, base), note=tag))
         del base, out, x
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    model.flags = fast
+    model.fast = fast
     return rows

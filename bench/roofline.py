@@ -153,7 +153,8 @@ FLOP_CASES = tuple(("SeedVR2", "decode", n, hw) for hw in (128, 256) for n in (1
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
     """(reference name, fn), (ours name, fn) and the latent layout, models built on the meta device."""
     if arch == "SeedVR2":
-        from ..vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
+        from ..vae.fast_options import FastPaths
+        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
         cfg = SeedVR2Config.tiny() if quick else SeedVR2Config()
         with torch.device("meta"):
@@ -166,7 +167,8 @@ def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str
             return run
         return ((main.SEEDVR2_REFERENCE, side(FastPaths.plain())), ("turbovae", side(FastPaths())),
                 cfg.latent_channels, cfg.spatial_factor, cfg.temporal_factor)
-    from ..vae.wan import TINY_WAN21, WAN21, WanFlags, WanVAE
+    from ..vae.fast_options import FastPaths
+    from ..vae.wan import TINY_WAN21, WAN21, WAN_FAST, WanVAE
     from ..vae.wan.config import diffusers_kwargs
 
     cfg = TINY_WAN21 if quick else WAN21
@@ -178,11 +180,11 @@ def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str
         diffusers = None
 
     def ours(x: torch.Tensor) -> torch.Tensor:
-        model.flags = WanFlags()
+        model.fast = WAN_FAST
         return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
     if diffusers is None:
         def plain(x: torch.Tensor) -> torch.Tensor:
-            model.flags = WanFlags(False, False, False, False)
+            model.fast = FastPaths.plain()
             return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
         reference = ("plain path (diffusers missing)", plain)
     else:

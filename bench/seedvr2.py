@@ -8,13 +8,13 @@ The ablation turns one fast path off at a time on the image decode (skipped with
 from __future__ import annotations
 
 import gc
-from dataclasses import fields
 from typing import Callable, Optional
 
 import torch
 
 from ..vae.api import load_vae, parse_dtype
-from ..vae.seedvr2 import FastPaths, SeedVR2VAE, expected_shapes
+from ..vae.fast_options import FastPaths, ablations
+from ..vae.seedvr2 import SeedVR2VAE, expected_shapes
 from .common import BenchOptions, BenchRow, fan_in_weights, max_abs, measure, psnr
 
 SECTION = "seedvr2"
@@ -78,11 +78,10 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             del ref
         rows.append(row)
         if not opts.quick and case.startswith("image decode"):
-            for f in fields(FastPaths):
-                if getattr(FastPaths(), f.name):
-                    ms, peak, o = measure(opts, device, _runner(model, kind, x, FastPaths().without(f.name), None))
-                    rows.append(BenchRow(SECTION, case, f"optimised without {f.name}", ms, base_ms, peak,
-                                         max_abs(o, base), note=str(dtype)[6:]))
+            for name, without in ablations(FastPaths(), model.fast_fields):
+                ms, peak, o = measure(opts, device, _runner(model, kind, x, without, None))
+                rows.append(BenchRow(SECTION, case, f"optimised without {name}", ms, base_ms, peak,
+                                     max_abs(o, base), note=str(dtype)[6:]))
         del base, out, x
         gc.collect()
     model.fast = FastPaths()

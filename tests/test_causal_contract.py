@@ -138,3 +138,14 @@ def test_streams_check_slice_lengths_with_one_message(model):
                 s.step(x[:, :, 5:8])
         with pytest.raises(ValueError, match="at least 1"):
             model.decode_stream().step(_latents(model, 1)[:, :, :0])
+
+
+def test_one_fast_paths_type_and_each_architecture_names_its_fields(model):
+    from turbovae.vae.fast_options import FastPaths, ablations
+
+    assert isinstance(model.fast, FastPaths)
+    assert model.fast_fields and set(model.fast_fields) <= set(FastPaths.names())
+    names = [name for name, _ in ablations(FastPaths(), model.fast_fields)]
+    assert names == [n for n in model.fast_fields if getattr(FastPaths(), n)]
+    with pytest.raises(ValueError, match="image_path"):
+        model.fast.without("fold_image")

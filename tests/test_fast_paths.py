@@ -215,10 +215,9 @@ def test_channels_last_failure_runs_the_pass_contiguous(arch, mode, on_cpu, seed
         model.fast = replace(model.fast, channels_last=True)  # off by default there
     vae = TurboVAE(model)
     z = torch.randn(1, vae.latent_channels, 2, 4, 4, generator=seeded)
-    flags_off = (replace(model.fast, channels_last=False) if arch == "seedvr2"
-                 else replace(model.flags, channels_last=False))
-    plain = TurboVAE(SeedVR2VAE(SeedVR2Config.tiny(), flags_off) if arch == "seedvr2"
-                     else WanVAE(TINY_WAN21, flags=flags_off))
+    fast_off = replace(model.fast, channels_last=False)
+    plain = TurboVAE(SeedVR2VAE(SeedVR2Config.tiny(), fast_off) if arch == "seedvr2"
+                     else WanVAE(TINY_WAN21, fast=fast_off))
     plain.model.load_state_dict(model.state_dict())
     want = plain.decode(z)  # the fallback: contiguous activations
     real = G.conv3d
@@ -236,8 +235,7 @@ def test_channels_last_failure_runs_the_pass_contiguous(arch, mode, on_cpu, seed
     assert all((g - want).abs().max().item() <= 1e-5 for g in got)
     _one_warning(caplog, "channels-last activations", "contiguous")
     assert not fast_paths.enabled("channels_last", "cpu")
-    active = model.active_fast() if arch == "seedvr2" else model.active_flags()
-    assert active.channels_last is False
+    assert model.active_fast().channels_last is False
 
 
 def test_channels_last_that_passes_stays_on(on_cpu):

@@ -11,7 +11,7 @@ import torch
 
 from turbovae.vae import api
 from turbovae.vae.checkpoint import CheckpointError, registered_architectures
-from turbovae.vae.wan import (TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanFlags, WanVAE, build, diffusers_to_original,
+from turbovae.vae.wan import (TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE, build, diffusers_to_original,
                               expected_shapes, original_to_diffusers)
 from turbovae.vae.wan.config import diffusers_kwargs
 
@@ -209,16 +209,16 @@ def test_every_flag_combination_is_exact(tiny_pair):
     g = torch.Generator().manual_seed(5)
     x = torch.rand(1, 3, 5, 32, 48, generator=g) * 2 - 1
     z = torch.randn(1, cfg.z_dim, 2, 2, 3, generator=g)
-    base = ours.flags
+    base = ours.fast
     try:
         outs = []
-        for combo in itertools.product([True, False], repeat=4):
-            ours.flags = WanFlags(*combo)
+        for combo in itertools.product([True, False], repeat=len(WanVAE.fast_fields)):
+            ours.fast = replace(base, **dict(zip(WanVAE.fast_fields, combo)))
             with torch.inference_mode():
                 outs.append((ours.encode_moments(x[:, :, :1]), ours.encode_moments(x),
                              ours.decode_latents(z[:, :, :1]), ours.decode_latents(z)))
     finally:
-        ours.flags = base
+        ours.fast = base
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             assert max_err(a, b) <= 1e-5
@@ -237,11 +237,11 @@ def test_image_modules_and_split_passes_match_the_model(tiny_pair):
         assert max_err(split, dec(z)) <= 1e-6
         assert max_err(ours.encoder.forward_mid(ours.encoder.forward_down(x)), enc(x)) <= 1e-6
         # The fold equals the unfolded (zero-padded causal) computation.
-        ours.flags = replace(ours.flags, fold_image=False)
+        ours.fast = replace(ours.fast, image_path=False)
         try:
             assert max_err(ours.decode_latents(z.unsqueeze(2))[:, :, 0], dec(z)) <= 1e-5
         finally:
-            ours.flags = replace(ours.flags, fold_image=True)
+            ours.fast = replace(ours.fast, image_path=True)
 
 
 def test_bf16_keeps_rms_reduction_in_fp32(tiny_pair):

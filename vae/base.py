@@ -15,6 +15,8 @@ from typing import Callable, ClassVar, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from .fast_options import FastPaths, active
+
 
 @dataclass(frozen=True)
 class LatentFormat:
@@ -188,6 +190,12 @@ class VAEModel(nn.Module, ABC):
     kind: ClassVar[str]
     latent_format: LatentFormat
     memory_model: MemoryModel
+    fast: FastPaths  # the optimisations this model runs with (settable; each exact in fp32)
+    fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
+
+    def active_fast(self) -> FastPaths:
+        """The fast paths a step runs with: channels-last only where it passed its self-check."""
+        return active(self.fast, self.device, self.dtype)
 
     # -- the causal steps (the architecture's part) -------------------------------------------
     @abstractmethod

@@ -1,13 +1,13 @@
-"""SeedVR2 VAE hyper-parameters and the switchable fast paths.
+"""SeedVR2 VAE hyper-parameters.
 
 The shipped model is fully described by `SeedVR2Config()`; `SeedVR2Config.tiny()` keeps the exact
 topology (same blocks, strides, causal padding, attention) with few channels so tests run in
-milliseconds. `FastPaths` lets the benchmark run the plain path and every optimisation in one process.
+milliseconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -47,35 +47,3 @@ class SeedVR2Config:
     @property
     def temporal_factor(self) -> int:
         return 2 ** self.temporal_down_num
-
-
-@dataclass(frozen=True)
-class FastPaths:
-    """Optimisations, each exact in fp32; `FastPaths.plain()` turns all of them off.
-
-    - native_shuffle: view/permute pixel shuffle written straight into the output (no einops, no
-      remove-head copy).
-    - single_buffer: causal conv writes its temporally padded input once; caches are compact copies.
-    - sdpa: mid-block attention through `scaled_dot_product_attention` instead of explicit softmax.
-    - inplace_residual: residual adds and SiLU in place when autograd is off (inference mode).
-    - image_path: T=1 first slice as conv2d with summed temporal taps, computing only the kept
-      half of the temporal upsampler.
-    - head_taps: on the first slice of a clip, the two head outputs of each 3x3x3 causal conv use
-      summed taps (3 frame-taps instead of 6) and the body is a valid conv3d without a padded copy.
-    - channels_last: run convs in channels_last_3d (useful on GPUs; off by default).
-    """
-
-    native_shuffle: bool = True
-    single_buffer: bool = True
-    sdpa: bool = True
-    inplace_residual: bool = True
-    image_path: bool = True
-    head_taps: bool = True
-    channels_last: bool = False
-
-    @classmethod
-    def plain(cls) -> "FastPaths":
-        return cls(**{f.name: False for f in fields(cls)})
-
-    def without(self, name: str) -> "FastPaths":
-        return replace(self, **{name: False})

@@ -20,7 +20,7 @@ from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise
 from .layerwise import SplitPolicy
-from .config import FastPaths
+from ..fast_options import FastPaths
 
 
 class PassContext(CausalMemory):

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from ..base import LatentFormat, MemoryModel, State, VAEModel, run_slices
-from ..channels_last import channels_last_trusted
 from ..plans import LayerwisePlan
-from .config import FastPaths, SeedVR2Config
+from ..fast_options import FastPaths
+from .config import SeedVR2Config
 from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
 from .layerwise import SplitPolicy, normalised_convs
 
@@ -113,6 +113,7 @@ class SeedVR2VAE(VAEModel):
     """SeedVR2 ("video_vae_v3") VAE: 16 latent channels, 8x space, 4x time, replicate-causal convs."""
 
     kind = "seedvr2"
+    fast_fields = FastPaths.names()  # every path
 
     def __init__(self, config: SeedVR2Config = SeedVR2Config(), fast: FastPaths = FastPaths()):
         super().__init__()
@@ -123,12 +124,6 @@ class SeedVR2VAE(VAEModel):
         self.latent_format = LatentFormat(config.latent_channels, config.spatial_factor, config.temporal_factor,
                                           scaling_factor=config.scaling_factor)
         self.memory_model = _memory_model(config)
-
-    def active_fast(self) -> FastPaths:
-        """The fast paths a step runs with: channels-last only where it passed its self-check (vae/channels_last)."""
-        if self.fast.channels_last and not channels_last_trusted(self.device, self.dtype):
-            return replace(self.fast, channels_last=False)
-        return self.fast
 
     # -- functional steps ----------------------------------------------------------------------
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,

@@ -19,10 +19,11 @@ from ..checkpoint import Architecture, CheckpointError, check_strict
 from .config import (QWEN_IMAGE_LAYERED, RELEASED_IMAGE_CHANNELS, TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig,
                      config_from_diffusers, kind_from_channels)
 from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers, pixel_conv_channels
-from .layers import WanFlags
+from ..fast_options import FastPaths
+from .layers import WAN_FAST
 from .model import WanVAE
 
-__all__ = ["WanVAE", "WanConfig", "WanFlags", "WAN21", "WAN22", "QWEN_IMAGE_LAYERED", "TINY_WAN21", "TINY_WAN22",
+__all__ = ["WanVAE", "WanConfig", "WAN_FAST", "WAN21", "WAN22", "QWEN_IMAGE_LAYERED", "TINY_WAN21", "TINY_WAN22",
            "build", "expected_shapes", "original_to_diffusers", "diffusers_to_original"]
 
 WAN21_NAME = "Qwen-Image / Wan 2.1 VAE"
@@ -75,7 +76,7 @@ def _image_channels(sd: Mapping[str, torch.Tensor], base: WanConfig, name: str, 
 
 
 def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping[str, Any]] = None,
-          source: Optional[str] = None, flags: WanFlags = WanFlags()) -> WanVAE:
+          source: Optional[str] = None, fast: FastPaths = WAN_FAST) -> WanVAE:
     """A loaded WanVAE from a state dict in original/ComfyUI or diffusers key format.
 
     Strict: every key and shape must match the config (the real Wan 2.1/Qwen-Image or Wan 2.2 one
@@ -107,7 +108,7 @@ def build(sd: Mapping[str, torch.Tensor], config: Union[None, WanConfig, Mapping
         sd = original_to_diffusers(sd, cfg)
     check_strict(sd, expected_shapes(cfg), name, source)
     with torch.device("meta"):
-        model = WanVAE(cfg, kind=_kind(family, source, diffusers_cfg, cfg.image_channels), flags=flags)
+        model = WanVAE(cfg, kind=_kind(family, source, diffusers_cfg, cfg.image_channels), fast=fast)
     dtypes = {v.dtype for v in sd.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32  # mixed files: widen; load_vae casts afterwards
     sd = {k: v.to(dtype) for k, v in sd.items()}

@@ -25,12 +25,12 @@ class _StageStream(CausalStream):
     state in execution order, and the last stage ends the step (`advance`)."""
 
     def __init__(self, ctx: StreamContext, fn: Callable[[torch.Tensor, StreamContext], torch.Tensor], last: bool,
-                 prepare: Callable[[torch.Tensor], torch.Tensor], fold_image: bool):
-        self.ctx, self.fn, self.last, self.prepare, self.fold_image = ctx, fn, last, prepare, fold_image
+                 prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool):
+        self.ctx, self.fn, self.last, self.prepare, self.image_path = ctx, fn, last, prepare, image_path
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        if ctx.first and x.shape[2] == 1 and self.fold_image:
+        if ctx.first and x.shape[2] == 1 and self.image_path:
             y = self.fn(self.prepare(x[:, :, 0]), ctx).unsqueeze(2)
         else:
             y = self.fn(self.prepare(x), ctx)
@@ -44,9 +44,9 @@ class _StageStream(CausalStream):
 
 
 def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], StreamContext],
-                   prepare: Callable[[torch.Tensor], torch.Tensor], fold_image: bool) -> ExactPlan:
+                   prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool) -> ExactPlan:
     """The plan of `part` (the model's decoder when `decode`, else its encoder). `open_context()`: a fresh
-    causal context of the model's flags; `prepare`: the model's input memory-format conversion."""
+    causal context of the model's fast paths; `prepare`: the model's input memory-format conversion."""
     p = patch_size
     if decode:
         dec = part
@@ -74,13 +74,13 @@ def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_conte
 
     def open_local() -> list[CausalStream]:
         ctx = open_context()
-        return [_StageStream(ctx, fn, i == len(fns) - 1, prepare, fold_image) for i, fn in enumerate(fns)]
+        return [_StageStream(ctx, fn, i == len(fns) - 1, prepare, image_path) for i, fn in enumerate(fns)]
 
     def open_global(shard=None) -> CausalStream:
         """`shard`: the frame is split across devices (vae/parallel); the mid-block attention divides its queries."""
         ctx = open_context()
         ctx.shard = shard
-        return _StageStream(ctx, global_fn, True, prepare, fold_image)
+        return _StageStream(ctx, global_fn, True, prepare, image_path)
 
     # the tensor between the local and global parts has the mid block's width
     channels = part.mid_block.resnets[0].norm1.gamma.shape[0]

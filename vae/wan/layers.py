@@ -9,7 +9,6 @@ temporal tap, and the time-only convs never run, so images need a third of the M
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import CausalMemory
+from ..fast_options import FastPaths
 from ..ops import rms_norm_silu
 from ..memory_format import memory_format_of
 from ..weight_layout import PassScratch
@@ -25,18 +25,15 @@ from ..kernels.conv_guard import conv3d as guarded_conv3d
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 
 
-@dataclass(frozen=True)
-class WanFlags:
-    """Switchable optimisations (all exact in fp32); the benchmark ablates them one by one."""
+WAN_FAST = FastPaths(channels_last=True)
+"""The Wan family's default fast paths (channels-last pays on CPU oneDNN and GPUs alike)."""
 
-    fold_image: bool = True  # T = 1 runs 2-D convs with the last temporal tap
-    sdpa: bool = True  # scaled_dot_product_attention (else explicit softmax(QK^T)V)
-    channels_last: bool = True  # NHWC / NDHWC activations (faster convs on CPU oneDNN and GPU)
-    inplace: bool = True  # in-place residual adds when no autograd graph is being recorded
+WAN_FAST_FIELDS = ("image_path", "sdpa", "channels_last", "inplace_residual")
+"""The `FastPaths` fields the Wan blocks read."""
 
 
 class StreamContext(CausalMemory):
-    """State shared by all blocks during one step: flags, the causal memory in and out (`CausalMemory`: one
+    """State shared by all blocks during one step: fast paths, the causal memory in and out (`CausalMemory`: one
     tensor per causal conv with time history and one per time downsample, in execution order), the device
     split and the pass's weight scratch.
 
@@ -46,10 +43,10 @@ class StreamContext(CausalMemory):
     step runs every block.
     """
 
-    def __init__(self, flags: WanFlags, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
                  shard: Optional[object] = None):
         super().__init__(memory_in, collect)
-        self.flags = flags
+        self.fast = fast
         # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
         self.shard = shard
         # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
@@ -61,12 +58,12 @@ class StreamContext(CausalMemory):
         self.scratch.clear()
 
 
-def _can_inplace(flags: WanFlags) -> bool:
-    return flags.inplace and not torch.is_grad_enabled()
+def _can_inplace(fast: FastPaths) -> bool:
+    return fast.inplace_residual and not torch.is_grad_enabled()
 
 
-def add_residual(x: torch.Tensor, h: torch.Tensor, flags: WanFlags) -> torch.Tensor:
-    return x.add_(h) if _can_inplace(flags) else x + h
+def add_residual(x: torch.Tensor, h: torch.Tensor, fast: FastPaths) -> torch.Tensor:
+    return x.add_(h) if _can_inplace(fast) else x + h
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +82,7 @@ def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_f
     """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
     stored so: the kernel reads the parameter itself), else `x`'s own."""
     if ctx is not None:
-        return torch.channels_last_3d if ctx.flags.channels_last else torch.contiguous_format
+        return torch.channels_last_3d if ctx.fast.channels_last else torch.contiguous_format
     return memory_format_of(x)
 
 
@@ -125,7 +122,7 @@ class CausalConv3d(nn.Conv3d):
             return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.take() if ctx is not None else None
         n_hist = 0 if hist is None else hist.shape[2]
-        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.flags.fold_image)
+        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.fast.image_path)
         if fold:
             out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
             xin = x
@@ -182,7 +179,7 @@ class ResidualBlock(nn.Module):
         h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         y = self.conv1(self.norm1(x), ctx)
         y = self.conv2(self.norm2(y), ctx)
-        return add_residual(y, h, ctx.flags)
+        return add_residual(y, h, ctx.fast)
 
 
 class AttentionBlock(nn.Module):
@@ -208,17 +205,17 @@ class AttentionBlock(nn.Module):
             return self._attend_band(x, tokens, ctx)
         qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
         q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
-        if ctx.flags.sdpa:
+        if ctx.fast.sdpa:
             a = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c))
             a = torch.matmul(scores.softmax(dim=-1), v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, HW, C]
-        if ctx.flags.channels_last:
+        if ctx.fast.channels_last:
             out = out.view(n, h, w, c).permute(0, 3, 1, 2)  # NHWC storage, no copy
         else:
             out = out.transpose(1, 2).reshape(n, c, h, w)
-        return add_residual(out, x, ctx.flags)
+        return add_residual(out, x, ctx.fast)
 
 
     def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -229,14 +226,14 @@ class AttentionBlock(nn.Module):
         weight, bias = self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias
         q = F.linear(tokens[:, lo * w:hi * w], weight[:c], bias[:c]).unsqueeze(1)
         k, v = F.linear(tokens, weight[c:], bias[c:]).unsqueeze(1).chunk(2, dim=-1)
-        if ctx.flags.sdpa:
+        if ctx.fast.sdpa:
             a = F.scaled_dot_product_attention(q, k, v)
         else:
             a = torch.matmul(torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c)).softmax(dim=-1), v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, band HW, C]
         out = out.transpose(1, 2).reshape(n, c, hi - lo, w) + x[:, :, lo:hi]
         whole = ctx.shard.gather_rows(out)
-        return whole.contiguous(memory_format=torch.channels_last) if ctx.flags.channels_last else whole
+        return whole.contiguous(memory_format=torch.channels_last) if ctx.fast.channels_last else whole
 
 
 class MidBlock(nn.Module):
@@ -366,7 +363,7 @@ class DownResidualBlock(nn.Module):
             h = r(h, ctx)
         if self.downsampler is not None:
             h = self.downsampler(h, ctx)
-        return add_residual(h, self.shortcut(x), ctx.flags)
+        return add_residual(h, self.shortcut(x), ctx.fast)
 
 
 class UpResidualBlock(nn.Module):
@@ -390,7 +387,7 @@ class UpResidualBlock(nn.Module):
         if not self.up:
             return h
         h = self.upsampler(h, ctx)
-        return add_residual(h, self.shortcut(x, ctx), ctx.flags)
+        return add_residual(h, self.shortcut(x, ctx), ctx.fast)
 
 
 class UpBlock(nn.Module):

@@ -13,21 +13,20 @@ diffusers' frame-by-frame pass for every slicing; images (T = 1) run the exact 2
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..base import LatentFormat, MemoryModel, State, VAEModel
-from ..channels_last import channels_last_trusted
+from ..fast_options import FastPaths
 from ..memory_format import channels_last_format
 from ..plans import ExactPlan
 from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
-                     UpBlock, UpResidualBlock, WanFlags)
+                     UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS)
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
@@ -66,7 +65,7 @@ class Encoder(nn.Module):
 
     def forward_down(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
@@ -74,13 +73,13 @@ class Encoder(nn.Module):
 
     def forward_mid(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         h = self.mid_block(h, ctx)
         h = self.conv_out(self.norm_out(h), ctx)
         return self._quant[0](h, ctx)
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -115,20 +114,20 @@ class Decoder(nn.Module):
 
     def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
     def forward_up(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = self.conv_out(self.norm_out(h), ctx)
         return unpatchify(h, self.patch_size)
 
     def forward(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WanFlags())
+        ctx = ctx or StreamContext(WAN_FAST)
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 
@@ -158,11 +157,13 @@ class WanVAE(VAEModel):
     """Qwen-Image / Wan 2.1 (16 ch, 8x; RGB, or RGBA for Qwen-Image-Layered) or Wan 2.2 (48 ch, 16x) causal
     video VAE; raw latents in and out."""
 
-    def __init__(self, cfg: WanConfig, kind: Optional[str] = None, flags: WanFlags = WanFlags()):
+    fast_fields = WAN_FAST_FIELDS
+
+    def __init__(self, cfg: WanConfig, kind: Optional[str] = None, fast: FastPaths = WAN_FAST):
         super().__init__()
         self.config = cfg
         self.kind = kind or kind_from_channels(cfg.family, cfg.image_channels) or ("wan2.2" if cfg.family == "wan2.2" else "qwen_image")
-        self.flags = flags
+        self.fast = fast
         self.encoder = Encoder(cfg)
         self.quant_conv = CausalConv3d(cfg.z_dim * 2, cfg.z_dim * 2, 1)
         self.post_quant_conv = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
@@ -183,27 +184,21 @@ class WanVAE(VAEModel):
         hold_channels_last(m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d)))
 
     def context(self) -> StreamContext:
-        return StreamContext(self.active_flags())
-
-    def active_flags(self) -> WanFlags:
-        """The flags a pass runs with: channels-last only where it passed its self-check (vae/channels_last)."""
-        if self.flags.channels_last and not channels_last_trusted(self.device, self.dtype):
-            return replace(self.flags, channels_last=False)
-        return self.flags
+        return StreamContext(self.active_fast())
 
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.active_flags().channels_last:
+        if not self.active_fast().channels_last:
             return x
         return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- the causal steps --------------------------------------------------------------------
     def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
         """A lone first frame whose memory is not wanted runs the exact 2-D fold (a third of the MACs)."""
-        return state is None and not collect and x.shape[2] == 1 and self.flags.fold_image
+        return state is None and not collect and x.shape[2] == 1 and self.fast.image_path
 
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = StreamContext(self.active_flags(), state, collect)
+        ctx = StreamContext(self.active_fast(), state, collect)
         if self._fold(pixels, state, collect):
             out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
         else:
@@ -212,7 +207,7 @@ class WanVAE(VAEModel):
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = StreamContext(self.active_flags(), state, collect)
+        ctx = StreamContext(self.active_fast(), state, collect)
         if self._fold(latents, state, collect):
             out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
         else:
@@ -223,7 +218,7 @@ class WanVAE(VAEModel):
 
     def meta_copy(self) -> "WanVAE":
         with torch.device("meta"):
-            return WanVAE(self.config, self.kind, self.flags)
+            return WanVAE(self.config, self.kind, self.fast)
 
     # -- export ------------------------------------------------------------------------------
     def image_encoder(self) -> nn.Module:
@@ -237,7 +232,7 @@ class WanVAE(VAEModel):
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
         part = self.decoder if decode else self.encoder
         return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
-                              prepare=self.to_memory_format, fold_image=self.flags.fold_image)
+                              prepare=self.to_memory_format, image_path=self.fast.image_path)
 
 
 def memory_model(cfg: WanConfig) -> MemoryModel:
