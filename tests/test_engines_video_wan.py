@@ -243,10 +243,12 @@ def test_bench_clip_rows_time_engine_and_eager_in_one_run():
     """bench/engines.py's clip case (quick size): eager (the reference), eager sliced and the slice-engine chain
     on the same latents, each with its peak memory; the chain runs on the engines and matches eager."""
     from turbovae.bench.common import BenchOptions
-    from turbovae.bench.engines import clip_rows
+    from turbovae.bench.engines import clip_cases, clip_rows
 
+    opts = BenchOptions(quick=True, repeat=1, warmup=0)
+    (case,) = [c for c in clip_cases(cuda=False, quick=True) if c.arch == "wan2.2"]
     with export_only():
-        rows = clip_rows("wan2.2", BenchOptions(quick=True, repeat=1, warmup=0), torch.device("cpu"), torch.float32)
+        rows = clip_rows(case, opts, torch.device("cpu"), torch.float32)
     assert [r.variant for r in rows] == ["eager", "eager sliced (1 latent/slice)", "aoti slice chain"]
     eager, _sliced, chain = rows
     assert eager.reference and eager.case == chain.case == "tiny wan2.2 clip decode 64x64x9 float32"
