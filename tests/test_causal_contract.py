@@ -53,26 +53,24 @@ def _chain(step, x: torch.Tensor, bounds, **kwargs):
     return torch.cat(outs, dim=2), states
 
 
+def _assert_chain_is_whole(step, whole_pass, x: torch.Tensor, bounds) -> None:
+    with torch.inference_mode():
+        whole = whole_pass(x)
+        chained, _ = _chain(step, x, bounds)
+    assert chained.shape == whole.shape
+    assert max_err(chained, whole) <= 1e-5
+
+
 @pytest.mark.parametrize("bounds", [[(0, 2), (2, 3), (3, 4), (4, 5)], [(0, 3), (3, 5)], [(0, 1), (1, 5)],
                                     [(0, 5)]], ids=["1", "2", "first1", "whole"])
 def test_decode_step_chain_equals_whole_clip(model, bounds):
-    z = _latents(model, 5)
-    with torch.inference_mode():
-        whole = model.decode_latents(z)
-        chained, _ = _chain(model.decode_step, z, bounds)
-    assert chained.shape == whole.shape
-    assert max_err(chained, whole) <= 1e-5
+    _assert_chain_is_whole(model.decode_step, model.decode_latents, _latents(model, 5), bounds)
 
 
 @pytest.mark.parametrize("bounds", [[(0, 5), (5, 9)], [(0, 1), (1, 5), (5, 9)], [(0, 9)]],
                          ids=["1", "first1", "whole"])
 def test_encode_step_chain_equals_whole_clip(model, bounds):
-    x = _pixels(model, 9)
-    with torch.inference_mode():
-        whole = model.encode_moments(x)
-        chained, _ = _chain(model.encode_step, x, bounds)
-    assert chained.shape == whole.shape
-    assert max_err(chained, whole) <= 1e-5
+    _assert_chain_is_whole(model.encode_step, model.encode_moments, _pixels(model, 9), bounds)
 
 
 @pytest.mark.parametrize("temporal_slice", [1, 2])
