@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from turbovae.vae.base import CausalStream, LatentFormat, MemoryModel, VAEModel
+from turbovae.vae.base import LatentFormat, MemoryModel, VAEModel
+from turbovae.vae.fast_options import FastPaths
 from turbovae.vae.checkpoint import Architecture, register_architecture
 
 MARKER = "toy_engine_vae.marker"
@@ -62,20 +63,14 @@ class ToyDecoder(nn.Module):
         return self.conv_out(F.silu(self.norm(x))).clamp(-1, 1)
 
 
-class _Frames(CausalStream):
-    def __init__(self, fn):
-        self.fn = fn
-
-    def step(self, x):
-        return self.fn(x)
-
-
 class ToyVAE(VAEModel):
     """Frames are independent (no causal memory): enough for engine tests, which run T = 1."""
 
     kind = "toy"
     latent_format = LatentFormat(channels=4, spatial_factor=8, temporal_factor=4)
     memory_model = MemoryModel(100.0, 100.0)
+    fast = FastPaths.plain()  # no switchable paths
+    fast_fields = ()
 
     def __init__(self):
         super().__init__()
@@ -88,34 +83,20 @@ class ToyVAE(VAEModel):
         y = fn(x.transpose(1, 2).reshape(b * t, c, h, w))
         return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
 
-    # The causal steps (no memory: frames are independent, so every state is empty).
     def encode_step(self, pixels, state=None, *, collect=True):
-        frames = pixels[:, :, ::4] if state is None else pixels[:, :, 3::4]  # 1+4k frames first, then 4k
-        return self._per_frame(self.encoder, frames), ()
+        """Keeps every 4th frame (frame 0 of the clip, then the last of each group of 4); no memory."""
+        return self._per_frame(self.encoder, pixels[:, :, ::4] if state is None else pixels[:, :, 3::4]), ()
 
     def decode_step(self, latents, state=None, *, collect=True, clamp=True):
+        """Each latent frame becomes 4 pixel frames, the clip's first one 1; no memory."""
         out = self._per_frame(self.decoder, latents)
-        if state is None:  # a first slice: latent 0 is one frame
+        if state is None:
             return torch.cat([out[:, :, :1], out[:, :, 1:].repeat_interleave(4, dim=2)], dim=2), ()
         return out.repeat_interleave(4, dim=2), ()
 
     def meta_copy(self):
         with torch.device("meta"):
             return ToyVAE()
-
-    def encode_moments(self, pixels, *, temporal_slice=None, progress=None):
-        return self._per_frame(self.encoder, pixels[:, :, ::4] if pixels.shape[2] > 1 else pixels)
-
-    def decode_latents(self, latents, *, temporal_slice=None, progress=None):
-        out = self._per_frame(self.decoder, latents)
-        first, rest = out[:, :, :1], out[:, :, 1:]
-        return torch.cat([first, rest.repeat_interleave(4, dim=2)], dim=2)
-
-    def encode_stream(self):
-        return _Frames(lambda x: self.encode_moments(x))
-
-    def decode_stream(self):
-        return _Frames(lambda z: self.decode_latents(z))
 
     def image_encoder(self):
         return self.encoder
