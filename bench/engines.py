@@ -1,24 +1,25 @@
-"""Engine vs eager vs torch.compile, same run, same input: image decode at a static bucket, and a
-SeedVR2 clip decoded by the video slice engines (first -> next -> ...) vs the eager sliced decode.
+"""Engine vs eager vs torch.compile, same run, same input: image decode at a static bucket, and clips
+of SeedVR2, Wan 2.1 and Wan 2.2 decoded by the video slice engines (first -> next -> ...) vs eager.
 
-CPU: AOTInductor engines of tiny configs (real topologies; full-size compiles take too long on small
-CPUs). GPU: the real-size Qwen-Image/Wan 2.1 VAE and SeedVR2 VAE (720p x 21 frames: latents
-(1, 16, 6, 90, 160)), random weights unless a checkpoint is given, with AOTInductor and TensorRT when
-it is installed.
+CPU: AOTInductor engines of tiny configs (real topologies) at small sizes, and for the Wan clips also the
+released configs at 64x64 px (see CPU_CLIP_CASES for why). GPU: the real-size VAEs (Qwen-Image/Wan 2.1 image
+and 832x480 x 21 frames, Wan 2.2 and SeedVR2 1280x720 x 21 frames), random weights, with AOTInductor and
+TensorRT when it is installed.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from .common import BenchOptions, BenchRow, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, time_ms
 
 SECTION = "engines"
 
@@ -132,38 +133,117 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     return rows
 
 
-def clip_latent_shape(cpu: bool, quick: bool) -> tuple[int, ...]:
-    """SeedVR2 clip latents: 720p x 21 frames on CUDA; 96x64 x 17 frames (quick: 48x32 x 9) on CPU."""
-    if not cpu:
-        return (1, 16, 6, 90, 160)
-    return (1, 16, 3, 4, 6) if quick else (1, 16, 5, 8, 12)
+@dataclass(frozen=True)
+class ClipCase:
+    """One clip decode: the architecture, the released config or its tiny twin (same topology), and the latent
+    size (T, h, w); `quick` is the --quick size (None: left out of --quick runs)."""
+
+    arch: str
+    real_config: bool
+    latents: tuple[int, int, int]
+    quick: Optional[tuple[int, int, int]] = None
 
 
-def seedvr2_clip_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
-    """SeedVR2 clip decode: eager sliced (`temporal_slice=1`, the slicing the engines reproduce) vs the
-    video slice-engine chain, same weights and latents."""
+# CPU: the tiny configs at 21 frames (SeedVR2: 17, its earlier size), and the released Wan configs at a small size.
+# Why both: on tiny channel counts PyTorch's CPU conv3d takes its slow reference path (oneDNN's size heuristic
+# skips small tensors) while Inductor does not, so tiny rows flatter the engines; at released widths eager runs
+# oneDNN too.
+CPU_CLIP_CASES = (
+    ClipCase("seedvr2", False, (5, 8, 12), quick=(3, 4, 6)),  # 96x64 x 17
+    ClipCase("wan2.1", False, (6, 16, 16), quick=(3, 8, 8)),  # 128x128 x 21
+    ClipCase("wan2.2", False, (6, 8, 8), quick=(3, 4, 4)),  # 128x128 x 21 (16x space)
+    ClipCase("wan2.1", True, (3, 8, 8)),  # 64x64 x 9
+    ClipCase("wan2.2", True, (3, 4, 4)),  # 64x64 x 9
+)
+CUDA_CLIP_CASES = (
+    ClipCase("seedvr2", True, (6, 90, 160)),  # 1280x720 x 21
+    ClipCase("wan2.1", True, (6, 60, 104)),  # 832x480 x 21
+    ClipCase("wan2.2", True, (6, 45, 80)),  # 1280x720 x 21
+)
+CLIP_CHECKPOINT_KEY = {"seedvr2": "seedvr2", "wan2.1": "qwen"}  # arch -> BenchOptions.checkpoint key
+
+
+def clip_cases(cuda: bool, quick: bool) -> list[ClipCase]:
+    if cuda:
+        return list(CUDA_CLIP_CASES)
+    return [replace(c, latents=c.quick) for c in CPU_CLIP_CASES if c.quick] if quick else list(CPU_CLIP_CASES)
+
+
+def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
+    """(the architecture in fp32 on CPU, its label): the user's checkpoint (--seedvr2-checkpoint,
+    --qwen-checkpoint) for a released-config case, else fan-in-scaled seeded weights (activations stay O(1) at
+    any size)."""
+    from ..vae.api import load_checkpoint
+    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
+    from ..vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
+
+    ckpt = opts.checkpoint.get(CLIP_CHECKPOINT_KEY.get(case.arch, "")) if case.real_config else None
+    if ckpt:
+        return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model, "checkpoint"
+    if case.arch == "seedvr2":
+        model = SeedVR2VAE(SeedVR2Config() if case.real_config else SeedVR2Config.tiny())
+    else:
+        model = WanVAE({"wan2.1": (TINY_WAN21, WAN21), "wan2.2": (TINY_WAN22, WAN22)}[case.arch][case.real_config])
+    model.load_state_dict(fan_in_weights({k: tuple(v.shape) for k, v in model.state_dict().items()}))
+    return model.eval().requires_grad_(False), "real" if case.real_config else "tiny"
+
+
+def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
+    """One clip decode, all sides in the same run on the same weights and latents: eager as a user gets it
+    (`TurboVAE.decode(z)`, the reference), eager sliced one latent per slice (the slicing the engines
+    reproduce), and the video slice-engine chain per backend. Each side runs its warm-up, then one call whose
+    peak memory is measured, then `repeat` timed runs alternating between the sides."""
+    from ..trt.backend import EngineError
+    from ..trt.backend_registry import get_backend
     from ..trt.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
-    from .models import build_model
+    from .main import PeakMemory
 
-    cpu = device.type == "cpu"
-    shape = clip_latent_shape(cpu, opts.quick)
-    model32 = build_model("seedvr2", opts, quick=cpu).to(device)
+    model32, label = clip_model(clip, opts)
+    model32 = model32.to(device)
     model = copy.deepcopy(model32).to(dtype=dtype)
-    f, tf = model.latent_format.spatial_factor, model.latent_format.temporal_factor
-    h, w, frames = shape[3] * f, shape[4] * f, 1 + tf * (shape[2] - 1)
+    lf = model.latent_format
+    shape = (1, lf.channels, *clip.latents)
+    h, w, frames = shape[3] * lf.spatial_factor, shape[4] * lf.spatial_factor, 1 + lf.temporal_factor * (shape[2] - 1)
+    case = f"{label} {clip.arch} clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
+    if opts.cases and not any(c in case for c in opts.cases):
+        return []
     z = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
-    case = f"{'tiny' if cpu else 'real'} seedvr2 clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
     vae = TurboVAE(model, source="random weights")
-    eager_ms, ref = time_ms(lambda: vae.decode(z, temporal_slice=1), device, opts.repeat, opts.warmup)
-    rows = [BenchRow(SECTION, case, "eager sliced (1 latent/slice)", eager_ms)]
-    table = static_table(Bucket(h, w))
-    rows += engine_rows(device, opts,
-                        lambda be, d: engine_vae(model32, model, d, table, be, dtype, device, components=(),
-                                                 video=True),
-                        [EngineUse(case, eager_ms, ref, lambda ev: ev.decode(z))])
-    for r in rows[1:]:
-        r.variant = f"{r.variant} slice chain"
+    sides: list[tuple[str, Callable[[], torch.Tensor], object]] = [
+        ("eager", lambda: vae.decode(z), None),
+        ("eager sliced (1 latent/slice)", lambda: vae.decode(z, temporal_slice=1), None)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for be in _backends(device):
+            try:
+                get_backend(be).check_available(device)
+                ev = engine_vae(model32, model, Path(tmp) / be, static_table(Bucket(h, w)), be, dtype, device,
+                                 components=(), video=True)
+            except (EngineError, ImportError) as e:
+                rows.append(BenchRow(SECTION, case, f"{be} slice chain", float("nan"),
+                                     note=f"unavailable: {str(e)[:80]}"))
+                continue
+            sides.append((f"{be} slice chain", lambda ev=ev: ev.decode(z), ev))
+        peak = PeakMemory(device)
+        peaks, outs = [], []
+        with torch.inference_mode():
+            for _name, fn, _ev in sides:
+                for _ in range(opts.warmup):
+                    fn()
+                mb, out = peak(fn)
+                peaks.append(mb)
+                outs.append(out)
+            calls = [ev.engine_calls if ev is not None else 0 for _n, _f, ev in sides]
+            times, _ = interleaved_ms([fn for _n, fn, _e in sides], device, opts.repeat)
+    ref_ms = statistics.median(times[0])
+    for i, (name, _fn, ev) in enumerate(sides):
+        ms = statistics.median(times[i])
+        fell_back = ev is not None and ev.engine_calls < calls[i] + opts.repeat
+        rows.insert(i, BenchRow(SECTION, case, name, ms, baseline_ms=None if i == 0 else ref_ms, peak_mb=peaks[i],
+                                max_abs_err=None if i == 0 else max_abs(outs[i], outs[0]),
+                                psnr_db=None if i == 0 else psnr(outs[i], outs[0]), reference=i == 0,
+                                note="FELL BACK to PyTorch" if fell_back else ""))
     return rows
 
 
@@ -172,4 +252,5 @@ def run(opts: BenchOptions) -> list[BenchRow]:
 
     device = torch.device(opts.device)
     dtype = parse_dtype(opts.dtype) or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-    return image_rows(opts, device, dtype) + seedvr2_clip_rows(opts, device, dtype)
+    clips = clip_cases(device.type == "cuda", opts.quick)
+    return image_rows(opts, device, dtype) + [r for clip in clips for r in clip_rows(clip, opts, device, dtype)]

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..trt.video import supports_video
 from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
@@ -170,12 +171,12 @@ STEPS = [
 
 def engine_build_kwargs(model: nn.Module, case: Case) -> Optional[dict]:
     """What to build for a case: the decoder or encoder engine for images, the video slice engines for a
-    SeedVR2 clip; None when no engine can serve it (a Wan clip)."""
+    clip of a model with the causal-step contract; None when no engine can serve it (clip encodes)."""
     if case.kind == "encode":
         return {"components": ("encoder",)} if case.shape[2] == 1 else None
     if case.shape[2] == 1:
         return {"components": ("decoder",)}
-    return {"components": (), "video": True} if case.arch == "seedvr2" else None
+    return {"components": (), "video": True} if supports_video(model) else None
 
 
 def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, case: Case, x: torch.Tensor,

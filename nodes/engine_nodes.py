@@ -40,7 +40,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
             display_name="Build Engine (TurboVAE)",
             category=CATEGORY,
             description="Exports a VAE from models/vae and builds encoder/decoder engines into "
-                        "models/tensorrt/<name> (with video on, also SeedVR2 video decode engines). TensorRT "
+                        "models/tensorrt/<name> (with video on, also video decode engines for SeedVR2, Qwen-Image / "
+                        "Wan 2.1 and Wan 2.2). TensorRT "
                         "needs an NVIDIA GPU and the tensorrt package; AOTInductor needs neither. Builds take "
                         "minutes; Cancel stops between phases (TensorRT also inside its builder).",
             inputs=[
@@ -63,9 +64,10 @@ class TurboVAEBuildEngine(io.ComfyNode):
                 io.Boolean.Input("overwrite", default=False,
                                  tooltip="Replace engines already in that folder (otherwise the build refuses)"),
                 io.Boolean.Input("video", default=False,
-                                 tooltip="SeedVR2 only: also build video decode engines (one first-slice and one "
-                                         "next-slice engine per size) so videos decode on engines too. Needs "
-                                         "static or multi_ratio mode; other VAEs refuse it"),
+                                 tooltip="Also build video decode engines (one first-slice and one next-slice engine "
+                                         "per size) so videos decode on engines too: SeedVR2, Qwen-Image / Wan "
+                                         "2.1 and Wan 2.2 (any VAE with explicit causal memory). Needs static or "
+                                         "multi_ratio mode"),
             ],
             outputs=[io.String.Output(display_name="engine_folder")],
             is_output_node=True,
@@ -135,7 +137,7 @@ class TurboVAELoadEngine(io.ComfyNode):
             category=CATEGORY,
             description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
                         "at the sizes they compute exactly (other sizes on the PyTorch VAE, or padded when "
-                        "pad_to_bucket is on); videos run on them only when the folder has SeedVR2 video engines "
+                        "pad_to_bucket is on); videos run on them only when the folder has video engines "
                         "(Build Engine with video on), otherwise on the PyTorch VAE. Sizes outside every bucket and "
                         "any engine problem also run the PyTorch VAE, with one warning.",
             inputs=[

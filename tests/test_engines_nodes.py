@@ -120,8 +120,9 @@ def test_node_list_and_schemas():
 class _CountingEngines:
     """Stands in for an EngineSet: device memory it would hold, and how often it was released."""
 
-    def __init__(self, footprint: int):
+    def __init__(self, footprint: int, kind: str):
         self.footprint = footprint
+        self.kind = kind  # the model kind its engines were built for (EngineVAE checks it)
         self.released = 0
 
     def footprint_bytes(self) -> int:
@@ -138,7 +139,7 @@ def test_model_management_counts_engine_memory_and_unloading_releases_engines(co
     _base, ckpt, cfg = comfy_root
     model = load_vae(ckpt, config=cfg, device="cpu").model
     weights = sum(t.nelement() * t.element_size() for t in model.state_dict().values())
-    engines = _CountingEngines(123_456_789)
+    engines = _CountingEngines(123_456_789, model.kind)
     vae = ComfyTurboVAE(EngineVAE(model, engines))
     assert vae.patcher.model_size() == weights + 123_456_789
     vae.patcher.detach()  # what model management does to free memory
@@ -199,3 +200,42 @@ def test_the_shipped_engine_workflows_name_the_same_folder():
     (load_node,) = [n for n in load["nodes"] if n["type"] == "TurboVAELoadEngine"]
     assert build_node["widgets_values"][5] == "auto"  # backend: TensorRT where it can, else AOTInductor
     assert load_node["widgets_values"][0] == f"{build_node['widgets_values'][1]}/manifest.json"
+
+
+def test_the_shipped_engine_workflows_build_and_decode_a_wan_clip(comfy_root, monkeypatch):
+    """engine_build.json's Build Engine with a Qwen-Image / Wan 2.1 VAE and video on, then engine_load_decode.json's
+    Load TRT VAE: nothing refuses the Wan VAE, and a clip decodes on its video slice engines, equal to eager.
+    The widgets are the shipped ones except the file, a CPU-test size and fp32 (Inductor's compile is swapped
+    for a plain export save/load, as in tests/test_engines_video_wan.py)."""
+    import json
+
+    from engines_toy import export_only
+
+    from turbovae.vae import api
+
+    base, ckpt, cfg = comfy_root
+    real_load = api.load_checkpoint
+    monkeypatch.setattr(api, "load_checkpoint", lambda p, **kw: real_load(p, config=cfg, **kw))  # Build Engine's loader
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # backend auto -> aoti, as on any machine without TensorRT
+    root = Path(__file__).resolve().parents[1] / "workflows"
+
+    def widgets(workflow: str, node: type) -> dict:
+        schema = node.define_schema()
+        (entry,) = [n for n in json.loads((root / workflow).read_text())["nodes"] if n["type"] == schema.node_id]
+        return dict(zip([i.id for i in schema.inputs], entry["widgets_values"]))
+
+    build = dict(widgets("engine_build.json", engine_nodes.TurboVAEBuildEngine), vae_name=NAME, width=48, height=32,
+                 dtype="fp32", video=True)
+    with export_only():
+        folder = Path(engine_nodes.TurboVAEBuildEngine.execute(**build).args[0])
+        vae = engine_nodes.TurboVAELoadEngine.execute(**widgets("engine_load_decode.json",
+                                                                engine_nodes.TurboVAELoadEngine)).args[0]
+        z = torch.randn(1, 4, 3, 4, 6, generator=torch.Generator().manual_seed(0))  # 9 frames at 48x32
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", EngineFallbackWarning)
+            got = vae.turbo.decode(z)
+    assert folder == base / "models" / "tensorrt" / build["name"]
+    assert {p.name for p in folder.iterdir()} >= {"decode_slice_first_48x32.pt2", "decode_slice_next_48x32.pt2"}
+    assert vae.turbo.engine_calls == 1
+    ref = load_vae(ckpt, config=cfg, device="cpu").decode(z)
+    assert got.shape == ref.shape == (1, 3, 9, 32, 48) and (got - ref).abs().max() <= 1e-4

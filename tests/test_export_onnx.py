@@ -58,12 +58,28 @@ def test_onnx_parity(tmp_path, kind, component, dtype):
         assert res["max_abs"] <= 1e-4
 
 
-def test_seedvr2_video_slice_graph_equals_eager_sliced_decode(tmp_path):
+SLICE_CASES = {"seedvr2": (4, 6), "wan": (4, 6), "wan2.2": (2, 3)}  # kind -> latent size (48x32 px for each)
+
+
+@pytest.mark.parametrize("kind", list(SLICE_CASES))
+def test_video_slice_graphs_equal_eager_sliced_decode(tmp_path, kind):
+    """The graphs a TensorRT video build starts from (the ONNX of `DecodeSliceGraph`), chained on onnxruntime with
+    the causal memory carried explicitly, equal the eager sliced decode: SeedVR2, Wan 2.1 and Wan 2.2 (48 ch)."""
     from turbovae.trt.export import export_decode_slice_graphs, run_onnxruntime, slice_graph_names
 
-    m = _model("seedvr2")
-    first, nxt = export_decode_slice_graphs(m, (4, 6), tmp_path)
-    z = torch.randn(1, m.latent_format.channels, 5, 4, 6, generator=torch.Generator().manual_seed(2))
+    if kind == "wan2.2":
+        from dataclasses import replace
+
+        from turbovae.vae.wan.config import TINY_WAN22
+        from turbovae.vae.wan.model import WanVAE
+
+        torch.manual_seed(0)
+        m = WanVAE(replace(TINY_WAN22, z_dim=48)).eval()
+    else:
+        m = _model(kind)
+    hw = SLICE_CASES[kind]
+    first, nxt = export_decode_slice_graphs(m, hw, tmp_path)
+    z = torch.randn(1, m.latent_format.channels, 5, *hw, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = m.decode_latents(z, temporal_slice=1)
     outs = run_onnxruntime(first, {"latents": z[:, :, :2]})
@@ -76,5 +92,5 @@ def test_seedvr2_video_slice_graph_equals_eager_sliced_decode(tmp_path):
     got = torch.cat(pixels, dim=2)
     assert got.shape == ref.shape == (1, 3, 17, 32, 48)
     err = (got - ref).abs().max().item()
-    print(f"seedvr2 slice graph vs eager sliced decode: max abs {err:.2e}")
+    print(f"{kind} slice graph vs eager sliced decode: max abs {err:.2e}")
     assert err <= 1e-5

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from turbovae.bench import gpu
 from turbovae.bench.common import BenchOptions
 from turbovae.cli import BENCH_SECTIONS
@@ -44,6 +46,9 @@ def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):
 def test_case_filter_and_engine_plan():
     assert [c.name for c in gpu.selected_cases(BenchOptions(quick=True, cases=("seedvr2",)), False)] == \
         ["seedvr2 5f decode 16² (tiny)"]
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
     clip = gpu.Case("c", "qwen", "decode", (1, 16, 3, 8, 8))
-    assert gpu.engine_build_kwargs(None, clip) is None  # Wan clips have no slice engines
+    assert gpu.engine_build_kwargs(WanVAE(TINY_WAN21), clip) == {"components": (), "video": True}  # causal steps
+    assert gpu.engine_build_kwargs(torch.nn.Conv2d(1, 1, 1), clip) is None  # no causal-step contract: no engine
     assert gpu.engine_build_kwargs(None, gpu.Case("e", "qwen", "encode", (1, 3, 1, 64, 64))) == {"components": ("encoder",)}

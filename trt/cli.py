@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list of {', '.join(COMPONENTS)} (empty with --video: only the video engines; "
                              f"default: {','.join(COMPONENTS)})")
     parser.add_argument("--video", action="store_true",
-                        help="also build SeedVR2 video slice engines (decode_slice_first/next, one pair per "
-                             "static bucket) so clips decode on engines; static/multi-ratio tables only")
+                        help="also build video slice engines (decode_slice_first/next, one pair per static bucket) so "
+                             "clips decode on engines: SeedVR2, Qwen-Image / Wan 2.1 and Wan 2.2; static/multi-ratio "
+                             "tables only")
     parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5 (default: 3)")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
     parser.add_argument("--pad-to-bucket", action="store_true",

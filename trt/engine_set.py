@@ -101,7 +101,8 @@ class EngineSet:
         self.backend.check_available(self.device)
         version = self.backend.version()
         for f, ident in idents:
-            if ident.table != first.table or ident.model_hash != first.model_hash or ident.backend != first.backend:
+            if (ident.table, ident.model_hash, ident.model_kind, ident.backend) != \
+                    (first.table, first.model_hash, first.model_kind, first.backend):
                 raise IdentityError(f"{f}: belongs to a different engine set than {idents[0][0].name} "
                                     "(table, model or backend differ); keep one set per folder")
             problems = mismatches(ident, backend_version=version, device=self.device, model_hash_now=model_hash)

@@ -1,5 +1,5 @@
-"""`load_engine_vae`: a TurboVAE whose single-frame encode/decode (and, with SeedVR2 video slice
-engines, clip decode) run engines, with PyTorch fallback.
+"""`load_engine_vae`: a TurboVAE whose single-frame encode/decode (and, with video slice engines,
+clip decode) run engines, with PyTorch fallback.
 
 Anything that goes wrong — TensorRT missing, identity mismatch, a corrupt file, a shape outside
 every bucket/profile, out of memory, an execution error — gives one clear warning and the PyTorch
@@ -48,12 +48,18 @@ class EngineSourceError(ValueError):
 
 
 class EngineVAE(TurboVAE):
-    """TurboVAE with engines for single frames (T = 1) and, where the set has SeedVR2 video slice
-    engines, for decoding clips (T >= 2 latents); everything else and every failure uses PyTorch."""
+    """TurboVAE with engines for single frames (T = 1) and, where the set has video slice engines
+    (SeedVR2, Qwen-Image / Wan 2.1, Wan 2.2), for decoding clips (T >= 2 latents); everything else and
+    every failure uses PyTorch."""
 
     VIDEO = "video decoder"  # fallback/warning key of the slice-engine path
 
     def __init__(self, model: VAEModel, engines: Optional[EngineSet], source: Optional[str] = None):
+        if engines is not None and engines.kind != model.kind:
+            # Why here: this is where engines meet a model. A SeedVR2 set next to a Wan model (or the reverse)
+            # would run its own graphs on the other's latents; load_engine_vae falls back instead of this.
+            raise IdentityError(f"{engines.path}: engines built for a {engines.kind} VAE cannot serve a {model.kind} "
+                                "model; load them with their own checkpoint or rebuild them from this one")
         super().__init__(model, source=source)
         self.engines = engines
         self._disabled: dict[str, str] = {}
@@ -108,7 +114,8 @@ class EngineVAE(TurboVAE):
                            f"{sel.label} (pad_to_bucket): the result is approximate, not equal to PyTorch",
                            ApproximateResultWarning)
         self.engine_calls += 1
-        return torch.cat(outs).to(device=self.device, dtype=self.dtype)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)  # one sample: no copy of the whole output
+        return out.to(device=self.device, dtype=self.dtype)
 
     def _engine(self, component: str, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Engine output for a 5-D single-frame batch, or None when the PyTorch path must run."""

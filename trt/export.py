@@ -1,4 +1,4 @@
-"""ONNX export (torch dynamo exporter) of the image graphs and the SeedVR2 video slice graph, and
+"""ONNX export (torch dynamo exporter) of the image graphs and the video slice graphs, and
 onnxruntime validation.
 
 Divisibility is declared in the graph (`16*Dim` pixels / `2*Dim` latents for Qwen-Image/Wan), the
@@ -111,7 +111,7 @@ def validate_onnx(path: Path, module: nn.Module, inputs: Mapping[str, torch.Tens
             for g, r in zip(got, reference)]
 
 
-# -- SeedVR2 video slice graph ---------------------------------------------------------------------
+# -- video slice graph (any VAE with decode_step + memory_layout) ----------------------------------
 class DecodeSliceGraph(nn.Module):
     """One causal decode slice with the causal memory as explicit tensors.
 
@@ -141,7 +141,8 @@ def slice_graph_names(n_memory: int) -> tuple[list[str], list[str]]:
 def export_decode_slice_graphs(model: nn.Module, latent_hw: tuple[int, int], folder: Path, *,
                                dtype: torch.dtype = torch.float32, first_frames: int = 2, frames: int = 1,
                                overwrite: bool = False, optimize: bool = False) -> tuple[Path, Path]:
-    """Export the first-slice and next-slice graphs of a SeedVR2 decoder at a static latent size.
+    """Export the first-slice and next-slice graphs of a causal decoder (trt/video.py's contract) at a
+    static latent size.
 
     The first graph takes `first_frames` latents (1 + k), the next graph `frames` latents per call.
     """
