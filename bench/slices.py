@@ -5,7 +5,7 @@ the memory budget. `vae/memory.py` FASTEST_SLICE holds, per device type, the sli
 fastest; this section is what keeps that table honest. Runs alternate between the variants (round-robin,
 `repeat` rounds after one warm-up round) so machine load hits them alike; each variant's minimum is shown.
 
-CPU (fp32): SeedVR2 21 frames at 64², Wan 2.1 81 frames at 64². CUDA (bench dtype): SeedVR2 21 frames at
+CPU (fp32): SeedVR2 21 frames at 64² and 128², Wan 2.1 81 frames at 64². CUDA (bench dtype): SeedVR2 21 frames at
 512², Wan 2.1 81 frames at 480×832. `--quick`: tiny configs.
 """
 
@@ -43,6 +43,7 @@ def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ..
         return [("seedvr2 decode 21f 512²", "seedvr2", (1, 16, 6, 64, 64)),
                 ("wan2.1 decode 81f 480×832", "wan", (1, 16, 21, 60, 104))]
     return [("seedvr2 decode 21f 64²", "seedvr2", (1, 16, 6, 8, 8)),
+            ("seedvr2 decode 21f 128²", "seedvr2", (1, 16, 6, 16, 16)),
             ("wan2.1 decode 81f 64²", "wan", (1, 16, 21, 8, 8))]
 
 
@@ -53,6 +54,8 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     g = torch.Generator().manual_seed(0)
     rows: list[BenchRow] = []
     for case, arch, shape in _cases(opts, cuda):
+        if opts.cases and not any(c in case for c in opts.cases):
+            continue
         vae = _vae(arch, opts.quick, device, dtype)
         z = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
         f = vae.spatial_factor
