@@ -278,7 +278,7 @@ class Upsample3D(nn.Module):
         self.upscale_conv = nn.Conv3d(channels, channels * 4 * self.zr, kernel_size=1)
         self.conv = CausalConv3d(channels, channels, (3, 3, 3))
 
-    def _kept_half(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def kept_half(self) -> tuple[torch.Tensor, torch.Tensor]:
         """upscale_conv rows for sub-frame z=0 only (channel index ((x·2+y)·z_r+z)·C+c), as a 2-D conv: a
         view of the weight when z_r = 1, else a copy for this call only (a 1x1 conv's rows, freed after it)."""
         w, bias = self.upscale_conv.weight, self.upscale_conv.bias
@@ -299,15 +299,15 @@ class Upsample3D(nn.Module):
         if not (ctx.fast.subpixel_conv and ctx.split is None and self.conv.kernel_size == (3, 3, 3)
                 and self.conv.head_frames == 2):
             return False
-        frames_out = 1 if ctx.image(x) else self.zr * x.shape[2] - int(self.zr == 2 and ctx.first)
-        return subpixel.worth_composing(x.shape[1], 4 * frames_out * x.shape[3] * x.shape[4],
-                                        1 if ctx.image(x) else self.zr)
+        image = ctx.image(x)
+        frames_out = subpixel.output_frames(self.zr, x.shape[2], first_slice=ctx.first, image=image)
+        return subpixel.worth_composing(x.shape[1], 4 * frames_out * x.shape[3] * x.shape[4], 1 if image else self.zr)
 
     def upscale(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """upscale_conv + sub-pixel shuffle (pixel-local, so exact tiling runs it per tile)."""
         drop_head = self.zr == 2 and ctx.first
         if ctx.image(x):
-            wk, bk = self._kept_half()
+            wk, bk = self.kept_half()
             u = F.conv2d(x[:, :, 0], wk, bk)
             b, _, h, w = u.shape
             c = u.shape[1] // 4

@@ -156,6 +156,12 @@ def output_classes(zr: int, kt: int, frames: int, first_slice: bool) -> list[Out
     return classes
 
 
+def output_frames(zr: int, frames: int, first_slice: bool, image: bool = False) -> int:
+    """Full-resolution frames an upsampler makes from `frames` low-resolution ones: z_r per frame, less frame 0's
+    dropped copy on a first temporal slice; one for the image path."""
+    return 1 if image else zr * frames - int(zr == 2 and first_slice)
+
+
 def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     """`up.conv(up.upscale(x, ctx), ctx)` for an `Upsample3D`, through the composed atoms; takes and puts the
     conv's causal memory exactly as that call would."""
@@ -166,7 +172,7 @@ def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     prev: Optional[torch.Tensor] = None if ctx.first else ctx.take()
     if image:  # T = 1, first slice: every tap reads frame 0's z = 0 sub-frame (the kept half)
         w3, zr = conv.folded_weight().unsqueeze(2), 1
-        w1, b1 = up._kept_half()
+        w1, b1 = up.kept_half()
     else:
         w3, zr = conv.weight, up.zr
         w1, b1 = up.upscale_conv.weight, up.upscale_conv.bias
@@ -174,7 +180,7 @@ def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     atoms = composed_atoms(w3, w1, zr)
     patterns = bias_patterns(w3, b1, zr)  # [k_t, z_r, O, 6, 6]
     classes = output_classes(zr, kt, t, first_slice=prev is None)
-    frames_out = (t if zr == 1 else 2 * t - int(prev is None)) if not image else 1
+    frames_out = output_frames(up.zr, t, first_slice=prev is None, image=image)
     out = torch.empty(b, o, frames_out, 2 * h, 2 * w, dtype=x.dtype, device=x.device)
     xp = F.pad(x, (1, 1, 1, 1))
     for cls in classes:
