@@ -190,12 +190,13 @@ def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
 
 def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
     """One clip decode, all sides in the same run on the same weights and latents: eager as a user gets it
-    (`TurboVAE.decode(z)`, the reference), eager sliced one latent per slice (the slicing the engines
+    (`TurboVAE.decode(z)`, the reference), eager sliced k latents per slice (the schedule the engines
     reproduce), and the video slice-engine chain per backend. Each side runs its warm-up, then one call whose
     peak memory is measured, then `repeat` timed runs alternating between the sides."""
     from ..trt.backend import EngineError
     from ..trt.backend_registry import get_backend
     from ..trt.buckets import Bucket, static_table
+    from ..trt.video import default_slice_latents
     from ..vae.api import TurboVAE
     from .main import PeakMemory
 
@@ -210,9 +211,10 @@ def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: t
         return []
     z = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
     vae = TurboVAE(model, source="random weights")
+    k = default_slice_latents(device)  # what the engines are built with: the chain runs eager's k-latent schedule
     sides: list[tuple[str, Callable[[], torch.Tensor], object]] = [
         ("eager", lambda: vae.decode(z), None),
-        ("eager sliced (1 latent/slice)", lambda: vae.decode(z, temporal_slice=1), None)]
+        (f"eager sliced ({k} latent{'s' if k > 1 else ''}/slice)", lambda: vae.decode(z, temporal_slice=k), None)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for be in _backends(device):

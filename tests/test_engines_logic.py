@@ -400,3 +400,18 @@ def test_auto_backend_builds_with_tensorrt_only_where_it_can(monkeypatch):
     monkeypatch.setattr(be, "missing_onnx_export", lambda: ["onnxscript"])
     assert be.resolve_backend("auto", torch.device("cpu")) == (
         "aoti", "TensorRT builds need onnxscript for the ONNX export")
+
+
+def test_cpu_aoti_builds_compile_with_freezing_and_cuda_builds_with_inductor_defaults(monkeypatch, tmp_path):
+    """The package step asks Inductor for `freezing` on a CPU program (oneDNN-prepacked convs instead of the
+    reference conv3d for small batch-1 convs) and keeps the I/O dtype metadata; CUDA keeps Inductor's defaults."""
+    from turbovae.trt import aoti
+
+    program = torch.export.export(torch.nn.Conv3d(2, 2, 3).eval(), (torch.randn(1, 2, 3, 4, 4),))
+    assert aoti.program_device(program) == torch.device("cpu")
+    seen = {}
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
+                        lambda prog, package_path, inductor_configs: seen.update(inductor_configs))
+    aoti.AOTIBackend().compile_package(program, tmp_path / "x.pt2")
+    assert seen["freezing"] is True and aoti.IO_METADATA_KEY in seen["aot_inductor.metadata"]
+    assert aoti.inductor_options(torch.device("cuda")) == {}

@@ -27,6 +27,7 @@ from turbovae.trt.engine_set import EngineSet
 from turbovae.trt.engine_vae import ApproximateResultWarning, EngineFallbackWarning, EngineVAE
 from turbovae.trt.fileio import file_sha256
 from turbovae.trt.identity import model_hash
+from turbovae.trt.video import default_slice_latents
 from turbovae.vae.api import TurboVAE
 
 from engines_toy import edit_manifest, export_only, manifest_identity
@@ -84,8 +85,9 @@ def test_build_writes_named_pairs_with_identity(built):
     n_mem = len(model.memory_layout(decode=True, batch=1, height=4, width=6))
     assert first.input_names == ("latents",) and len(first.output_names) == 1 + n_mem
     assert nxt.input_names[0] == "latents" and len(nxt.input_names) == len(nxt.output_names) == 1 + n_mem
-    assert tuple(first.input_shapes["latents"]) == (1, 16, 2, 4, 6)
-    assert tuple(nxt.input_shapes["latents"]) == (1, 16, 1, 4, 6)
+    k = default_slice_latents(torch.device("cpu"))  # the build's default: eager's fastest slice on CPU
+    assert tuple(first.input_shapes["latents"]) == (1, 16, 1 + k, 4, 6)
+    assert tuple(nxt.input_shapes["latents"]) == (1, 16, k, 4, 6)
     assert first.model_kind == "seedvr2" and first.entries == (0,) and first.engine_sha256 == file_sha256(paths[1])
 
 

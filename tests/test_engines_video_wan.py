@@ -29,6 +29,7 @@ from turbovae.trt.build import build_engine_set
 from turbovae.trt.engine_set import EngineSet
 from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE
 from turbovae.trt.identity import IdentityError, model_hash
+from turbovae.trt.video import default_slice_latents
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WanVAE
 from turbovae.vae.wan.config import diffusers_kwargs
@@ -37,9 +38,9 @@ from engines_toy import export_only, manifest_identity
 
 # Wan 2.2 as released has 48 latent channels; the tiny config's 6 would not exercise that width.
 TINY_WAN22_48CH = replace(TINY_WAN22, z_dim=48)
-ARCHS = {  # kind -> (config, bucket WxH px)
-    "wan2.1": (TINY_WAN21, "48x32"),  # latents 6x4 (8x)
-    "wan2.2": (TINY_WAN22_48CH, "64x48"),  # latents 4x3 (16x: 2x2 patches over an 8x decoder)
+ARCHS = {  # kind -> (config, bucket WxH px, --slice-latents: None = the build's default)
+    "wan2.1": (TINY_WAN21, "48x32", None),  # latents 6x4 (8x)
+    "wan2.2": (TINY_WAN22_48CH, "64x48", 3),  # latents 4x3 (16x: 2x2 patches over an 8x decoder)
 }
 CLIP_LATENTS = (2, 3, 6)  # 5, 9 and 21 frames
 
@@ -58,13 +59,14 @@ def _write_checkpoint(folder: Path, cfg) -> Path:
 def built(request, tmp_path_factory):
     """(kind, checkpoint folder, engine folder, eager TurboVAE, engine VAE), built through the CLI."""
     kind = request.param
-    cfg, bucket = ARCHS[kind]
+    cfg, bucket, k = ARCHS[kind]
     root = tmp_path_factory.mktemp(f"{kind}_video")
     ckpt = _write_checkpoint(root / f"{kind}_vae", cfg)
     out = root / "engines"
     with export_only():
         code = cli.main(["build-engines", "--vae", str(ckpt), "--out", str(out), "--static", bucket, "--backend",
-                         "aoti", "--dtype", "fp32", "--device", "cpu", "--components", "decoder", "--video"])
+                         "aoti", "--dtype", "fp32", "--device", "cpu", "--components", "decoder", "--video",
+                         *(["--slice-latents", str(k)] if k else [])])
         assert code == 0
         ev = turbovae.load_vae(out)  # the engine folder; its PyTorch path is the checkpoint it records
     eager = turbovae.load_vae(ckpt, device="cpu")
@@ -91,12 +93,13 @@ def test_cli_writes_the_first_next_pair_with_the_models_memory_layout(built):
                             f"decode_slice_next_{bucket}.pt2", "manifest.json"])
     first = manifest_identity(out, f"decode_slice_first_{bucket}.pt2")
     nxt = manifest_identity(out, f"decode_slice_next_{bucket}.pt2")
-    layout = eager.model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=2)
+    k = ARCHS[kind][2] or default_slice_latents(torch.device("cpu"))
+    layout = eager.model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=1 + k)
     c = eager.latent_format.channels
     assert c == (48 if kind == "wan2.2" else 4)
     assert first.model_kind == nxt.model_kind == kind and first.source == str(ckpt.resolve())
-    assert tuple(first.input_shapes["latents"]) == (1, c, 2, h, w)
-    assert tuple(nxt.input_shapes["latents"]) == (1, c, 1, h, w)
+    assert tuple(first.input_shapes["latents"]) == (1, c, 1 + k, h, w)
+    assert tuple(nxt.input_shapes["latents"]) == (1, c, k, h, w)
     assert len(first.output_names) == len(nxt.input_names) == len(nxt.output_names) == 1 + len(layout)
     assert [tuple(nxt.input_shapes[n]) for n in nxt.input_names[1:]] == [tuple(s) for _name, s in layout]
 
@@ -110,7 +113,8 @@ def test_chain_equals_eager_at_5_9_and_21_frames(built):
             z = _latents(eager, t, hw)
             with export_only():
                 out = ev.decode(z)
-            whole, sliced = eager.decode(z), eager.decode(z, temporal_slice=1)
+            k = ARCHS[kind][2] or default_slice_latents(torch.device("cpu"))
+            whole, sliced = eager.decode(z), eager.decode(z, temporal_slice=k)
             assert out.shape == (1, 3, 1 + 4 * (t - 1), *(s * eager.latent_format.spatial_factor for s in hw))
             err_whole, err_sliced = (out - whole).abs().max().item(), (out - sliced).abs().max().item()
             print(f"{kind} {out.shape[2]} frames: chain vs eager whole clip {err_whole:.2e}, vs sliced {err_sliced:.2e}")
@@ -176,11 +180,11 @@ def test_engines_of_another_architecture_are_never_used(built, seedvr2_engines, 
 
 
 def _real_compile_chain(tmp_path: Path, kind: str) -> list[float]:
-    cfg, bucket = ARCHS[kind]
+    cfg, bucket, k = ARCHS[kind]
     torch.manual_seed(0)
     model = WanVAE(cfg).eval().requires_grad_(False)
     build_engine_set(TurboVAE(model), tmp_path / kind, static_table(Bucket.parse(bucket)), backend="aoti",
-                     device=torch.device("cpu"), components=(), video=True)
+                     device=torch.device("cpu"), components=(), video=True, slice_latents=k)
     ev = EngineVAE(model, EngineSet(tmp_path / kind, "cpu", model_hash=model_hash(model.state_dict())))
     eager = TurboVAE(model)
     errors = []
@@ -239,6 +243,32 @@ def test_chain_writes_each_slice_in_place_and_refuses_a_slice_that_does_not_fit(
             chain_slices(_FakeSliceEngine("first", 5), names[0], bad, names[1], z, 4)
 
 
+@pytest.mark.parametrize("latents", [2, 3, 4, 5, 6])
+def test_chain_of_k_latent_slices_pads_the_last_slice_and_crops_its_pixels(latents):
+    """First slice 1 + 2 latents (9 frames), next slices 2 latents (8 frames): a clip that does not fill its
+    last slice (or its first) runs on zero latents appended at the end, whose frames are cropped."""
+    from turbovae.trt.video import chain_slices, padded_latents
+
+    names = (("latents",), ("pixels", "memory_0_out")), (("latents", "memory_0"), ("pixels", "memory_0_out"))
+    z = torch.arange(1.0, latents + 1).reshape(1, 1, latents, 1, 1)  # latent t holds t + 1; padding holds 0
+    first, nxt = _FakeSliceEngine("first", 9), _FakeSliceEngine("next", 8)
+    clip = chain_slices(first, names[0], nxt, names[1], z, 4, first_latents=3, next_latents=2)
+    assert clip.shape[2] == 1 + 4 * (latents - 1)
+    starts = [1] + [t + 1 for t in range(3, padded_latents(latents, 3, 2), 2)]  # each call's first latent value
+    expect = [1] * 9 + [v for v in starts[1:] for _ in range(8)]
+    assert [clip[0, 0, f, 0, 0].item() for f in range(clip.shape[2])] == expect[:clip.shape[2]]
+    assert padded_latents(latents, 3, 2) == {2: 3, 3: 3, 4: 5, 5: 5, 6: 7}[latents]
+
+
+@pytest.mark.parametrize("extra, message", [(["--slice-latents", "2"], "add --video"),
+                                            (["--video", "--slice-latents", "0"], "from 1 to")])
+def test_slice_latents_misuse_is_refused_before_the_checkpoint_loads(tmp_path, capsys, extra, message):
+    code = cli.main(["build-engines", "--vae", str(tmp_path / "none"), "--out", str(tmp_path / "e"), "--static",
+                     "48x32", "--backend", "aoti", "--device", "cpu", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "none" not in err  # the missing checkpoint was never reached
+
+
 def test_bench_clip_rows_time_engine_and_eager_in_one_run():
     """bench/engines.py's clip case (quick size): eager (the reference), eager sliced and the slice-engine chain
     on the same latents, each with its peak memory; the chain runs on the engines and matches eager."""
@@ -249,7 +279,7 @@ def test_bench_clip_rows_time_engine_and_eager_in_one_run():
     (case,) = [c for c in clip_cases(cuda=False, quick=True) if c.arch == "wan2.2"]
     with export_only():
         rows = clip_rows(case, opts, torch.device("cpu"), torch.float32)
-    assert [r.variant for r in rows] == ["eager", "eager sliced (1 latent/slice)", "aoti slice chain"]
+    assert [r.variant for r in rows] == ["eager", "eager sliced (2 latents/slice)", "aoti slice chain"]
     eager, _sliced, chain = rows
     assert eager.reference and eager.case == chain.case == "tiny wan2.2 clip decode 64x64x9 float32"
     assert chain.note == "" and chain.baseline_ms == eager.ms and chain.max_abs_err <= 1e-4

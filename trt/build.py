@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -26,7 +26,8 @@ from .engine_set import IO_NAMES, component_profiles
 from .fileio import file_sha256, publish, refuse_existing, temporary_name
 from .identity import COMPONENTS, EngineIdentity, device_facts, model_hash
 from .manifest import MANIFEST_NAME, Manifest, ManifestEntry
-from .video import VIDEO_COMPONENTS, check_video_model, example_inputs, slice_io, slice_module
+from .video import (VIDEO_COMPONENTS, check_slice_latents, check_video_model, default_slice_latents, example_inputs,
+                    slice_io, slice_module)
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +134,11 @@ def image_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, devi
 
 
 def slice_plan(vae, job: EngineJob, table: BucketTable, dtype: torch.dtype, device: torch.device,
-               optimization_level: int) -> GraphPlan:
-    """A static first/next slice graph at the bucket's latent size (batch 1)."""
+               optimization_level: int, slice_latents: int = 1) -> GraphPlan:
+    """A static first (1 + k latents) or next (k latents) slice graph at the bucket's latent size (batch 1)."""
     f = vae.latent_format.spatial_factor
     bucket = table.buckets[job.entries[0]]
-    io = slice_io(vae.model, job.component, (bucket.height // f, bucket.width // f))
+    io = slice_io(vae.model, job.component, (bucket.height // f, bucket.width // f), slice_latents)
     profile = {name: (shape, shape, shape) for name, shape in io.input_shapes.items()}
     spec = BuildSpec(input_names=io.input_names, output_names=io.output_names, dtype=dtype, device=device,
                      profiles=(profile,), dims={}, optimization_level=optimization_level)
@@ -148,13 +149,16 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
                      dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None,
                      components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False,
                      progress: Optional[BuildProgress] = None, source: Optional[str] = None,
-                     optimization_level: int = 3, pad_to_bucket: bool = False) -> list[Path]:
+                     optimization_level: int = 3, pad_to_bucket: bool = False,
+                     slice_latents: Optional[int] = None) -> list[Path]:
     """Build every (component, entry group) engine of `table` into `out_dir`; return the engine paths.
 
     `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
     identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
     `video=True` also builds the video slice engines (decode_slice_first/next, one pair per static
-    bucket; any model with the causal-step contract, see trt/video.py); `components` may then be empty. Every input is validated and
+    bucket; any model with the causal-step contract, see trt/video.py); `components` may then be empty.
+    `slice_latents` is k, the latents per next-slice call (the first slice takes 1 + k; default:
+    `video.default_slice_latents(device)`). Every input is validated and
     existing files are refused before any work unless `overwrite=True`. `pad_to_bucket` records in the
     manifest that sizes between buckets may run padded (approximate; see EngineSet).
     """
@@ -171,6 +175,7 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
         raise ValueError(f"table multiple {table.multiple} is not a multiple of the VAE factor {lf.spatial_factor}")
     if video:
         check_video_model(vae.model)
+    k = check_slice_latents(default_slice_latents(device) if slice_latents is None else slice_latents)
     progress.report(f"hashing weights of {source or vae.source}")
     mhash = model_hash(vae.model.state_dict())
     facts = device_facts(device)
@@ -181,8 +186,10 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
         for n, job in enumerate(jobs):
             progress.check_cancel()
             progress.report(f"engine {n + 1}/{len(jobs)}: {job.path.name}", n / len(jobs))
-            make_plan: Callable[..., GraphPlan] = slice_plan if job.component in VIDEO_COMPONENTS else image_plan
-            plan = make_plan(vae, job, table, dtype, device, optimization_level)
+            if job.component in VIDEO_COMPONENTS:
+                plan = slice_plan(vae, job, table, dtype, device, optimization_level, k)
+            else:
+                plan = image_plan(vae, job, table, dtype, device, optimization_level)
             tmp = temporary_name(job.path)
             staged.append((tmp, job.path, None))
             be.build(plan.module, plan.example, plan.spec, tmp, progress, name=job.path.name)

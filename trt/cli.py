@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also build video slice engines (decode_slice_first/next, one pair per static bucket) so "
                              "clips decode on engines: SeedVR2, Qwen-Image / Wan 2.1 and Wan 2.2; static/multi-ratio "
                              "tables only")
+    parser.add_argument("--slice-latents", type=int, default=None, metavar="K",
+                        help="with --video: latents per next-slice engine call (the first slice takes 1 + K; a clip "
+                             "that does not fill its last slice is padded and cropped, exactly). Larger K runs "
+                             "faster where small slices underuse the device and holds more memory (default: the "
+                             "eager decode's fastest slice measured on this device type, else 1)")
     parser.add_argument("--opt-level", type=int, default=3, help="TensorRT builder optimization level 0-5 (default: 3)")
     parser.add_argument("--overwrite", action="store_true", help="replace engines already in --out")
     parser.add_argument("--pad-to-bucket", action="store_true",
@@ -63,8 +68,13 @@ def run(args: argparse.Namespace) -> int:
     from ..vae.dtypes import parse_dtype
     from .backend import EngineError
     from .build import build_engine_set, preflight
+    from .video import check_slice_latents
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
+    if args.slice_latents is not None:
+        if not args.video:
+            raise ValueError("--slice-latents sets the video slice engines; add --video or drop it")
+        check_slice_latents(args.slice_latents)
     table = table_from_args(args)
     device = resolve_device(args.device)
     dtype = parse_dtype(args.dtype)
@@ -77,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         paths = build_engine_set(vae, args.out, table, backend=backend, dtype=dtype, device=device,
                                  components=components, video=args.video, overwrite=args.overwrite, source=args.vae,
-                                 optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket)
+                                 optimization_level=args.opt_level, pad_to_bucket=args.pad_to_bucket,
+                                 slice_latents=args.slice_latents)
     except (EngineError, OSError, ValueError) as e:
         if getattr(args, "verbose", False):
             raise

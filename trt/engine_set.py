@@ -232,9 +232,19 @@ class EngineSet:
         ph, pw = sel.padded[0] // factor, sel.padded[1] // factor
         zin = pad_to(z[0].to(self.device, first.ident.torch_dtype), ph, pw).unsqueeze(0)  # [C,T,h,w] pads as 4-D
         out = chain_slices(self._load(first), (first.ident.input_names, first.ident.output_names), self._load(nxt),
-                           (nxt.ident.input_names, nxt.ident.output_names), zin, temporal_factor)
+                           (nxt.ident.input_names, nxt.ident.output_names), zin, temporal_factor,
+                           first_latents=_slice_latents(first), next_latents=_slice_latents(nxt))
         out = self._checked(first, out, "pixels", (1, None, None, *sel.padded))
         return crop_to(out, h, w)
+
+
+def _slice_latents(slot) -> int:
+    """Latents per call of a video slice engine, from the static input shapes its identity records."""
+    shape = slot.ident.input_shapes.get("latents")
+    if not shape or len(shape) != 5 or int(shape[2]) < 1:
+        raise EngineRunError(f"{slot.path.name}: its identity records no static latents shape "
+                             f"(got {shape!r}); rebuild the video engines (--video)")
+    return int(shape[2])
 
 
 def rebuild_hint(ident: EngineIdentity) -> str:
