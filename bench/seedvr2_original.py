@@ -10,7 +10,8 @@ same raw latents with the same seeded random weights (the 250 keys are the same 
 public `TurboVAE.decode` with its default temporal slice, i.e. what a user gets.
 
 Timing: the two sides alternate (original, ours, original, ours, ...) so load on a shared machine hits
-both alike; each side's minimum is reported with every run's time in the note.
+both alike; each side's minimum is reported with every run's time in the note. Peak memory: one call per
+side after the warm-up, the process's peak-RSS increase (`bench.main.PeakMemory`), reported beside the time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from ..vae.api import load_checkpoint
 from .common import BenchRow, format_table, interleaved_ms, write_json
+from .main import PeakMemory
 from .seedvr2 import random_weights
 
 SECTION = "seedvr2-original"
@@ -89,6 +91,7 @@ def compare(checkout: Path, cases: Sequence[str], repeat: int = 3) -> list[Bench
     ours = load_checkpoint(sd, device="cpu", dtype="fp32")
     del sd
     rows = []
+    peak = PeakMemory(torch.device("cpu"))  # one measured call per side after its warm-up (peak-RSS increase)
     g = torch.Generator().manual_seed(0)
     for name in cases:
         z = torch.randn(CASES[name], generator=g)
@@ -102,14 +105,16 @@ def compare(checkout: Path, cases: Sequence[str], repeat: int = 3) -> list[Bench
             return ours.decode(z)
 
         theirs(), mine()  # warm-up: first-call allocations and lazy init on both sides
+        peak_theirs, _ = peak(theirs)
+        peak_ours, _ = peak(mine)
         (t_theirs, t_ours), (ref, out) = interleaved_ms([theirs, mine], "cpu", repeat)
         rel = ((out - ref).abs().max() / ref.abs().max()).item()
         base = min(t_theirs)
         runs = lambda ts: "/".join(f"{t / 1e3:.2f}" for t in ts)  # noqa: E731
         rows.append(BenchRow(SECTION, name, "original SeedVR (slicing 4, limits 0.5/0.5 GiB)", base, base,
-                             note=f"fp32; runs s: {runs(t_theirs)}"))
+                             peak_mb=peak_theirs, note=f"fp32; runs s: {runs(t_theirs)}"))
         rows.append(BenchRow(SECTION, name, "turbovae decode (default slice)", min(t_ours), base, max_abs_err=rel,
-                             note=f"fp32; max err is relative to max |ref|; runs s: {runs(t_ours)}"))
+                             peak_mb=peak_ours, note=f"fp32; max err is relative to max |ref|; runs s: {runs(t_ours)}"))
         print(format_table(rows[-2:]), flush=True)
     return rows
 

@@ -410,8 +410,10 @@ def test_cpu_aoti_builds_compile_with_freezing_and_cuda_builds_with_inductor_def
     program = torch.export.export(torch.nn.Conv3d(2, 2, 3).eval(), (torch.randn(1, 2, 3, 4, 4),))
     assert aoti.program_device(program) == torch.device("cpu")
     seen = {}
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",
-                        lambda prog, package_path, inductor_configs: seen.update(inductor_configs))
-    aoti.AOTIBackend().compile_package(program, tmp_path / "x.pt2")
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", lambda prog, package_path, inductor_configs:
+                        seen.update(inductor_configs, grad=torch.is_grad_enabled()))
+    with torch.enable_grad():
+        aoti.AOTIBackend().compile_package(program, tmp_path / "x.pt2")
     assert seen["freezing"] is True and aoti.IO_METADATA_KEY in seen["aot_inductor.metadata"]
+    assert seen["grad"] is False  # Inductor skips freezing while grad is on
     assert aoti.inductor_options(torch.device("cuda")) == {}

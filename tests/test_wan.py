@@ -370,3 +370,30 @@ def test_mixed_dtype_file_is_widened_not_truncated(real_bf16_original):
     model = build(sd)
     assert model.dtype == torch.float32
     assert torch.equal(model.post_quant_conv.weight, sd["conv2.weight"])
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "contiguous"])
+def test_head_taps_equal_the_zero_padded_conv_in_decode_and_encode(tiny_pair, fmt, monkeypatch):
+    """First-slice heads without the zero padding's taps (FastPaths.head_taps) equal the padded causal conv, for
+    batch 2 (frames and batch must not mix), whole clips and slices, decode and encode, in both memory formats."""
+    from turbovae.vae.wan.layers import CausalConv3d
+
+    cfg, _, ours = tiny_pair
+    calls = []
+    head_taps = CausalConv3d._head_taps
+    monkeypatch.setattr(CausalConv3d, "_head_taps", lambda self, *a: calls.append(1) or head_taps(self, *a))
+    g = torch.Generator().manual_seed(8)
+    z = torch.randn(2, cfg.z_dim, 3, 3, 4, generator=g)
+    x = torch.rand(2, 3, 9, 32, 48, generator=g) * 2 - 1
+    base = replace(ours.fast, channels_last=fmt == "channels_last")
+    outs = {}
+    try:
+        for taps in (True, False):
+            ours.fast = replace(base, head_taps=taps)
+            with torch.inference_mode():
+                outs[taps] = (ours.decode_latents(z), ours.decode_latents(z, temporal_slice=1), ours.encode_moments(x))
+            ran = len(calls) if taps else ran
+    finally:
+        ours.fast = replace(base, channels_last=True, head_taps=True)
+    assert [max_err(a, b) <= 1e-5 for a, b in zip(outs[True], outs[False])] == [True] * 3
+    assert len(calls) == ran > 0  # the head path ran with head_taps on, and only then

@@ -31,7 +31,8 @@ def inductor_options(device: torch.device) -> dict:
     """Inductor settings per device type. CPU: `freezing` treats the weights as constants, so Inductor
     prepacks every conv for oneDNN; without it a batch-1 conv with few channels x frames x rows falls to
     PyTorch's reference conv3d (the size heuristic in ATen's `use_mkldnn`), several times slower
-    (`bench --sections engines`). CUDA: Inductor's defaults (not measured on a GPU yet)."""
+    (`bench --sections engines`). Inductor freezes only while grad is off (`compile_package` turns it off).
+    CUDA: Inductor's defaults (not measured on a GPU yet)."""
     return {"freezing": True} if torch.device(device).type == "cpu" else {}
 
 
@@ -193,7 +194,8 @@ class AOTIBackend(Backend):
         export save/load)."""
         configs = {"aot_inductor.metadata": {IO_METADATA_KEY: io_metadata(program)}}
         configs.update(inductor_options(program_device(program)))
-        torch._inductor.aoti_compile_and_package(program, package_path=file, inductor_configs=configs)
+        with torch.no_grad():  # Inductor applies `freezing` only with grad off
+            torch._inductor.aoti_compile_and_package(program, package_path=file, inductor_configs=configs)
 
     def load_runner(self, path: Path):
         """A callable running the package at `path` on positional inputs."""

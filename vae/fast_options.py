@@ -11,8 +11,9 @@ ablation toggles only those (`ablations`).
 - inplace_residual: residual adds (and SiLU) in place when no autograd graph is being recorded.
 - image_path: a lone first frame (T = 1) runs 2-D convs with the folded temporal taps (summed for replicate
   padding, the last tap for zero padding), and only the kept half of a temporal upsampler.
-- head_taps: on the first slice of a clip, the two head outputs of each 3x3x3 replicate-causal conv use summed
-  taps (3 frame-taps instead of 6) and the body is a valid conv3d without a padded copy.
+- head_taps: on the first slice of a clip (T >= 2), the two head outputs of each 3-frame causal conv skip the
+  padding's taps: summed taps for SeedVR2's replicate padding (3 frame-taps instead of 6), the live taps only
+  for Wan's zero padding (3 instead of 6); the body is a valid conv3d without a padded copy.
 - subpixel_conv: an upsampler's 1×1 conv, sub-pixel shuffle and 3×3×3 causal conv run as composed convs with 2×2
   spatial taps at low resolution (vae/seedvr2/subpixel.py), where the layer is large enough to pay for composing.
 - channels_last: NHWC / NDHWC activations (faster convs on CPU oneDNN and GPUs); where it runs on a GPU it

@@ -28,7 +28,7 @@ CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 WAN_FAST = FastPaths(channels_last=True)
 """The Wan family's default fast paths (channels-last pays on CPU oneDNN and GPUs alike)."""
 
-WAN_FAST_FIELDS = ("image_path", "sdpa", "channels_last", "inplace_residual")
+WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_residual")
 """The `FastPaths` fields the Wan blocks read."""
 
 
@@ -126,6 +126,9 @@ class CausalConv3d(nn.Conv3d):
         if fold:
             out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
             xin = x
+        elif hist is None and ctx is not None and ctx.fast.head_taps and self._head_taps_apply(x):
+            out = self._head_taps(x.contiguous(memory_format=fmt), ctx, fmt)
+            xin = x
         else:
             parts = [x]
             if n_hist:
@@ -139,6 +142,33 @@ class CausalConv3d(nn.Conv3d):
             tail = torch.cat([self._zeros(x, self.time_history - 1, fmt), x], dim=2) if fold else \
                 xin[:, :, -self.time_history:]
             ctx.put(tail.clone(), self)
+        return out
+
+    def _head_taps_apply(self, x: torch.Tensor) -> bool:
+        return (x.shape[2] >= 2 and self.time_history == 2 and self.kernel_size[0] == 3 and self.stride[0] == 1
+                and self.dilation[0] == 1)
+
+    def _head_taps(self, x: torch.Tensor, ctx: StreamContext, fmt: torch.memory_format) -> torch.Tensor:
+        """First slice, T >= 2: the causal padding is two zero frames, so output 0 reads only tap 2 (frame 0)
+        and output 1 taps 1 and 2 (frames 0, 1); the rest is a valid conv3d over the unpadded input. 3 frame-taps
+        fewer than the padded conv (a third of a 3-frame slice's work), no padded copy, and the head is 2-D
+        convs (which oneDNN takes at sizes where a batch-1 conv3d falls to PyTorch's reference kernel)."""
+        b, c, t, h, w = x.shape
+        fmt2 = torch.channels_last if fmt == torch.channels_last_3d else torch.contiguous_format
+        first_two = x[:, :, :2].permute(2, 0, 1, 3, 4).reshape(2 * b, c, h, w).contiguous(memory_format=fmt2)  # frame-major
+        # Tap 2 for frames 0 and 1 in one conv, then tap 1 of frame 0 into output 1. `packed` reuses one scratch
+        # buffer, so each tap's weight is used before the next is packed.
+        heads = F.conv2d(first_two, packed(self.weight[:, :, 2], fmt2, ctx), self.bias, self.stride[1:], self.pad_hw)
+        heads = heads.unflatten(0, (2, b))  # [2, B, O, h', w']
+        heads[1] += F.conv2d(first_two[:b], packed(self.weight[:, :, 1], fmt2, ctx), None, self.stride[1:],
+                             self.pad_hw)
+        out = torch.empty((b, heads.shape[2], t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device,
+                          memory_format=fmt)
+        out[:, :, :2] = heads.permute(1, 2, 0, 3, 4)
+        del heads
+        if t > 2:
+            out[:, :, 2:] = guarded_conv3d(x, packed(self.weight, fmt, ctx), self.bias, self.stride,
+                                           (0, *self.pad_hw))
         return out
 
     def skip(self, x: torch.Tensor, ctx: StreamContext) -> None:
