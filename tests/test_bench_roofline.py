@@ -109,11 +109,13 @@ def test_roofline_section_quick_runs_a_case_against_measured_peaks():
 
 
 def test_flop_counts_on_meta_follow_the_fast_paths():
-    """The image path's summed taps cut the decode FLOPs (about 3x at full size); Wan runs diffusers' FLOPs."""
+    """The image path's summed taps cut the decode FLOPs (about 3x at full size); on a 5-frame Wan clip the head
+    taps skip the zero padding's taps of every 3-frame causal conv (a third of the 2-latent-frame layers, a fifth of
+    the 5-frame ones), so ours counts fewer FLOPs than diffusers, but not image-path fewer."""
     rows = {(r.case, r.reference): r for r in roofline.flop_rows(BenchOptions(quick=True), torch.float32,
                                                                   roofline.Peaks(100.0, 10.0, 1.0))}
     ours, ref = rows[("SeedVR2 image decode 32²", False)], rows[("SeedVR2 image decode 32²", True)]
     assert ours.gflop < ref.gflop and ours.speedup == pytest.approx(ref.gflop / ours.gflop)
     assert ours.ms == pytest.approx(ours.gflop / 100.0 * 1e3)  # the FLOPs at the conv peak
     wan = rows[("Wan 2.1 5-frame decode 32²", False)], rows[("Wan 2.1 5-frame decode 32²", True)]
-    assert wan[0].gflop == pytest.approx(wan[1].gflop, rel=0.01)
+    assert 1.1 < wan[1].gflop / wan[0].gflop < 1.5
