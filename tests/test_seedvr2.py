@@ -10,7 +10,8 @@ import torch
 import turbovae
 from turbovae.vae.checkpoint import CheckpointError
 from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE, build, expected_shapes
-from turbovae.vae.seedvr2.layers import PassContext, Upsample3D, pixel_shuffle_3d
+from turbovae.vae.seedvr2.layers import PassContext, Upsample3D
+from turbovae.vae.seedvr2.shuffle import pixel_shuffle_3d
 
 from seedvr2_reference import ReferenceSeedVR2, random_state_dict  # noqa: E402
 

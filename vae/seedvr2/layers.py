@@ -20,6 +20,7 @@ from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
 from .layerwise import SplitPolicy
+from .shuffle import pixel_shuffle_3d
 from ..fast_options import FastPaths
 
 
@@ -256,13 +257,6 @@ class Downsample3D(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         return self.conv(x, ctx)
-
-
-def pixel_shuffle_3d(u: torch.Tensor, s: int, zr: int) -> torch.Tensor:
-    """`b (x y z c) f h w -> b c (f z) (h x) (w y)` as view/permute/reshape (bit-exact; it only moves data)."""
-    b, ch, f, h, w = u.shape
-    c = ch // (s * s * zr)
-    return u.view(b, s, s, zr, c, f, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2).reshape(b, c, f * zr, h * s, w * s)
 
 
 class Upsample3D(nn.Module):

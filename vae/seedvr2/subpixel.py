@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_guard import conv3d as guarded_conv3d
+from .shuffle import pixel_shuffle_3d
 
 # For output phase a of a 3-tap window (offsets -1, 0, +1 at full resolution): which of the two
 # low-resolution taps (0: the lower-index pixel) and which input sub-pixel each full-resolution tap reads.
@@ -266,8 +267,7 @@ def _memory_tail(up, x: torch.Tensor, prev: Optional[torch.Tensor], frames: int)
     b, i, f, h, w = last.shape
     weight = up.upscale_conv.weight.reshape(-1, i)  # a 1×1×1 conv is a matmul over channels
     u = torch.addmm(up.upscale_conv.bias, last.permute(0, 2, 3, 4, 1).reshape(-1, i), weight.t())
-    c = weight.shape[0] // (4 * up.zr)
-    u = u.view(b, f, h, w, 2, 2, up.zr, c).permute(0, 7, 1, 6, 2, 4, 3, 5).reshape(b, c, f * up.zr, 2 * h, 2 * w)
+    u = pixel_shuffle_3d(u.view(b, f, h, w, -1).permute(0, 4, 1, 2, 3), 2, up.zr)  # token-major rows, channels last
     if prev is None and n == x.shape[2] and up.zr == 2:  # the first slice drops frame 0's second copy
         u = torch.cat([u[:, :, :1], u[:, :, 2:]], dim=2)
     have = u.shape[2]
