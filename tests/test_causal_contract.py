@@ -147,3 +147,39 @@ def test_one_fast_paths_type_and_each_architecture_names_its_fields(model):
     assert names == [n for n in model.fast_fields if getattr(FastPaths(), n)]
     with pytest.raises(ValueError, match="image_path"):
         model.fast.without("fold_image")
+
+
+def test_handed_over_memory_is_dropped_as_read_unless_a_region_may_rerun():
+    """`run_slices` hands each step its input memory (`MemoryHandoff`): every tensor is dropped once read, so a later
+    slice does not hold old and new memory together; a caller's tuple is only read; after a snapshot (a compiled
+    region that may be re-run) nothing more is dropped, so `restore` reads the same tensors again."""
+    from turbovae.vae.base import CausalMemory, MemoryHandoff
+
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    handed = MemoryHandoff([a, b, c])
+    mem = CausalMemory(handed)
+    assert mem.take() is a and handed[0] is None
+    saved = mem.snapshot()
+    assert mem.take() is b and handed[1] is b  # kept: the region may restore to here
+    mem.restore(saved)
+    assert mem.take() is b and mem.take() is c and mem.finish() == ()
+    owned = (a, b)
+    mem = CausalMemory(owned)
+    assert mem.take() is a and mem.take() is b and owned == (a, b)
+
+
+def test_sliced_passes_hand_their_memory_over(monkeypatch):
+    """Each later slice of a sliced decode receives a `MemoryHandoff` (and the result is the whole clip's)."""
+    from turbovae.vae import base
+
+    seen = []
+    start = base.CausalMemory.start
+    monkeypatch.setattr(base.CausalMemory, "start",
+                        lambda self, memory_in, collect: seen.append(type(memory_in)) or start(self, memory_in, collect))
+    model = WanVAE(TINY_WAN21).eval()
+    z = torch.randn(1, TINY_WAN21.z_dim, 4, 3, 4, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        sliced = model.decode_latents(z, temporal_slice=1)
+        whole = model.decode_latents(z)
+    assert seen[:3] == [type(None), base.MemoryHandoff, base.MemoryHandoff]
+    assert (sliced - whole).abs().max().item() <= 1e-5

@@ -114,6 +114,12 @@ State = tuple[torch.Tensor, ...]
 """The causal memory a step hands to the next: one tensor per cached thing, in execution order."""
 
 
+class MemoryHandoff(list):
+    """A step's input memory passed with ownership: the step drops each tensor as soon as it has read it, so a
+    later slice does not hold the old memory beside the new one (up to twice the memory at its end). The
+    caller must keep no other reference (`run_slices` hands its state over and drops its own)."""
+
+
 class CausalMemory(CausalState):
     """The causal memory of one encode/decode step as an explicit list of tensors, read (`take`) and written
     (`put`) in execution order; every architecture's pass context is one.
@@ -131,7 +137,9 @@ class CausalMemory(CausalState):
     def start(self, memory_in: Optional[Sequence[torch.Tensor]], collect: bool) -> None:
         """Begin a step reading `memory_in` (None: the first slice)."""
         self.first = memory_in is None
-        self._memory_in = list(memory_in) if memory_in is not None else []
+        # A handoff is read in place and emptied as read; any other sequence is the caller's and is only read.
+        self._release = isinstance(memory_in, MemoryHandoff)
+        self._memory_in = memory_in if self._release else (list(memory_in) if memory_in is not None else [])
         self._pos = 0
         self.collect = collect
         self.memory_out: list[torch.Tensor] = []
@@ -144,6 +152,8 @@ class CausalMemory(CausalState):
             raise ValueError(f"causal memory has {len(self._memory_in)} tensors but the model needs more; "
                              "pass the state returned by the previous step of the same model")
         t = self._memory_in[self._pos]
+        if self._release:
+            self._memory_in[self._pos] = None  # the caller's conv holds it while it needs it
         self._pos += 1
         return t
 
@@ -157,6 +167,7 @@ class CausalMemory(CausalState):
                 owners.append(owner)
 
     def snapshot(self) -> object:
+        self._release = False  # a region that may be re-run from here reads these tensors again
         return self._pos, len(self.memory_out)
 
     def restore(self, saved: object) -> None:
@@ -301,7 +312,8 @@ def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
     state: Optional[State] = None
     outs = []
     for i, (a, b) in enumerate(bounds):
-        out, state = step(x[:, :, a:b], state, collect=i < len(bounds) - 1, **kwargs)
+        carried, state = (None if state is None else MemoryHandoff(state)), None  # freed as the step reads it
+        out, state = step(x[:, :, a:b], carried, collect=i < len(bounds) - 1, **kwargs)
         outs.append(out)
         if progress is not None:
             progress(i + 1, len(bounds))
