@@ -234,13 +234,14 @@ def test_chain_writes_each_slice_in_place_and_refuses_a_slice_that_does_not_fit(
 
     names = (("latents",), ("pixels", "memory_0_out")), (("latents", "memory_0"), ("pixels", "memory_0_out"))
     z = torch.arange(5.0).reshape(1, 1, 5, 1, 1)  # latent t holds the value t
-    clip = chain_slices(_FakeSliceEngine("first", 5), names[0], _FakeSliceEngine("next", 4), names[1], z, 4)
+    clip = chain_slices(_FakeSliceEngine("first", 5), names[0], _FakeSliceEngine("next", 4), names[1], z, 4,
+                        first_latents=2, next_latents=1)
     assert clip.shape == (1, 3, 5 + 3 * 4, 8, 8)
     assert [clip[0, 0, f, 0, 0].item() for f in (0, 4, 5, 8, 9, 13, 16)] == [0, 0, 2, 2, 3, 4, 4]
     for bad in (_FakeSliceEngine("next", 4, hw=(8, 9)), _FakeSliceEngine("next", 4, dtype=torch.float16),
                 _FakeSliceEngine("next", 3)):
         with pytest.raises(EngineRunError, match="next: pixels"):
-            chain_slices(_FakeSliceEngine("first", 5), names[0], bad, names[1], z, 4)
+            chain_slices(_FakeSliceEngine("first", 5), names[0], bad, names[1], z, 4, first_latents=2, next_latents=1)
 
 
 @pytest.mark.parametrize("latents", [2, 3, 4, 5, 6])

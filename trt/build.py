@@ -99,10 +99,17 @@ def plan_jobs(table: BucketTable, backend_name: str, suffix: str, out_dir: Path,
 
 
 def preflight(out_dir: Path, table: BucketTable, *, backend: str, device: torch.device,
-              components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False) -> list[EngineJob]:
-    """Every check that needs no model: backend usable on `device`, table valid, components known, and
-    no file to be written already there (unless `overwrite`). Returns the planned jobs. Why separate:
-    a caller can fail fast before loading a checkpoint (or, in ComfyUI, before evicting every model)."""
+              components: Sequence[str] = COMPONENTS, video: bool = False, overwrite: bool = False,
+              slice_latents: Optional[int] = None) -> list[EngineJob]:
+    """Every check that needs no model: `slice_latents` only with video and in range, backend usable on
+    `device`, table valid, components known, and no file to be written already there (unless `overwrite`).
+    Returns the planned jobs. Why separate: a caller can fail fast before loading a checkpoint (or, in
+    ComfyUI, before evicting every model)."""
+    if slice_latents is not None:
+        if not video:
+            raise ValueError("slice_latents sets the video slice engines; build with video on (CLI: add --video) "
+                             "or leave it unset")
+        check_slice_latents(slice_latents)
     be = get_backend(backend)
     be.check_available(torch.device(device))
     table.validate()
@@ -166,7 +173,7 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     be = get_backend(backend)
     device = torch.device(device) if device is not None else vae.device
     jobs = preflight(Path(out_dir), table, backend=backend, device=device, components=components, video=video,
-                     overwrite=overwrite)
+                     overwrite=overwrite, slice_latents=slice_latents)
     if vae.dtype != torch.float32:
         raise ValueError(f"build engines from the fp32 model (got {vae.dtype}); the engine dtype is the dtype= "
                          "argument")
@@ -175,7 +182,7 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
         raise ValueError(f"table multiple {table.multiple} is not a multiple of the VAE factor {lf.spatial_factor}")
     if video:
         check_video_model(vae.model)
-    k = check_slice_latents(default_slice_latents(device) if slice_latents is None else slice_latents)
+    k = default_slice_latents(device) if slice_latents is None else slice_latents  # checked by preflight
     progress.report(f"hashing weights of {source or vae.source}")
     mhash = model_hash(vae.model.state_dict())
     facts = device_facts(device)

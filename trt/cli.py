@@ -68,13 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from ..vae.dtypes import parse_dtype
     from .backend import EngineError
     from .build import build_engine_set, preflight
-    from .video import check_slice_latents
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    if args.slice_latents is not None:
-        if not args.video:
-            raise ValueError("--slice-latents sets the video slice engines; add --video or drop it")
-        check_slice_latents(args.slice_latents)
     table = table_from_args(args)
     device = resolve_device(args.device)
     dtype = parse_dtype(args.dtype)
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == AUTO_BACKEND:
         print(f"backend: {backend} ({why})")
     preflight(args.out, table, backend=backend, device=device, components=components, video=args.video,
-              overwrite=args.overwrite)
+              overwrite=args.overwrite, slice_latents=args.slice_latents)
     vae = load_checkpoint(args.vae, dtype=torch.float32, device=device)
     try:
         paths = build_engine_set(vae, args.out, table, backend=backend, dtype=dtype, device=device,

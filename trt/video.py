@@ -128,7 +128,7 @@ def padded_latents(latents: int, first: int, step: int) -> int:
 
 def chain_slices(first: LoadedEngine, first_names: tuple[Sequence[str], Sequence[str]], nxt: LoadedEngine,
                  next_names: tuple[Sequence[str], Sequence[str]], z: torch.Tensor, temporal_factor: int, *,
-                 first_latents: int = 2, next_latents: int = 1) -> torch.Tensor:
+                 first_latents: int, next_latents: int) -> torch.Tensor:
     """Decode a [1, C, T >= 2, h, w] clip: one first slice of `first_latents`, then next slices of
     `next_latents` (the engines' static latent counts), the clip zero-padded at the end to fill the last
     slice and the padding's pixels cropped (causal: exact).
