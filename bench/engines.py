@@ -250,9 +250,9 @@ def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: t
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:
-    from ..vae.api import parse_dtype
+    from ..vae.dtypes import working_dtype
 
     device = torch.device(opts.device)
-    dtype = parse_dtype(opts.dtype) or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    dtype = working_dtype(opts.dtype, device)
     clips = clip_cases(device.type == "cuda", opts.quick)
     return image_rows(opts, device, dtype) + [r for clip in clips for r in clip_rows(clip, opts, device, dtype)]

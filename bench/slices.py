@@ -15,7 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import TurboVAE, parse_dtype
+from ..vae.api import TurboVAE
+from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
 from .models import seeded_init
 
@@ -50,7 +51,7 @@ def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ..
 def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     cuda = device.type == "cuda"
-    dtype = parse_dtype(opts.dtype) or (torch.bfloat16 if cuda else torch.float32)
+    dtype = working_dtype(opts.dtype, device)
     g = torch.Generator().manual_seed(0)
     rows: list[BenchRow] = []
     for case, arch, shape in _cases(opts, cuda):

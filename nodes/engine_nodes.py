@@ -18,6 +18,7 @@ from ..trt.backend_registry import AUTO_BACKEND, BACKEND_CHOICES, missing_onnx_e
 from ..trt.buckets import MODES
 from ..trt.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
 from ..vae.dtypes import DTYPE_NAMES
+from .choices import check_choice
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, list_model_files, model_roots, \
     register_tensorrt_folder, resolve_model_file
@@ -86,8 +87,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
 
         for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKEND_CHOICES),
                                      ("dtype", dtype, DTYPE_NAMES)):
-            if value not in allowed:
-                raise ValueError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+            check_choice(what, value, allowed)
         check_model_name(vae_name)  # a NUL, newline or blank name fails here, before anything is evicted
         if not isinstance(name, str) or not name.strip() or name != name.strip() or any(
                 c in name for c in (os.sep, "/", "\\", ":")) or name.startswith(".") or any(

@@ -18,7 +18,7 @@ from torch import nn
 from ..base import CausalMemory
 from ..fast_options import FastPaths
 from ..ops import rms_norm_silu
-from ..memory_format import memory_format_of
+from ..memory_format import channels_last_format, memory_format_of
 from ..weight_layout import PassScratch
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
@@ -154,12 +154,11 @@ class CausalConv3d(nn.Conv3d):
         fewer than the padded conv (a third of a 3-frame slice's work), no padded copy, and the head is 2-D
         convs (which oneDNN takes at sizes where a batch-1 conv3d falls to PyTorch's reference kernel)."""
         b, c, t, h, w = x.shape
-        fmt2 = torch.channels_last if fmt == torch.channels_last_3d else torch.contiguous_format
+        fmt2 = channels_last_format(4) if fmt == torch.channels_last_3d else torch.contiguous_format
         first_two = x[:, :, :2].permute(2, 0, 1, 3, 4).reshape(2 * b, c, h, w).contiguous(memory_format=fmt2)  # frame-major
-        # Tap 2 for frames 0 and 1 in one conv, then tap 1 of frame 0 into output 1. `packed` reuses one scratch
-        # buffer, so each tap's weight is used before the next is packed.
-        heads = F.conv2d(first_two, packed(self.weight[:, :, 2], fmt2, ctx), self.bias, self.stride[1:], self.pad_hw)
-        heads = heads.unflatten(0, (2, b))  # [2, B, O, h', w']
+        # Tap 2 (the image fold's conv) for frames 0 and 1 in one call, then tap 1 of frame 0 into output 1.
+        # `packed` reuses one scratch buffer, so each tap's weight is used before the next is packed.
+        heads = self.image(first_two, ctx).unflatten(0, (2, b))  # [2, B, O, h', w']
         heads[1] += F.conv2d(first_two[:b], packed(self.weight[:, :, 1], fmt2, ctx), None, self.stride[1:],
                              self.pad_hw)
         out = torch.empty((b, heads.shape[2], t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device,
