@@ -24,6 +24,7 @@ and SeedVR2 encode cases so that core is compared on decode and encode of every 
 
 from __future__ import annotations
 
+import copy
 import gc
 import statistics
 from contextlib import ExitStack
@@ -167,15 +168,12 @@ def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torc
     except ImportError:
         diffusers = None
     if diffusers is None:  # the `bench` extra is missing: say so in the row instead of failing
+        plain_model = _with_paths(model, FastPaths.plain())
+
         def plain(x: torch.Tensor) -> torch.Tensor:
-            fast = model.fast
-            model.fast = FastPaths.plain()
-            try:
-                return ours(x)
-            finally:
-                model.fast = fast
+            return plain_model.decode_latents(x) if x.shape[1] == cfg.z_dim else plain_model.encode_moments(x)
         return Pair("plain path (diffusers missing: pip install -e .[bench])", plain,
-                    "turbovae", ours, keep=[model], **layout)
+                    "turbovae", ours, keep=[model, plain_model], **layout)
     cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
     ref = cls(**diffusers_kwargs(cfg)).eval()
     ref.load_state_dict(sd)
@@ -201,14 +199,24 @@ def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) 
         model.load_state_dict(fan_in_weights(_shapes(SeedVR2VAE, cfg)))
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
-    def side(fast: FastPaths) -> Callable[[torch.Tensor], torch.Tensor]:
+    plain = _with_paths(model, FastPaths.plain())
+
+    def side(m: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(x: torch.Tensor) -> torch.Tensor:
-            model.fast = fast
-            return model.decode_latents(x) if x.shape[1] == cfg.latent_channels else model.encode_moments(x)
+            return m.decode_latents(x) if x.shape[1] == cfg.latent_channels else m.encode_moments(x)
         return run
 
-    return Pair(SEEDVR2_REFERENCE, side(FastPaths.plain()), "turbovae", side(FastPaths()), cfg.latent_channels,
-                cfg.spatial_factor, cfg.temporal_factor, [model])
+    return Pair(SEEDVR2_REFERENCE, side(plain), "turbovae", side(model), cfg.latent_channels,
+                cfg.spatial_factor, cfg.temporal_factor, [model, plain])
+
+
+def _with_paths(model, fast):
+    """A second model with the same weights running `fast` (its weights laid out for those paths). The sides of
+    a case alternate run by run, so each keeps its own model: switching `model.fast` between runs would re-lay
+    the weights inside the timed runs."""
+    other = copy.deepcopy(model)
+    other.fast = fast
+    return other
 
 
 def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, tile: int) -> Pair:

@@ -157,35 +157,34 @@ def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str
         from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
         cfg = SeedVR2Config.tiny() if quick else SeedVR2Config()
-        with torch.device("meta"):
-            model = SeedVR2VAE(cfg).eval()
 
         def side(fast: FastPaths) -> Callable:
+            with torch.device("meta"):  # a model per side: its weights laid out for its paths once
+                model = SeedVR2VAE(cfg, fast).eval()
+
             def run(x: torch.Tensor) -> torch.Tensor:
-                model.fast = fast
                 return model.decode_latents(x) if x.shape[1] == cfg.latent_channels else model.encode_moments(x)
             return run
         return ((main.SEEDVR2_REFERENCE, side(FastPaths.plain())), ("turbovae", side(FastPaths())),
                 cfg.latent_channels, cfg.spatial_factor, cfg.temporal_factor)
     from ..vae.fast_options import FastPaths
-    from ..vae.wan import TINY_WAN21, WAN21, WAN_FAST, WanVAE
+    from ..vae.wan import TINY_WAN21, WAN21, WanVAE
     from ..vae.wan.config import diffusers_kwargs
 
     cfg = TINY_WAN21 if quick else WAN21
     with torch.device("meta"):
         model = WanVAE(cfg).eval()
+        plain_model = WanVAE(cfg, fast=FastPaths.plain()).eval()
     try:
         import diffusers
     except ImportError:
         diffusers = None
 
     def ours(x: torch.Tensor) -> torch.Tensor:
-        model.fast = WAN_FAST
         return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
     if diffusers is None:
         def plain(x: torch.Tensor) -> torch.Tensor:
-            model.fast = FastPaths.plain()
-            return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
+            return plain_model.decode_latents(x) if x.shape[1] == cfg.z_dim else plain_model.encode_moments(x)
         reference = ("plain path (diffusers missing)", plain)
     else:
         with torch.device("meta"):

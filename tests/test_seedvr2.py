@@ -127,7 +127,8 @@ def test_functional_state_matches_layout(tiny_sd):
         out0, state = model.decode_step(z[:, :, :2], None)
         layout = model.memory_layout(decode=True, batch=1, height=2, width=3, first_frames=2)
         assert [s for _, s in layout] == [tuple(t.shape) for t in state]
-        assert all(t.is_contiguous() and t._base is None for t in state)  # compact copies, no views
+        compact = lambda t: t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last_3d)  # noqa: E731
+        assert all(compact(t) and t._base is None for t in state)  # compact copies (either layout), no views
         out1, state2 = model.decode_step(z[:, :, 2:], state)
         assert len(state2) == len(state)
         with pytest.raises(ValueError, match="causal memory"):
@@ -186,10 +187,65 @@ def test_folded_weights_follow_weight_changes(tiny_sd):
 
 
 def test_channels_last_is_exact(tiny_sd):
-    a, b = tiny_model(tiny_sd), tiny_model(tiny_sd, FastPaths(channels_last=True))
-    z = latents(3, seed=9)
+    a, b = tiny_model(tiny_sd, FastPaths(channels_last=False)), tiny_model(tiny_sd)
+    assert b.fast.channels_last  # the default
+    z, x = latents(3, seed=9), clip(5, seed=9)
     with torch.inference_mode():
         assert rel_err(b.decode_latents(z, clamp=False), a.decode_latents(z, clamp=False)) <= REL
+        assert rel_err(b.encode_moments(x), a.encode_moments(x)) <= REL
+        assert rel_err(b.decode_latents(z, temporal_slice=1), a.decode_latents(z, temporal_slice=1)) <= REL
+
+
+def _conv_weights(model):
+    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv3d) and m.weight.shape[2:] == (3, 3, 3)]
+
+
+def test_weights_follow_the_channels_last_switch_in_place(tiny_sd):
+    model = tiny_model(tiny_sd)
+    params = [id(w) for w in _conv_weights(model)]
+    assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
+    model.fast = FastPaths.plain()  # the plain path reads the checkpoint's layout, as the reference does
+    assert all(w.is_contiguous() for w in _conv_weights(model))
+    model.fast = FastPaths()
+    assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
+    assert [id(w) for w in _conv_weights(model)] == params  # the same Parameters: relaid, never copied beside
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny_sd.items())
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_every_layer_keeps_the_channels_last_layout(first):
+    """Convs large enough for oneDNN (ATen's reference kernel returns contiguous memory at small sizes): a
+    channels-last pass keeps its activations channels-last through the head taps, the padded body, and both
+    upsampler formulations, and matches the contiguous pass."""
+    from turbovae.vae.seedvr2.layers import CausalConv3d
+    from turbovae.vae.seedvr2 import subpixel
+
+    torch.manual_seed(0)
+    conv = CausalConv3d(64, 64, (3, 3, 3)).eval()
+    up = Upsample3D(64, True).eval()
+    x = torch.randn(1, 64, 4, 64, 64)
+    prev = None if first else [torch.randn(1, 64, 2, 64, 64), torch.randn(1, 64, 2, 128, 128)]
+    outs = {}
+    for cl in (False, True):
+        fast = FastPaths(channels_last=cl)
+        for m in (conv, up):
+            for p in m.modules():
+                if isinstance(p, torch.nn.Conv3d):
+                    p.weight.data = p.weight.data.contiguous(
+                        memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
+        def ctx(memory):
+            return PassContext(fast, None if first else [memory], collect=True)
+        with torch.inference_mode():
+            y = conv(x, ctx(prev[0] if prev else None))  # a contiguous input: the conv lays it out itself
+            up_ctx = ctx(prev[1] if prev else None)
+            plain_up = up.conv(up.upscale(y, up_ctx), up_ctx)
+            composed = subpixel.upsample_conv(up, y, ctx(prev[1] if prev else None))
+        if cl:
+            for name, t in (("conv", y), ("upsampler", plain_up), ("composed upsampler", composed)):
+                assert t.is_contiguous(memory_format=torch.channels_last_3d) and not t.is_contiguous(), name
+        outs[cl] = (y, plain_up, composed)
+    for a, b in zip(outs[False], outs[True]):
+        assert rel_err(b, a) <= REL
 
 
 @pytest.mark.parametrize("zr", [1, 2])

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
+from .memory_format import channels_last_format
+from .weight_layout import conv_modules, hold_layout
 
 
 @dataclass(frozen=True)
@@ -201,12 +203,45 @@ class VAEModel(nn.Module, ABC):
     kind: ClassVar[str]
     latent_format: LatentFormat
     memory_model: MemoryModel
-    fast: FastPaths  # the optimisations this model runs with (settable; each exact in fp32)
     fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
 
+    @property
+    def fast(self) -> FastPaths:
+        """The optimisations this model runs with (settable; each exact in fp32)."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, value: FastPaths) -> None:
+        self._fast = value
+        self.hold_weights(value.channels_last)
+
+    def hold_weights(self, channels_last: Optional[bool] = None) -> None:
+        """Lay every conv weight out, in place, in the layout this model's convs read: channels-last where that
+        path is on (default: `fast.channels_last`), else the checkpoint's contiguous layout. The weights stay
+        the only copy (`vae/weight_layout.py`); a conv handed weights in the other layout would reorder them, or
+        its input, on every call. Architectures call it at the end of `__init__` and after every
+        `load_state_dict` (`hold_weights_after_loads`); setting `fast` calls it too."""
+        hold_layout(conv_modules(self), self._fast.channels_last if channels_last is None else channels_last)
+
+    def hold_weights_after_loads(self) -> None:
+        """`hold_weights` now and after every `load_state_dict` (a load with `assign=True` puts the checkpoint's
+        own tensors in place, in the file's layout)."""
+        self.hold_weights()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.hold_weights())
+
     def active_fast(self) -> FastPaths:
-        """The fast paths a step runs with: channels-last only where it passed its self-check."""
-        return active(self.fast, self.device, self.dtype)
+        """The fast paths a step runs with: channels-last only where it passed its self-check (and then the
+        weights follow: a device that failed the check must not run channels-last convs through its weights)."""
+        fast = active(self.fast, self.device, self.dtype)
+        if fast.channels_last != self.fast.channels_last:
+            self.hold_weights(fast.channels_last)
+        return fast
+
+    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` in the layout the step's convs run in: channels-last (NHWC / NDHWC) where that path is on."""
+        if not self.active_fast().channels_last:
+            return x
+        return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- the causal steps (the architecture's part) -------------------------------------------
     @abstractmethod
@@ -388,15 +423,3 @@ def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]
         out.append((start, stop))
         start = stop
     return out
-
-
-def tracing() -> bool:
-    """True under torch.compile / torch.export / jit tracing, where tensors are fake (no storage to reuse)."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None:
-        if compiler.is_compiling():
-            return True
-        is_exporting = getattr(compiler, "is_exporting", None)
-        if is_exporting is not None and is_exporting():
-            return True
-    return torch.jit.is_tracing()

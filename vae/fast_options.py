@@ -16,8 +16,9 @@ ablation toggles only those (`ablations`).
   for Wan's zero padding (3 instead of 6); the body is a valid conv3d without a padded copy.
 - subpixel_conv: an upsampler's 1×1 conv, sub-pixel shuffle and 3×3×3 causal conv run as composed convs with 2×2
   spatial taps at low resolution (vae/seedvr2/subpixel.py), where the layer is large enough to pay for composing.
-- channels_last: NHWC / NDHWC activations (faster convs on CPU oneDNN and GPUs); where it runs on a GPU it
-  must first pass its self-check (`active`).
+- channels_last: NHWC / NDHWC activations, the layout the conv weights are stored in (oneDNN and cuDNN convs
+  run it without reordering either side, and per-frame norms see each frame as a view); where it runs on a
+  GPU it must first pass its self-check (`active`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class FastPaths:
     image_path: bool = True
     head_taps: bool = True
     subpixel_conv: bool = True
-    channels_last: bool = False
+    channels_last: bool = True
 
     @classmethod
     def plain(cls) -> "FastPaths":

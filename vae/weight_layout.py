@@ -3,9 +3,11 @@
 Why: a second copy per fast path (the last temporal tap for the single-frame image path, a channels-last
 copy for the clip path) is memory that the host does not know about: ComfyUI's model management counts
 the parameters, so it can neither budget nor offload such copies, and on a large VAE they added up to more
-than the size of the model. Instead each parameter is stored once, converted in place at load to the
-channels-last layout that the channels-last fast paths hand to the conv kernel (NDHWC for 3-D weights,
-NHWC for 2-D ones). The checkpoint's shape [O, I, kt, kh, kw] is kept, so keys, shapes, values and
+than the size of the model. Instead each parameter is stored once, laid out in place in the layout the
+model's convs read (`VAEModel.hold_weights`: at construction, after each load and when `model.fast` changes):
+channels-last with the channels-last fast path on (NDHWC for 3-D weights, NHWC for 2-D ones), else the
+checkpoint's contiguous layout (a conv handed weights in the other layout reorders them, or its input, on every
+call). The checkpoint's shape [O, I, kt, kh, kw] is kept, so keys, shapes, values and
 `state_dict()` are unchanged, and `Tensor.to` keeps the layout (dense tensors preserve their strides).
 
 Every other reader takes a view: a temporal tap `w[:, :, t]` (the image path's folded last tap, or a
@@ -20,16 +22,16 @@ would copy the layer's whole weight per call.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch import nn
 
-from .base import tracing
+from .tracing import tracing
 from .memory_format import channels_last_format
 
 
-def channels_last(weight: torch.Tensor) -> torch.Tensor:
+def channels_last_copy(weight: torch.Tensor) -> torch.Tensor:
     """`weight` with the same shape and values, stored channels-last (3-D for 5-D weights, 2-D for 4-D)."""
     if weight.ndim not in (4, 5):
         return weight
@@ -42,14 +44,23 @@ def is_channels_last(weight: torch.Tensor) -> bool:
     return weight.is_contiguous(memory_format=channels_last_format(weight.ndim))
 
 
-def hold_channels_last(modules: Iterable[nn.Module]) -> None:
-    """Re-lay the `weight` parameter of each module in place (the Parameter object is kept, so hooks and
-    ComfyUI's patcher still see it); a transient copy of one layer's weight at a time."""
+def hold_layout(modules: Iterable[nn.Module], channels_last: bool) -> None:
+    """Re-lay the `weight` parameter of each module in place, channels-last or contiguous (the Parameter object is
+    kept, so hooks and ComfyUI's patcher still see it); a transient copy of one layer's weight at a time, none for
+    weights already laid out so."""
     with torch.no_grad():
         for m in modules:
             w = getattr(m, "weight", None)
-            if isinstance(w, nn.Parameter) and not is_channels_last(w):
-                w.data = channels_last(w.data)
+            if not isinstance(w, nn.Parameter):
+                continue
+            if channels_last and not is_channels_last(w):
+                w.data = channels_last_copy(w.data)
+            elif not channels_last and not w.is_contiguous():
+                w.data = w.data.contiguous()
+
+
+def conv_modules(model: nn.Module) -> Iterator[nn.Module]:
+    return (m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d)))
 
 
 class PassScratch:

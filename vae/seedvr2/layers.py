@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import CausalMemory
+from ..memory_format import channels_last_format, memory_format_of
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
@@ -39,6 +40,11 @@ class PassContext(CausalMemory):
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
         self.tick: Optional[Callable[[], None]] = None  # called after each layer-wise conv (progress, cancel)
         self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        """The layout of this pass's 5-D activations (its convs' inputs and outputs)."""
+        return torch.channels_last_3d if self.fast.channels_last else torch.contiguous_format
 
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
@@ -70,6 +76,8 @@ class CausalConv3d(nn.Conv3d):
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if ctx.split is not None:
             return layerwise.causal_conv(self, x, ctx, ctx.split)
+        # A conv that took ATen's reference kernel (small shapes) returns contiguous memory: back to the pass's layout.
+        x = x.contiguous(memory_format=ctx.memory_format)
         if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
             return self._image_forward(x, ctx)
         if ctx.first and ctx.fast.head_taps and self._head_taps_apply(x):
@@ -102,14 +110,19 @@ class CausalConv3d(nn.Conv3d):
         pair_b = torch.cat([self.bias, torch.zeros_like(self.bias)])
         heads = F.conv2d(x[:, :, 0], pair_w, pair_b, sp_stride, sp_pad)
         del pair_w
-        second = F.conv2d(x[:, :, 1], w[:, :, 2].contiguous(), self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
-        out = torch.empty((x.shape[0], cout, t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device)
+        fmt = ctx.memory_format
+        last = w[:, :, 2].contiguous(memory_format=channels_last_format(4) if ctx.fast.channels_last
+                                     else torch.contiguous_format)
+        second = F.conv2d(x[:, :, 1], last, self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
+        del last
+        out = torch.empty((x.shape[0], cout, t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device,
+                          memory_format=fmt)
         out[:, :, 0] = heads[:, :cout]
         out[:, :, 1] = second
         if t > 2:
             out[:, :, 2:] = guarded_conv3d(x, self.weight, self.bias, self.stride, self.padding)
         if self.memory_frames and ctx.collect:
-            ctx.put(x[:, :, -self.memory_frames:].contiguous().clone(), self)
+            ctx.put(x[:, :, -self.memory_frames:].clone(memory_format=fmt), self)  # one compact copy
         return out
 
     def _head(self, prev: Optional[torch.Tensor]) -> int:
@@ -318,7 +331,8 @@ class Upsample3D(nn.Module):
         b, ch, f, h, w = u.shape
         zr, c = self.zr, ch // (4 * self.zr)
         uv = u.view(b, 2, 2, zr, c, f, h, w)
-        out = torch.empty((b, c, f * zr - int(drop_head), 2 * h, 2 * w), dtype=u.dtype, device=u.device)
+        out = torch.empty((b, c, f * zr - int(drop_head), 2 * h, 2 * w), dtype=u.dtype, device=u.device,
+                          memory_format=memory_format_of(u))
 
         def frames_view(t: torch.Tensor, n: int) -> torch.Tensor:  # [b, c, n*zr, 2h, 2w] -> [b, c, n, zr, h, 2, w, 2]
             return t.unflatten(2, (n, zr)).unflatten(4, (h, 2)).unflatten(6, (w, 2))

@@ -186,7 +186,11 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     elif tuple(out.shape) != shape:
         raise ValueError(f"output buffer {tuple(out.shape)} does not match the conv output {shape}")
     side = policy.tile_side(max(conv.in_channels, conv.out_channels), head + t)
-    weight2d = conv.folded_weight() if image else None
+    # Tiles and bands run in the contiguous layout, whatever the parameters' layout: its kernels sum in the same
+    # order at every crop size, so a frame split across tiles or devices matches the whole frame (≤ 1e-5).
+    # The contiguous weight is made for this layer's call and freed after it.
+    weight2d = conv.folded_weight().contiguous() if image else None
+    weight = None if image else conv.weight.contiguous()
     for oy0, oy1 in partition(h_out, side):
         for ox0, ox1 in partition(w_out, side):
             rows = ((out_row0 + oy0) * sh - ph, (out_row0 + oy1 - 1) * sh - ph + kh)
@@ -205,7 +209,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             else:
                 hist = None
             buf = torch.cat([hist, xin], dim=2) if hist is not None else xin
-            y = guarded_conv3d(buf, conv.weight, conv.bias, conv.stride)
+            y = guarded_conv3d(buf, weight, conv.bias, conv.stride)
             if residual is not None:
                 y += residual(slice(oy0, oy1), slice(ox0, ox1))
             out[:, :, :, oy0:oy1, ox0:ox1] = y

@@ -124,6 +124,7 @@ class SeedVR2VAE(VAEModel):
         self.latent_format = LatentFormat(config.latent_channels, config.spatial_factor, config.temporal_factor,
                                           scaling_factor=config.scaling_factor)
         self.memory_model = _memory_model(config)
+        self.hold_weights_after_loads()  # the layout the convs read; tap sums are made per call
 
     # -- functional steps ----------------------------------------------------------------------
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
@@ -137,7 +138,7 @@ class SeedVR2VAE(VAEModel):
         """
         ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
-        out = self.encoder(pixels, ctx)
+        out = self.encoder(pixels if split is not None else self.to_memory_format(pixels), ctx)
         return out, ctx.finish()
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
@@ -148,7 +149,8 @@ class SeedVR2VAE(VAEModel):
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
         ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
-        out = self.decoder(latents, ctx)
+        # Exact tiling and the multi-device pass (`split`) take the input's layout, so both run the same kernels.
+        out = self.decoder(latents if split is not None else self.to_memory_format(latents), ctx)
         if clamp:
             out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
         return out, ctx.finish()

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_guard import conv3d as guarded_conv3d
+from ..memory_format import memory_format_of
 from .shuffle import pixel_shuffle_3d
 
 # For output phase a of a 3-tap window (offsets -1, 0, +1 at full resolution): which of the two
@@ -182,7 +183,7 @@ def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     patterns = bias_patterns(w3, b1, zr)  # [k_t, z_r, O, 6, 6]
     classes = output_classes(zr, kt, t, first_slice=prev is None)
     frames_out = output_frames(up.zr, t, first_slice=prev is None, image=image)
-    out = torch.empty(b, o, frames_out, 2 * h, 2 * w, dtype=x.dtype, device=x.device)
+    out = torch.empty(b, o, frames_out, 2 * h, 2 * w, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
     xp = F.pad(x, (1, 1, 1, 1))
     for cls in classes:
         _run_class(cls, xp, atoms, patterns, conv.bias, out, first_slice=prev is None)
@@ -274,7 +275,7 @@ def _memory_tail(up, x: torch.Tensor, prev: Optional[torch.Tensor], frames: int)
     if have < frames:
         before = prev[:, :, have - frames:] if prev is not None else u[:, :, :1].expand(-1, -1, frames - have, -1, -1)
         u = torch.cat([before, u], dim=2)
-    return u[:, :, -frames:].contiguous()
+    return u[:, :, -frames:].contiguous(memory_format=memory_format_of(x))
 
 
 def classes_cover(classes: Sequence[OutputClass], frames_out: int) -> bool:

@@ -25,7 +25,7 @@ from ..kernels.conv_guard import conv3d as guarded_conv3d
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 
 
-WAN_FAST = FastPaths(channels_last=True)
+WAN_FAST = FastPaths()
 """The Wan family's default fast paths (channels-last pays on CPU oneDNN and GPUs alike)."""
 
 WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_residual")

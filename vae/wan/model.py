@@ -20,9 +20,7 @@ from torch import nn
 
 from ..base import LatentFormat, MemoryModel, State, VAEModel
 from ..fast_options import FastPaths
-from ..memory_format import channels_last_format
 from ..plans import ExactPlan
-from ..weight_layout import hold_channels_last
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
@@ -174,22 +172,10 @@ class WanVAE(VAEModel):
                                           mean=cfg.latents_mean, std=cfg.latents_std,
                                           image_channels=cfg.image_channels)
         self.memory_model = memory_model(cfg)
-        self.hold_weights_once()
-        # `build` loads with assign=True, which puts the checkpoint's tensors in place: lay them out again.
-        self.register_load_state_dict_post_hook(lambda module, _keys: module.hold_weights_once())
-
-    def hold_weights_once(self) -> None:
-        """Store every conv weight once, channels-last (`vae/weight_layout.py`): the clip path's kernels read
-        the parameters themselves and the image path's folded last tap is a view, not a cached copy."""
-        hold_channels_last(m for m in self.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d)))
+        self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
     def context(self) -> StreamContext:
         return StreamContext(self.active_fast())
-
-    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.active_fast().channels_last:
-            return x
-        return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- the causal steps --------------------------------------------------------------------
     def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
