@@ -211,8 +211,7 @@ def test_channels_last_failure_runs_the_pass_contiguous(arch, mode, on_cpu, seed
 
     torch.manual_seed(0)
     model = SeedVR2VAE(SeedVR2Config.tiny()) if arch == "seedvr2" else WanVAE(TINY_WAN21)
-    if arch == "seedvr2":
-        model.fast = replace(model.fast, channels_last=True)  # off by default there
+    assert model.fast.channels_last  # on by default in both architectures
     vae = TurboVAE(model)
     z = torch.randn(1, vae.latent_channels, 2, 4, 4, generator=seeded)
     fast_off = replace(model.fast, channels_last=False)
@@ -236,6 +235,8 @@ def test_channels_last_failure_runs_the_pass_contiguous(arch, mode, on_cpu, seed
     _one_warning(caplog, "channels-last activations", "contiguous")
     assert not fast_paths.enabled("channels_last", "cpu")
     assert model.active_fast().channels_last is False
+    convs = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv3d)]
+    assert convs and all(w.is_contiguous() for w in convs)  # a failed device runs no channels-last conv at all
 
 
 def test_channels_last_that_passes_stays_on(on_cpu):
