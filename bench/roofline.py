@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from ..vae.dtypes import working_dtype
+from ..vae.ops import matmul
 from . import main, op_costs
 from .common import BenchOptions, BenchRow, sync
 
@@ -72,6 +73,9 @@ def probes(device: torch.device, quick: bool) -> tuple[PeakProbe, ...]:
         PeakProbe(f"conv2d 3×3 {c}→{c}, {2 * hw}²", _conv2d_inputs(c, 2 * hw), torch.nn.functional.conv2d),
         PeakProbe(f"GEMM {n}×{n}×{n}", lambda d, dt: (torch.randn(n, n, device=d, dtype=dt),
                                                    torch.randn(n, n, device=d, dtype=dt)), torch.mm),
+        # The same product through `vae.ops.matmul` (a 1×1 conv on CPU): the baseline above, in the same run.
+        PeakProbe(f"matmul {n}×{n}×{n} (ops.matmul)", lambda d, dt: (torch.randn(n, n, device=d, dtype=dt),
+                                                                torch.randn(n, n, device=d, dtype=dt)), matmul),
         PeakProbe(f"copy {mib} MiB", lambda d, dt: (torch.empty(mib * 2**20 // 4, device=d),
                                                   torch.randn(mib * 2**20 // 4, device=d)),
                   lambda dst, src: dst.copy_(src)),

@@ -100,7 +100,9 @@ def test_roofline_section_quick_runs_a_case_against_measured_peaks():
     cases = [r for r in rows if r.case != "machine peak"]
     flops = [r for r in cases if isinstance(r, roofline.FlopRow)]
     timed = [r for r in cases if not isinstance(r, roofline.FlopRow)]
-    assert len(peaks) == 4 and len(timed) == 2 and timed[0].reference
+    assert len(peaks) == 5 and len(timed) == 2 and timed[0].reference
+    gemm, via_conv = (next(r for r in peaks if r.variant.startswith(p)) for p in ("GEMM", "matmul"))
+    assert via_conv.gflop == pytest.approx(gemm.gflop)  # the same product, counted as the same FLOPs
     assert all(r.gflop > 0 and r.pct_of_peak > 0 and r.bound for r in timed)
     assert len(flops) == 2 * 10 and all(r.gflop > 0 for r in flops)  # SeedVR2 rows of FLOP_CASES
     for table in ("roofline", "flops"):

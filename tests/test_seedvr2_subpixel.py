@@ -120,3 +120,19 @@ def test_decoder_with_composed_upsampler_equals_plain_decoder():
                           model.decode_latents(z[:, :, :1])]
     for f, p in zip(outs["composed"], outs["plain"]):
         assert (f - p).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matmul_through_a_1x1_conv_equals_mm(transposed):
+    """`ops.matmul` (the composition's GEMM) runs as a 1×1 conv on CPU: same product as `torch.mm`, any input
+    strides, a contiguous result; on the meta device (the FLOP counter) it stays `mm`."""
+    from turbovae.vae.ops import matmul
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(90, 330, generator=g).t() if transposed else torch.randn(330, 90, generator=g)
+    b = torch.randn(90, 70, generator=g)
+    out = matmul(a, b)
+    assert out.shape == (330, 70) and out.is_contiguous()
+    assert (out - a @ b).abs().max().item() <= 1e-4 * (a.abs().max() * b.abs().max() * 90).item() ** 0.5
+    assert matmul(a.to("meta"), b.to("meta")).shape == (330, 70)
+    assert torch.equal(matmul(a.double(), b.double()), a.double() @ b.double())  # other dtypes: torch.mm itself

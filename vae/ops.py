@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from . import fast_paths
 from .memory_format import memory_format_of
+from .tracing import tracing
 
 _AUTO = object()  # not resolved yet: vae.kernels.default_dispatch() is asked on the first CUDA call
 _FUSED_DISPATCH = _AUTO
@@ -170,3 +171,16 @@ def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional
     if silu:
         y = F.silu(y, inplace=True)
     return y
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` for 2-D fp32 tensors; on CPU computed as a 1×1 conv2d over `a`'s rows (channels-last, no copy of
+    `a`): oneDNN's convolution runs these products at about twice the rate of `torch.mm` on the CPUs measured
+    (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`."""
+    if a.device.type != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
+        return a @ b
+    m, k = a.shape
+    n = b.shape[1]
+    rows = a.contiguous().view(1, m, 1, k).permute(0, 3, 1, 2)  # [1, k, m, 1] over a's row-major storage
+    y = F.conv2d(rows, b.t().contiguous().view(n, k, 1, 1))  # [1, n, m, 1], channels-last: row-major [m, n]
+    return y.permute(0, 2, 3, 1).reshape(m, n)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 from ..memory_format import memory_format_of
+from ..ops import matmul
 from .shuffle import pixel_shuffle_3d
 
 # For output phase a of a 3-tap window (offsets -1, 0, +1 at full resolution): which of the two
@@ -72,7 +73,7 @@ def composed_atoms(conv_weight: torch.Tensor, upscale_weight: torch.Tensor, zr: 
     for output row 2i + a.
 
     `conv_weight` [O, M, k_t, 3, 3] (k_t = 1 for the folded image path), `upscale_weight` [4·z_r·M, I, …] with
-    channel index ((x·2 + y)·z_r + z)·M + m. One GEMM forms every (tap, input sub-pixel) product in fp32;
+    channel index ((x·2 + y)·z_r + z)·M + m. One GEMM (`ops.matmul`) forms every (tap, input sub-pixel) product in fp32;
     each product belongs to exactly one (phase, low-resolution tap), where it is added."""
     o, m, kt = conv_weight.shape[:3]
     i = upscale_weight.shape[1]
@@ -81,7 +82,7 @@ def composed_atoms(conv_weight: torch.Tensor, upscale_weight: torch.Tensor, zr: 
     composed = torch.zeros(2, 2, 2, 2, o, kt, zr, i, dtype=torch.float32, device=conv_weight.device)
     for x in (0, 1):
         for y in (0, 1):  # one input sub-pixel at a time: the products' buffer stays a quarter of the atoms
-            prods = (taps @ up[x, y].permute(1, 0, 2).reshape(m, zr * i)).view(3, 3, o, kt, zr, i)
+            prods = matmul(taps, up[x, y].permute(1, 0, 2).reshape(m, zr * i)).view(3, 3, o, kt, zr, i)
             for a in (0, 1):
                 for dy, (p, xa) in enumerate(_TAPS[a]):
                     if xa != x:
