@@ -64,6 +64,10 @@ def _conv2d_inputs(c: int, hw: int):
                           torch.randn(c, c, 3, 3, device=d, dtype=dt) / (9 * c) ** 0.5)
 
 
+def _gemm_inputs(n: int):
+    return lambda d, dt: (torch.randn(n, n, device=d, dtype=dt), torch.randn(n, n, device=d, dtype=dt))
+
+
 def probes(device: torch.device, quick: bool) -> tuple[PeakProbe, ...]:
     """Sizes large enough to reach the peak (GPU: larger), small with `--quick` (the test of the job)."""
     cuda = device.type == "cuda"
@@ -71,11 +75,9 @@ def probes(device: torch.device, quick: bool) -> tuple[PeakProbe, ...]:
     return (
         PeakProbe(f"conv3d 3×3×3 {c}→{c}, 5×{hw}²", _conv3d_inputs(c, 5, hw), torch.nn.functional.conv3d),
         PeakProbe(f"conv2d 3×3 {c}→{c}, {2 * hw}²", _conv2d_inputs(c, 2 * hw), torch.nn.functional.conv2d),
-        PeakProbe(f"GEMM {n}×{n}×{n}", lambda d, dt: (torch.randn(n, n, device=d, dtype=dt),
-                                                   torch.randn(n, n, device=d, dtype=dt)), torch.mm),
+        PeakProbe(f"GEMM {n}×{n}×{n}", _gemm_inputs(n), torch.mm),
         # The same product through `vae.ops.matmul` (a 1×1 conv on CPU): the baseline above, in the same run.
-        PeakProbe(f"matmul {n}×{n}×{n} (ops.matmul)", lambda d, dt: (torch.randn(n, n, device=d, dtype=dt),
-                                                                torch.randn(n, n, device=d, dtype=dt)), matmul),
+        PeakProbe(f"matmul {n}×{n}×{n} (ops.matmul)", _gemm_inputs(n), matmul),
         PeakProbe(f"copy {mib} MiB", lambda d, dt: (torch.empty(mib * 2**20 // 4, device=d),
                                                   torch.randn(mib * 2**20 // 4, device=d)),
                   lambda dst, src: dst.copy_(src)),

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
-from .memory_format import channels_last_format
 from .weight_layout import conv_modules, hold_layout
 
 
@@ -236,12 +235,6 @@ class VAEModel(nn.Module, ABC):
         if fast.channels_last != self.fast.channels_last:
             self.hold_weights(fast.channels_last)
         return fast
-
-    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` in the layout the step's convs run in: channels-last (NHWC / NDHWC) where that path is on."""
-        if not self.active_fast().channels_last:
-            return x
-        return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- the causal steps (the architecture's part) -------------------------------------------
     @abstractmethod

@@ -76,7 +76,9 @@ class CausalConv3d(nn.Conv3d):
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if ctx.split is not None:
             return layerwise.causal_conv(self, x, ctx, ctx.split)
-        # A conv that took ATen's reference kernel (small shapes) returns contiguous memory: back to the pass's layout.
+        # The pass's layout for every conv: the step's input arrives contiguous (the first conv lays it out), and a
+        # conv that took ATen's reference kernel (small shapes) returns contiguous memory. Exact tiling and the
+        # multi-device pass (`split`, above) keep the input's layout, so both run the same kernels.
         x = x.contiguous(memory_format=ctx.memory_format)
         if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
             return self._image_forward(x, ctx)

@@ -138,7 +138,7 @@ class SeedVR2VAE(VAEModel):
         """
         ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
-        out = self.encoder(pixels if split is not None else self.to_memory_format(pixels), ctx)
+        out = self.encoder(pixels, ctx)
         return out, ctx.finish()
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
@@ -149,8 +149,7 @@ class SeedVR2VAE(VAEModel):
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
         ctx = PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
-        # Exact tiling and the multi-device pass (`split`) take the input's layout, so both run the same kernels.
-        out = self.decoder(latents if split is not None else self.to_memory_format(latents), ctx)
+        out = self.decoder(latents, ctx)
         if clamp:
             out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
         return out, ctx.finish()

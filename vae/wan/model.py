@@ -20,6 +20,7 @@ from torch import nn
 
 from ..base import LatentFormat, MemoryModel, State, VAEModel
 from ..fast_options import FastPaths
+from ..memory_format import channels_last_format
 from ..plans import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
@@ -176,6 +177,11 @@ class WanVAE(VAEModel):
 
     def context(self) -> StreamContext:
         return StreamContext(self.active_fast())
+
+    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active_fast().channels_last:
+            return x
+        return x.contiguous(memory_format=channels_last_format(x.ndim))
 
     # -- the causal steps --------------------------------------------------------------------
     def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
