@@ -85,3 +85,7 @@ def rank_main(rank: int, world: int, folder: str) -> None:
         report["failure"] = type(e).__name__
     report["failure_seconds"] = time.monotonic() - t0
     torch.save(report, os.path.join(folder, f"rank{rank}.pt"))
+    # Tear the groups down before the process exits: gloo threads of a group whose collective timed out (the
+    # failure case above) can otherwise abort the interpreter's exit ("terminate called without an active
+    # exception") after every report is written.
+    dist.destroy_process_group()
