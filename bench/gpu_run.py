@@ -37,6 +37,24 @@ CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "se
 # Keys with a tiny-config twin in the dry run (bench/gpu.py cases(quick=True)).
 DRY_RUN_KEYS = ("qwen-decode-1024", "seedvr2-decode-720p21", "wan21-decode-720p81")
 DOCTOR_LIMIT_S = 180  # the doctor's own timeout in a call (its micro-bench is bounded; building the models adds)
+# The checkout this module belongs to (through the `turbovae` link the script makes, resolved): every task runs
+# with it as the working directory, so the relative paths below mean the same on any machine.
+CHECKOUT = Path(__file__).resolve().parents[1]
+# What the GPU-tests task selects: the GPU-marked tests, plus the `lease_canary` test that runs on any device,
+# so a run where every GPU test is skipped (the CPU dry run) still sets one test up and proves setup works.
+GPU_TESTS_MARK = "gpu or lease_canary"
+
+
+def pytest_argv(paths: Sequence[str] = ("tests",)) -> tuple[str, ...]:
+    """The GPU tests' pytest invocation (after `python -m`), one definition for the lease run and its CI check.
+
+    Why `--confcutdir tests`: pytest 9 builds a collector for every folder between the confcutdir (by default
+    the folder of pyproject.toml) and the tests, and the checkout root holds `__init__.py`, so the root becomes
+    a Package node whose setup imports that file. It can import it as a package only when the checkout's
+    folder name is a valid module name; a lent machine's copy (or a `ComfyUI-TurboVAE` clone) is not, and the
+    file then runs as a lone module whose relative imports fail at every test's setup. With the confcutdir at
+    `tests/`, no collector above `tests/` exists and the package is imported only as `turbovae`."""
+    return ("pytest", "-m", GPU_TESTS_MARK, "-q", "-p", "no:cacheprovider", "--confcutdir", "tests", *paths)
 
 
 @dataclass(frozen=True)
@@ -108,7 +126,7 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
         device = ("--device", "cuda", "--dtype", "bf16", "--repeat", "5", "--warmup", "2")
     tasks = []
     if tests:
-        tasks.append(Task("gpu-tests", py + ("pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"),
+        tasks.append(Task("gpu-tests", py + pytest_argv(),
                           expected_s=150, limit_s=300, bench=False))
     expected = {"wan21-decode-720p81": (300, 480), "seedvr2-decode-720p21": (150, 360)}
     for key in CASE_KEYS:
@@ -177,7 +195,8 @@ def run_subprocess(task: Task, timeout: float, workdir: Path) -> tuple[int, str,
     log = workdir / f"{task.key}.log"
     with open(log, "w") as f:
         try:
-            code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                  cwd=CHECKOUT).returncode
         except subprocess.TimeoutExpired:
             code = -1
     text = log.read_text(errors="replace")

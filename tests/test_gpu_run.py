@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,11 +25,49 @@ def _strict_json(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=reject)
 
 
+def _copy_checkout(dest: Path) -> Path:
+    """The checkout's files (tracked and untracked-but-not-ignored; no .git, no caches) copied under `dest`:
+    what a lent machine receives, in a folder whose name the test chooses."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                                capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    except (OSError, subprocess.SubprocessError):  # not a git checkout (an unpacked archive): copy the tree
+        shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", ".whl", "gpu_results"))
+        return dest
+    for rel in filter(None, listed):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+@pytest.mark.lease_canary
+def test_lease_canary_imports_this_checkout_as_turbovae():
+    """Selected with the GPU tests by scripts/gpu_run.sh on any device: on CPU every GPU test is skipped before
+    its setup, so this is the test whose setup proves the run's pytest reaches assertions. It checks that the
+    `turbovae` the tests import is the checkout that holds them, not another copy."""
+    import turbovae
+
+    assert Path(turbovae.__file__).resolve().parent == REPO
+    assert gpu_run.CHECKOUT == REPO
+
+
 def test_dry_run_end_to_end(tmp_path):
-    env = dict(os.environ, OUT=str(tmp_path))
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_run.sh"), "--dry-run"], cwd=tmp_path, env=env,
+    """The whole script from a copy of the checkout in a folder that is not a valid module name (as on a lent
+    machine): its GPU-tests task must set tests up (the canary passes) and every task must finish."""
+    checkout = _copy_checkout(tmp_path / "lease-checkout")
+    assert not checkout.name.isidentifier()
+    results = tmp_path / "out"
+    env = dict(os.environ, OUT=str(results))
+    env.pop("PYTHONPATH", None)  # only the script's own `turbovae` link may make the package importable
+    proc = subprocess.run(["bash", str(checkout / "scripts" / "gpu_run.sh"), "--dry-run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logged = re.split(r"\n===== ([\w-]+) \(exit [^\n]*=====\n", (results / "tasks.log").read_text())
+    tests_log = dict(zip(logged[1::2], logged[2::2]))["gpu-tests"]  # each task's output under its own heading
+    assert re.search(r"\b[1-9][0-9]* passed", tests_log) and "error" not in tests_log.lower(), tests_log[-3000:]
+    tmp_path = results
     files = sorted(p.name for p in tmp_path.glob("*-cpu-dry-run.json"))
     assert len(files) == 1
     payload = _strict_json(tmp_path / files[0])
