@@ -3,12 +3,15 @@
 `python -m turbovae.bench.report RESULTS.json [...] [--markdown] [--chart OUT.png]` prints the table of
 one or more results files. The README's results table is this command's markdown output for the
 committed files in docs/results/ (a test checks that they agree), so no number is typed by hand.
+Files measured on a GPU get a first line naming the machine (GPU, driver, CUDA, torch, dtype) from the files'
+own environment record, so a GPU number is never shown without the conditions it was measured under.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
@@ -37,8 +40,64 @@ def table_of(row: Row) -> str:
     return str(row.get("table", "results"))
 
 
-def _seconds(ms: object) -> str:
-    return f"{float(ms) / 1e3:.2f} s"
+def _seconds(ms: object, unit: str = "s") -> str:
+    """A time cell: seconds with 2 decimals, or (`unit="ms"`, for GPU tables, whose image passes take
+    milliseconds and would all read 0.01 s) milliseconds with 1."""
+    if not math.isfinite(float(ms)):  # a step the run did not time (its note says why)
+        return "not run"
+    return f"{float(ms):.1f} ms" if unit == "ms" else f"{float(ms) / 1e3:.2f} s"
+
+
+def load_environment(path: Path) -> dict:
+    """The `environment` record of a results JSON (`FILE.json#TABLE` names the file's environment too)."""
+    path = Path(str(path).partition("#")[0])
+    try:
+        return dict(json.loads(path.read_text()).get("environment") or {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
+
+
+def _cudnn(version: object) -> str:
+    """torch reports cuDNN as one integer (91900); people read 9.19.0."""
+    if isinstance(version, int):
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return str(version)
+
+
+def machine_caption(paths: Sequence[Path], dtype: Optional[str] = None) -> str:
+    """One line naming each GPU machine the files were measured on, or "" when none was measured on a GPU.
+    The dtype comes from the files (`environment.dtype`) or, for files that do not record it, from `dtype`
+    (the command's `--dtype`, as the file's provenance note states)."""
+    seen: list[str] = []
+    for path in paths:
+        env = load_environment(path)
+        if not env.get("gpu"):
+            continue
+        kind = env.get("dtype") or dtype
+        if not kind:
+            raise ValueError(f"{path}: measured on {env['gpu']} but records no dtype; name it: "
+                             f"{str(path).partition('#')[0]} dtype=bf16 (the dtype its command ran with)")
+        parts = [f"**{env['gpu']}**", f"driver {env.get('driver')}", f"CUDA {env.get('cuda')}",
+                 f"cuDNN {_cudnn(env.get('cudnn'))}", f"torch {env.get('torch')}", str(kind),
+                 str(env.get("date", ""))[:10]]
+        line = ", ".join(p for p in parts if p and "None" not in p)
+        if line not in seen:
+            seen.append(line)
+    return "; ".join(seen) if not seen else "Measured on " + "; ".join(seen) + "."
+
+
+def render(tokens: Sequence[str]) -> str:
+    """What a docs results-table block holds: `tokens` are results files (FILE.json or FILE.json#TABLE) and
+    options (`dtype=bf16`); the machine caption (GPU files only), then the markdown table."""
+    files = [t for t in tokens if "=" not in t]
+    options = dict(t.split("=", 1) for t in tokens if "=" in t)
+    unknown = set(options) - {"dtype"}
+    if unknown:
+        raise ValueError(f"unknown results-table option(s) {sorted(unknown)}; the only option is dtype=")
+    rows = [r for f in files for r in load_rows(Path(f))]
+    caption = machine_caption([Path(f) for f in files], options.get("dtype"))
+    table = format_markdown(rows, unit="ms" if caption else "s")
+    return f"{caption}\n\n{table}" if caption else table
 
 
 def has_core(rows: Iterable[Row]) -> bool:
@@ -54,7 +113,7 @@ def header(rows: Sequence[Row]) -> tuple[str, ...]:
     return HEADER + (CORE_HEADER if has_core(rows) else ())
 
 
-def cells(row: Row, core: bool = False) -> list[str]:
+def cells(row: Row, core: bool = False, unit: str = "s") -> list[str]:
     """One row's cells: the reference row of a case says so; other rows give reference time / own time.
     `core`: also the CORE_HEADER cells."""
     speedup = row.get("speedup")
@@ -64,7 +123,7 @@ def cells(row: Row, core: bool = False) -> list[str]:
     own = [
         str(row["case"]),
         str(row["variant"]),
-        _seconds(row["ms"]),
+        _seconds(row["ms"], unit),
         "reference" if reference else (f"{speedup:.2f}x" if speedup else ""),
         f"{peak:.0f}" if peak is not None else "",
         f"{held:.0f}" if held is not None else "",  # older results files have no held memory
@@ -125,13 +184,14 @@ LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_ce
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells)}
 
 
-def _layout(rows: Sequence[Row]):
+def _layout(rows: Sequence[Row], unit: str = "s"):
     tables = {table_of(r) for r in rows} or {"results"}
     if len(tables) > 1 or not tables <= set(LAYOUTS):
         raise ValueError(f"rows of tables {sorted(tables)} cannot share one table; pick one with FILE.json#TABLE")
     table = tables.pop()
-    if table == "results" and has_core(rows):
-        return header(rows), lambda r: cells(r, core=True)
+    if table == "results":
+        core = has_core(rows)
+        return header(rows), lambda r: cells(r, core=core, unit=unit)
     return LAYOUTS[table]
 
 
@@ -144,13 +204,13 @@ def format_text(rows: Iterable[Row]) -> str:
     return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths)] + [fmt.format(*c) for c in lines])
 
 
-def format_markdown(rows: Iterable[Row]) -> str:
+def format_markdown(rows: Iterable[Row], unit: str = "s") -> str:
     """The results table (or the table a section's rows name); rows of the held-memory section
     (`bench/held.py`) as their own pivot table."""
     rows = list(rows)
     if rows and all(r.get("section") == HELD_SECTION for r in rows):
         return format_held_markdown(rows)
-    header, row_cells = _layout(rows)
+    header, row_cells = _layout(rows, unit)
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row_cells(r)) + " |" for r in rows]
     return "\n".join(out)
@@ -223,7 +283,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m turbovae.bench.report", description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", help="results JSON file(s) written by `python -m turbovae bench`; "
                    "FILE.json#TABLE keeps one table's rows (roofline, profile)")
-    p.add_argument("--markdown", action="store_true", help="a markdown table (default: plain text)")
+    p.add_argument("--markdown", action="store_true", help="a markdown table (default: plain text); for files "
+                   "measured on a GPU, preceded by the line naming the machine")
+    p.add_argument("--dtype", help="the dtype of GPU files that do not record one (what their command ran with)")
     p.add_argument("--chart", help="also write a PNG chart to this path")
     args = p.parse_args(argv)
     try:
@@ -232,7 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        print(format_markdown(rows) if args.markdown else format_text(rows))
+        tokens = list(args.results) + ([f"dtype={args.dtype}"] if args.dtype else [])
+        print(render(tokens) if args.markdown else format_text(rows))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -134,11 +134,12 @@ TABLES = [(path.relative_to(ROOT).as_posix(), m.group("files").split(), m.group(
 
 @pytest.mark.parametrize("where,files,table", TABLES, ids=[f"{w}:{' '.join(f)}" for w, f, _ in TABLES])
 def test_results_tables_are_rendered_from_the_committed_json(where, files, table):
-    rows = [r for f in files for r in report.load_rows(ROOT / f)]
-    assert rows
-    assert table == report.format_markdown(rows), (
+    paths = [f if "=" in f else str(ROOT / f) for f in files]  # FILE.json[#TABLE] or an option (dtype=bf16)
+    assert [r for f in paths if "=" not in f for r in report.load_rows(Path(f))]
+    options = [f"--{f.replace('=', ' ', 1)}" for f in files if "=" in f]
+    assert table == report.render(paths), (
         f"{where}: table differs from its JSON; regenerate with: python -m turbovae.bench.report --markdown "
-        + " ".join(files))
+        + " ".join([f for f in files if "=" not in f] + options))
 
 
 def test_multi_gpu_cost_table_is_the_cost_models_output():
@@ -149,3 +150,30 @@ def test_multi_gpu_cost_table_is_the_cost_models_output():
     table = markdown()
     assert table.count("\n") > 50  # every architecture, direction, size and rank count
     assert table in (ROOT / "docs" / "multi_gpu.md").read_text()
+
+
+def test_gpu_tables_name_their_machine(tmp_path):
+    """A table of GPU rows starts with the machine (GPU, driver, CUDA, cuDNN, torch, dtype, date) read from its
+    files, and times in ms; a GPU file that records no dtype needs `dtype=` named, and CPU tables are unchanged."""
+    row = {"section": "gpu", "case": "c", "variant": "v", "ms": 14.18, "speedup": 1.0, "max_abs_err": 0.03,
+           "psnr_db": 50.0, "peak_mb": 800.0}
+    gpu_env = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda": "13.0", "cudnn": 91900,
+               "torch": "2.11.0+cu130", "date": "2026-11-26 16:36 UTC"}
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"environment": gpu_env, "rows": [row, dict(row, ms=float("nan"))]}))
+    with pytest.raises(ValueError, match="dtype=bf16"):
+        report.render([str(gpu)])
+    text = report.render([str(gpu), "dtype=bf16"])
+    caption, table = text.split("\n\n", 1)
+    assert caption == ("Measured on **NVIDIA H100 80GB HBM3**, driver 580.159.04, CUDA 13.0, cuDNN 9.19.0, "
+                       "torch 2.11.0+cu130, bf16, 2026-11-26.")
+    assert "| c | v | 14.2 ms |" in table and "| c | v | not run |" in table
+    recorded = tmp_path / "gpu-dtype.json"
+    recorded.write_text(json.dumps({"environment": dict(gpu_env, dtype="fp16"), "rows": [row]}))
+    assert ", fp16, " in report.render([str(recorded)])
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps({"environment": {"torch": "2.13.0"}, "rows": [dict(row, ms=660.0)]}))
+    assert report.render([str(cpu)]) == report.format_markdown(report.load_rows(cpu))
+    assert "| c | v | 0.66 s |" in report.render([str(cpu)])
+    with pytest.raises(ValueError, match="only option is dtype"):
+        report.render([str(cpu), "device=cuda"])
