@@ -58,7 +58,13 @@ def _bench(args: argparse.Namespace) -> int:
                                                       ("qwen", args.qwen_checkpoint),
                                                       ("qwen_layered", args.qwen_layered_checkpoint)) if v},
                         cases=tuple(c.strip() for c in (args.cases or "").split(",") if c.strip()),
-                        ablation_engines=args.ablation_engines, comfyui=args.comfyui)
+                        ablation_engines=args.ablation_engines, comfyui=args.comfyui,
+                        comfyui_stubs=tuple(n.strip() for n in (args.comfyui_stub or "").split(",") if n.strip()))
+    bad_stubs = [n for n in opts.comfyui_stubs if not n.isidentifier()]
+    if bad_stubs:
+        raise UsageError(f"--comfyui-stub takes top-level package names separated by commas (e.g. av); not {bad_stubs}")
+    if opts.comfyui_stubs and not opts.comfyui:
+        raise UsageError("--comfyui-stub names packages to stub while importing a --comfyui tree; add --comfyui PATH")
     for name, path in opts.checkpoint.items():
         if not Path(path).exists():
             raise UsageError(f"--{name.replace('_', '-')}-checkpoint {path}: no such file or folder")
@@ -213,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time ComfyUI core's own VAEs (imported from this ComfyUI folder, loaded by core's "
                         "loader from the same weights) as a row in every Qwen/Wan/SeedVR2 case, and add the SeedVR2 "
                         "encode cases; run with a Python that has ComfyUI's requirements (default job only)")
+    b.add_argument("--comfyui-stub", metavar="PKG,...",
+                   help="with --comfyui: packages core's loader imports but a VAE never calls (e.g. av), imported as "
+                        "empty stand-ins where this Python lacks them; the core rows' note names them")
     b.add_argument("--out", help="results JSON; the chart is written next to it as .png (default: "
                    "bench_results/bench-<UTC date-time>.json, a new file per run)")
     b.set_defaults(func=_bench)

@@ -120,11 +120,68 @@ def _owned(name: str, names: frozenset[str]) -> bool:
     return name.partition(".")[0] in names
 
 
+class StubbedCall(RuntimeError):
+    """Core called into a package that `--comfyui-stub` replaced: the stub was not enough for this run."""
+
+
+class _StubMeta(type):
+    """Stand-ins for a missing package's names: attributes resolve (to further stand-ins, which can be
+    subclassed and used in annotations and isinstance checks), but any call raises StubbedCall."""
+
+    def __getattr__(cls, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _StubMeta(f"{cls.__name__}.{attr}", (), {})
+
+    def __call__(cls, *args, **kwargs):
+        raise StubbedCall(f"{cls.__name__} was called, but it is a stub (--comfyui-stub): carry the real package")
+
+
+class _StubModule(ModuleType):
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _StubMeta(f"{self.__name__}.{attr}", (), {})
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []  # a package, so `import av.video` resolves to a stub too
+
+
+class _StubFinder(importlib.abc.MetaPathFinder):
+    """Last on sys.meta_path: answers only for the named packages (and their submodules) that nothing else on
+    the path provides, so a package that is installed is always the real one. `used` lists what it stubbed."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names, self.used = names, []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        if fullname.partition(".")[0] not in self.used:
+            self.used.append(fullname.partition(".")[0])
+        return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+
+
 @contextmanager
-def session(tree: CoreTree, device: torch.device) -> Iterator["CoreVAEs"]:
+def session(tree: CoreTree, device: torch.device, stubs: tuple[str, ...] = ()) -> Iterator["CoreVAEs"]:
     """Core's loader, imported from `tree` for the block; sys.modules is as before once it ends, and so is the
-    root logger (core logs at import, and a first `logging.warning` with no handler installs one on stderr)."""
+    root logger (core logs at import, and a first `logging.warning` with no handler installs one on stderr).
+
+    `stubs`: top-level packages core's `comfy.sd` imports but a VAE never calls (e.g. `av`, for video files), for
+    a machine that lacks them: where nothing installed provides one, an empty stand-in is imported instead, and
+    the core rows' note names it (`CoreVAEs.stubbed`). A call into a stand-in raises StubbedCall."""
+    bad = [n for n in stubs if not n.isidentifier()]
+    if bad:
+        raise ValueError(f"--comfyui-stub takes top-level package names (e.g. av); not {bad}")
     names = tree.module_names()
+    if set(stubs) & names:
+        raise ValueError(f"--comfyui-stub {sorted(set(stubs) & names)}: the tree itself provides these")
+    stub_finder = _StubFinder(frozenset(stubs) - {n.partition(".")[0] for n in sys.modules})
     root = logging.getLogger()
     root_handlers, root_level = list(root.handlers), root.level
     set_aside = {n: m for n, m in sys.modules.items() if _owned(n, names)}
@@ -132,11 +189,13 @@ def session(tree: CoreTree, device: torch.device) -> Iterator["CoreVAEs"]:
         del sys.modules[n]
     finder = _TreeFinder(tree, names)
     sys.meta_path.insert(0, finder)
+    sys.meta_path.append(stub_finder)
     try:
-        yield CoreVAEs(tree, _import_loader(tree, device), device)
+        yield CoreVAEs(tree, _import_loader(tree, device), device, stubbed=tuple(stub_finder.used))
     finally:
         sys.meta_path.remove(finder)
-        for n in [n for n in sys.modules if _owned(n, names)]:
+        sys.meta_path.remove(stub_finder)
+        for n in [n for n in sys.modules if _owned(n, names) or _owned(n, frozenset(stub_finder.used))]:
             del sys.modules[n]
         sys.modules.update(set_aside)
         root.handlers[:] = root_handlers
@@ -172,6 +231,7 @@ class CoreSide:
     latent_channels: int
     latent_scale: float = 1.0  # core latent = (raw - latent_shift) * latent_scale
     latent_shift: float = 0.0
+    note: str = ""  # said in the core row's note (e.g. the packages stubbed for the import)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """Our input (latent B,C,T,h,w, or pixels 1,3,T,H,W in [-1, 1]) as core's nodes hand it to the VAE:
@@ -212,8 +272,13 @@ def ours_comparable(out: torch.Tensor, decoded: bool, latent_channels: int) -> t
 class CoreVAEs:
     """Builds core VAEs from our weights with core's loader, in the session that imported it."""
 
-    def __init__(self, tree: CoreTree, sd_module: ModuleType, device: torch.device):
-        self.tree, self._sd, self.device = tree, sd_module, device
+    def __init__(self, tree: CoreTree, sd_module: ModuleType, device: torch.device, stubbed: tuple[str, ...] = ()):
+        self.tree, self._sd, self.device, self.stubbed = tree, sd_module, device, stubbed
+
+    @property
+    def note(self) -> str:
+        """What the core rows say about the import: the packages stubbed because a VAE never calls them."""
+        return f"core imported with {', '.join(self.stubbed)} stubbed (never called by a VAE)" if self.stubbed else ""
 
     def side(self, family: str, model: torch.nn.Module, dtype: torch.dtype) -> Optional[CoreSide]:
         """Core's VAE for our `model`'s weights (family "qwen"/"wan2.2": our Wan modules, "seedvr2"), or None
@@ -235,8 +300,8 @@ class CoreVAEs:
             return None
         fmt = model.latent_format
         if family == "seedvr2":  # core's SeedVR2 VAE works in scaled latents (see the module docstring)
-            return CoreSide(self.tree.label, vae, fmt.channels, fmt.scaling_factor, fmt.shift_factor)
-        return CoreSide(self.tree.label, vae, fmt.channels)
+            return CoreSide(self.tree.label, vae, fmt.channels, fmt.scaling_factor, fmt.shift_factor, self.note)
+        return CoreSide(self.tree.label, vae, fmt.channels, note=self.note)
 
 
 def core_weights(family: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -256,7 +321,8 @@ def core_rows(side: CoreSide, row_ref: BenchRow, row: BenchRow, measured: tuple,
     theirs = side.comparable(core_out, decoded)
     ref, ours = (ours_comparable(o, decoded, side.latent_channels) for o in (ref_out, out))
     row_core = BenchRow(row.section, row.case, side.name, core_ms, row_ref.ms, core_mb, max_abs(theirs, ref),
-                        psnr(theirs, ref) if decoded else None, note=row.note, err_vs_ours=max_abs(theirs, ours),
+                        psnr(theirs, ref) if decoded else None, note="; ".join(n for n in (row.note, side.note) if n),
+                        err_vs_ours=max_abs(theirs, ours),
                         held_mb=core_held)
     row_ref.core_ms = row.core_ms = core_ms
     return [row_ref, row_core, row]

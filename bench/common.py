@@ -30,6 +30,7 @@ class BenchOptions:
     checkpoint: dict = field(default_factory=dict)  # section name -> checkpoint path
     cases: tuple = ()  # keep only cases whose name contains one of these (empty: all)
     comfyui: Optional[str] = None  # a ComfyUI tree whose core VAEs join the main job's cases (bench/comfy_core.py)
+    comfyui_stubs: tuple = ()  # packages core imports but a VAE never calls, stubbed where missing (e.g. "av")
     ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
 
 

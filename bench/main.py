@@ -83,6 +83,10 @@ CORE_CPU_CASES = (
 CORE_CUDA_CASES = (
     Case("SeedVR2 image encode 1024²", "seedvr2", "encode", 1, 1024, 1024),
     Case("SeedVR2 5-frame encode 512²", "seedvr2", "encode", 5, 512, 512),
+    # Clips of 3 latent frames: a core that decodes clips wrongly from the third latent frame on (one stored core
+    # commit does, for Wan) agrees with ours on 2-latent clips such as the 5-frame ones above.
+    Case("Wan 2.2 9-frame decode 512²", "wan2.2", "decode", 9, 512, 512),
+    Case("SeedVR2 9-frame decode 512²", "seedvr2", "decode", 9, 512, 512),
 )
 # `--quick`: every family and code path on the architectures' tiny configs (for the test of the job itself).
 SMOKE_CASES = (
@@ -315,7 +319,7 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
     device = torch.device(opts.device)
     dtype = working_dtype(opts.dtype, device)
     with ExitStack() as stack:
-        core = stack.enter_context(_core_session(opts.comfyui, device)) if opts.comfyui else None
+        core = stack.enter_context(_core_session(opts.comfyui, device, opts.comfyui_stubs)) if opts.comfyui else None
         yield from _run(opts, device, dtype, core, tick, start, inspect)
 
 
@@ -357,10 +361,10 @@ def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tic
         yield rows
 
 
-def _core_session(path: str, device: torch.device):
+def _core_session(path: str, device: torch.device, stubs: tuple = ()):
     from . import comfy_core
 
-    return comfy_core.session(comfy_core.find_tree(path), device)
+    return comfy_core.session(comfy_core.find_tree(path), device, tuple(stubs))
 
 
 def _held_so_far(pair: Pair, side: int, held: Optional[float]) -> Optional[float]:

@@ -3,9 +3,12 @@
 # then GPU tests, then the benchmark cases in priority order, each case's rows written to the results JSON in
 # $OUT the moment it finishes.
 #
-#   bash scripts/gpu_run.sh                      # first call of a lease (about 9 minutes at most)
-#   bash scripts/gpu_run.sh --resume FILE        # later calls: FILE is the JSON the last call wrote
+#   bash scripts/gpu_run.sh                      # first call of a 15-minute lease: the essentials in <= 8 minutes
+#   bash scripts/gpu_run.sh --resume FILE --skip-doctor --budget 270   # the second call, same warm machine
 #   bash scripts/gpu_run.sh --dry-run            # CPU, tiny configs, same steps (the CI test runs this)
+#
+# The GPU tests run with bench/gpu_run.py's pytest_argv (--confcutdir tests, from the checkout), so they reach
+# their assertions whatever the checkout's folder is called (docs/gpu.md says why).
 #
 # On the lent machine as it is: its own torch (never installed here), the package put on PYTHONPATH
 # without installing anything, and only carried wheels (.whl/, made by scripts/fetch_gpu_wheels.sh) for

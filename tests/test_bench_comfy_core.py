@@ -188,3 +188,66 @@ def test_the_profile_prints_an_operator_table_per_side(capsys):
         assert f"== {case}: {side}" in out
     assert out.count("Self CPU time total") == 3 and "aten::" in out
     assert comfy_profile.main(["--comfyui", str(FAKE), "--quick", "--cases", "exact tiles"]) == 2
+
+
+def _tree_needing_av(tmp_path: Path) -> Path:
+    """The fake tree with core's habit of importing a video package at import time (a VAE never calls it)."""
+    tree = _copy_fake(tmp_path)
+    sd = tree / "comfy" / "sd.py"
+    sd.write_text("import av\nimport av.video.frame\n\n\nclass VideoInput(av.container.InputContainer):\n"
+                  "    frame: av.VideoFrame = None\n\n\n" + sd.read_text())
+    return tree
+
+
+def test_stubbed_packages_let_core_import_and_are_named_then_dropped(tmp_path):
+    pytest.importorskip("torch")
+    if "av" in sys.modules or __import__("importlib").util.find_spec("av") is not None:
+        pytest.skip("this Python has `av`: the stub is never used (a real package always wins)")
+    tree = comfy_core.find_tree(_tree_needing_av(tmp_path))
+    before = _tree_modules()
+    with pytest.raises(comfy_core.ComfyUIUnusable, match="requirements.txt"):  # without the stub: the fix is named
+        with comfy_core.session(tree, torch.device("cpu")):
+            pass
+    with comfy_core.session(tree, torch.device("cpu"), stubs=("av", "another_absent_pkg")) as core:
+        assert core.stubbed == ("av",)  # only what core imported
+        assert core.note == "core imported with av stubbed (never called by a VAE)"
+        import av
+
+        with pytest.raises(comfy_core.StubbedCall, match="carry the real package"):
+            av.open("clip.mp4")
+    assert "av" not in sys.modules and "av.video.frame" not in sys.modules
+    assert _tree_modules() == before
+    with pytest.raises(ValueError, match="top-level package names"):
+        with comfy_core.session(tree, torch.device("cpu"), stubs=("av.video",)):
+            pass
+
+
+def test_the_job_with_a_stub_says_so_in_the_core_rows(tmp_path, capsys):
+    if __import__("importlib").util.find_spec("av") is not None:
+        pytest.skip("this Python has `av`: the stub is never used")
+    tree = _tree_needing_av(tmp_path)
+    out = tmp_path / "bench.json"
+    code = cli.main(["bench", "--quick", "--repeat", "1", "--device", "cpu", "--comfyui", str(tree),
+                     "--comfyui-stub", "av", "--cases", "Qwen-Image image decode", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads(out.read_text())["rows"]
+    core = [r for r in rows if r["variant"] == FAKE_LABEL]
+    assert core and all("av stubbed (never called by a VAE)" in r["note"] for r in core)
+    assert all("stubbed" not in r["note"] for r in rows if r["variant"] != FAKE_LABEL)
+    assert "av" not in sys.modules
+
+
+def test_cli_refuses_stubs_without_a_tree_or_with_bad_names(tmp_path, capsys):
+    assert cli.main(["bench", "--quick", "--comfyui-stub", "av", "--out", str(tmp_path / "b.json")]) == 2
+    assert "add --comfyui PATH" in capsys.readouterr().err
+    assert cli.main(["bench", "--quick", "--comfyui", str(FAKE), "--comfyui-stub", "av/x",
+                     "--out", str(tmp_path / "b.json")]) == 2
+    assert "top-level package names" in capsys.readouterr().err
+
+
+def test_on_cuda_core_joins_clips_of_at_least_three_latent_frames():
+    clips = [c for c in job.CORE_CUDA_CASES if c.kind == "decode" and c.frames > 1]
+    assert {c.family for c in clips} == {"wan2.2", "seedvr2"}
+    assert all((c.frames - 1) // 4 + 1 >= 3 for c in clips)  # 4x temporal compression, first frame alone
+    wan21_clip = [c for c in job.CUDA_CASES if c.family == "qwen" and c.frames > 1]
+    assert wan21_clip and all((c.frames - 1) // 4 + 1 >= 3 for c in wan21_clip)

@@ -73,13 +73,24 @@ def test_dry_run_end_to_end(tmp_path):
     payload = _strict_json(tmp_path / files[0])
     assert payload["run"]["dry_run"] is True and payload["environment"]["torch"]
     assert "triton" in payload["environment"]
-    assert [t["key"] for t in payload["tasks"]] == ["gpu-tests", *gpu_run.DRY_RUN_KEYS, "slices"]
-    assert all(t["status"] == "done" for t in payload["tasks"]), payload["tasks"]
+    assert [t["key"] for t in payload["tasks"]] == [*gpu_run.CLIP_KEYS, "gpu-tests", "qwen-decode-1024", "core-vae",
+                                                   "kernel-profile", "slices"]
+    status = {t["key"]: t["status"] for t in payload["tasks"]}
+    assert status.pop("core-vae") == "skipped", payload["tasks"]  # it needs a ComfyUI tree and CUDA cases
+    assert set(status.values()) == {"done"}, payload["tasks"]
+    assert payload["environment"]["dtype"] == "fp32"
     cases = {r["case"] for r in payload["rows"] if r["section"] == "gpu"}
     assert cases == {c.name for c in gpu.cases(False, True)}
-    assert {r["section"] for r in payload["rows"]} == {"gpu", "slices"}
+    assert {r["section"] for r in payload["rows"]} == {"gpu", "slices", "kernels"}
+    clips = {c.name for c in gpu.cases(False, True) if c.shape[2] > 1}
+    kernels = [r for r in payload["rows"] if r["section"] == "kernels"]
+    assert {r["case"] for r in kernels} == clips  # every clip case profiled: its pass, then its top kernels
+    for name in clips:
+        top = [r for r in kernels if r["case"] == name and r["share"] is not None]
+        assert top and sum(r["share"] for r in top) <= 1 + 1e-9 and all(r["ms"] > 0 and r["calls"] for r in top)
+        assert [r["ms"] for r in top] == sorted((r["ms"] for r in top), reverse=True)
     for r in payload["rows"]:
-        if r["variant"] != "diffusers AutoencoderKLWan eager" and r["max_abs_err"] is not None:
+        if r["variant"] != "diffusers AutoencoderKLWan eager" and r.get("max_abs_err") is not None:
             assert r["max_abs_err"] <= 1e-4, r  # fp32 on CPU: every lever is exact
     baseline = [r for r in payload["rows"] if r["variant"].startswith("diffusers")]
     assert len(baseline) == 1 and baseline[0]["ms"] > 0 and baseline[0]["max_abs_err"] <= 1e-4
@@ -90,7 +101,7 @@ def test_dry_run_end_to_end(tmp_path):
     assert doctor["status"] == "done" and doctor["report"]["default_device"] == "cpu"
     assert _strict_json(tmp_path / doctor["file"]) == doctor["report"]
     assert {b["status"] for b in doctor["report"]["bench"]} <= {"ok", "skipped: over the time budget"}
-    assert payload["run"]["calls"][0]["budget_s"] == pytest.approx(540 - doctor["seconds"])
+    assert payload["run"]["calls"][0]["budget_s"] == pytest.approx(gpu_run.FIRST_CALL_BUDGET_S - doctor["seconds"])
     assert "TurboVAE doctor" in (tmp_path / "run.log").read_text()
 
 
@@ -99,9 +110,56 @@ def test_case_keys_agree_with_the_bench():
     assert [c.key for c in gpu.cases(False, True)] == list(gpu_run.DRY_RUN_KEYS)
     for key in gpu_run.CASE_KEYS:  # each key selects exactly its own case
         assert [c.key for c in gpu.selected_cases(BenchOptions(cases=(key,)), True)] == [key]
-    plan = gpu_run.plan(dry_run=False)
-    assert [t.key for t in plan] == ["gpu-tests", *gpu_run.CASE_KEYS, "slices", "roofline", "engines"]
-    assert all(t.expected_s <= t.limit_s <= 540 for t in plan)
+    assert sorted(gpu_run.CLIP_KEYS + gpu_run.IMAGE_KEYS + gpu_run.LATER_KEYS) == sorted(gpu_run.CASE_KEYS)
+    assert all(c.long for c in gpu.cases(True, False) if c.key in gpu_run.CLIP_KEYS)
+
+
+def test_plan_puts_the_gaps_first_and_fits_the_lease(tmp_path):
+    """The clip cases, then the GPU tests, then the images, then what the next lease must bring back, then the
+    rest; the first call's default budget covers the doctor and the essentials inside 8 minutes, and every
+    task fits one call (10 minutes)."""
+    plan = gpu_run.plan(dry_run=False, comfyui=tmp_path)
+    assert [t.key for t in plan] == [*gpu_run.CLIP_KEYS, "gpu-tests", *gpu_run.IMAGE_KEYS, "core-vae",
+                                     "kernel-profile", "slices", "engines", *gpu_run.LATER_KEYS, "roofline"]
+    assert all(t.expected_s <= t.limit_s <= 540 and not t.skip for t in plan)
+    essentials = sum(t.expected_s for t in plan if t.key in gpu_run.CLIP_KEYS + ("gpu-tests",))
+    doctor = 45  # the first H100 run's doctor took 43-49 s
+    assert essentials + doctor <= gpu_run.FIRST_CALL_BUDGET_S <= 8 * 60 - 10
+    engines = next(t for t in plan if t.key == "engines")
+    assert ("--device", "cuda", "--dtype", "bf16") == engines.argv[-4:]
+    profile = next(t for t in plan if t.key == "kernel-profile")
+    assert profile.argv[:2] == ("-m", "turbovae.bench.kernel_profile") and "bf16" in profile.argv
+    core = next(t for t in plan if t.key == "core-vae")
+    assert core.argv[core.argv.index("--comfyui") + 1] == str(tmp_path) and "--comfyui-stub" in core.argv
+    from turbovae.bench import main as job
+
+    cuda_cases = [c.name for c in job.cases(BenchOptions(device="cuda", comfyui=str(tmp_path)))]
+    for name in gpu_run.CORE_CASES:  # each selects exactly one case of the job core joins on CUDA
+        assert sum(name in c for c in cuda_cases) == 1, name
+    assert next(t for t in plan if t.key == "gpu-tests").argv[1:] == gpu_run.pytest_argv()
+    # Without a tree the core side is planned as skipped, saying how to carry one.
+    no_tree = {t.key: t for t in gpu_run.plan(dry_run=False, comfyui=None)}
+    assert ".comfyui" in no_tree["core-vae"].skip and gpu_run.COMFYUI_ENV in no_tree["core-vae"].skip
+
+
+def test_find_comfyui(tmp_path):
+    assert gpu_run.find_comfyui({gpu_run.COMFYUI_ENV: str(tmp_path)}) in (None, gpu_run.CHECKOUT / ".comfyui")
+    (tmp_path / "comfy").mkdir()
+    assert gpu_run.find_comfyui({gpu_run.COMFYUI_ENV: str(tmp_path)}) == tmp_path
+
+
+def test_skipped_task_is_recorded_and_decided_again_on_resume(tmp_path):
+    clock = Clock()
+    tasks = [gpu_run.Task("a", ("x",), expected_s=1, limit_s=2, skip="no tree")]
+    runner = ScriptedRunner(clock, {"a": (0, 1, [_row("A", 1.0)])})
+    out = tmp_path / "r.json"
+    gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=10, runner=runner, clock=clock)
+    assert runner.ran == [] and _strict_json(out)["tasks"] == [
+        {"key": "a", "status": "skipped", "seconds": None, "detail": "no tree"}]
+    resumed = gpu_run.RunState.from_json(_strict_json(out))
+    gpu_run.execute([gpu_run.Task("a", ("x",), expected_s=1, limit_s=2)], resumed, out, budget_s=10, runner=runner,
+                    clock=clock)
+    assert runner.ran == ["a"] and _strict_json(out)["tasks"][0]["status"] == "done"
 
 
 class ScriptedRunner:
@@ -187,3 +245,18 @@ def test_results_name_and_resume_errors(tmp_path, capsys):
     bad.write_text("{not json")
     assert gpu_run.main(["--out", str(tmp_path), "--resume", str(bad)]) == 2
     assert "cannot resume" in capsys.readouterr().err
+    assert gpu_run.main(["--out", str(tmp_path), "--skip-doctor", "--dry-run"]) == 2
+    assert "--skip-doctor is for a resumed call" in capsys.readouterr().err
+
+
+def test_kernel_profile_summary_merges_ranks_and_shares():
+    from turbovae.bench.kernel_profile import KernelTime, top_kernels
+
+    times = [KernelTime("conv", 600.0, 3), KernelTime("norm", 250.0, 10), KernelTime("conv", 100.0, 1),
+             KernelTime("copy", 50.0, 7), KernelTime("idle", 0.0, 4)]
+    total_ms, top = top_kernels(times, top=2)
+    assert total_ms == pytest.approx(1.0)  # 1000 us over every kernel with time, not only the top ones
+    assert [(k.name, k.calls) for k in top] == [("conv", 4), ("norm", 10)]
+    assert [k.ms for k in top] == pytest.approx([0.7, 0.25]) and [k.share for k in top] == pytest.approx([0.7, 0.25])
+    with pytest.raises(ValueError, match="top must be at least 1"):
+        top_kernels(times, top=0)
