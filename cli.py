@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "encode cases; run with a Python that has ComfyUI's requirements (default job only)")
     b.add_argument("--comfyui-stub", metavar="PKG,...",
                    help="with --comfyui: packages core's loader imports but a VAE never calls (e.g. av), imported as "
-                        "empty stand-ins where this Python lacks them; the core rows' note names them")
+                        "empty stand-ins where this Python lacks them; the core rows' note names them (default: none)")
     b.add_argument("--out", help="results JSON; the chart is written next to it as .png (default: "
                    "bench_results/bench-<UTC date-time>.json, a new file per run)")
     b.set_defaults(func=_bench)
