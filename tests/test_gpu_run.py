@@ -101,7 +101,8 @@ def test_dry_run_end_to_end(tmp_path):
     assert doctor["status"] == "done" and doctor["report"]["default_device"] == "cpu"
     assert _strict_json(tmp_path / doctor["file"]) == doctor["report"]
     assert {b["status"] for b in doctor["report"]["bench"]} <= {"ok", "skipped: over the time budget"}
-    assert payload["run"]["calls"][0]["budget_s"] == pytest.approx(gpu_run.FIRST_CALL_BUDGET_S - doctor["seconds"])
+    # the call's budget counts from its start: the environment probe and the doctor came out of it
+    assert payload["run"]["calls"][0]["budget_s"] < gpu_run.FIRST_CALL_BUDGET_S - doctor["seconds"]
     assert "TurboVAE doctor" in (tmp_path / "run.log").read_text()
 
 
