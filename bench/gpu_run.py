@@ -154,7 +154,7 @@ class Expected:
 EXPECTED = {
     "gpu-tests": Expected(60, 300, True),
     "seedvr2-decode-720p21": Expected(150, 360, False),  # died out of memory in that run: no time yet
-    "wan21-decode-720p81": Expected(200, 420, True),
+    "wan21-decode-720p81": Expected(200, 420, False),  # the session reported its time; no file holds it
     "qwen-decode-1024": Expected(45, 180, True),
     "qwen-encode-1024": Expected(45, 180, True),
     "seedvr2-decode-1080p": Expected(145, 300, True),
