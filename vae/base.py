@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
-from .weight_layout import conv_modules, hold_layout
+from .weight_layout import PassScratch, conv_modules, hold_layout
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,28 @@ class ExactTiling(ABC, Generic[R]):
     @abstractmethod
     def run_with(self, runner: "ExactTilingRunner[R]") -> R:
         """`runner.staged(self)` or `runner.layerwise(self)`, whichever this plan is."""
+
+
+class PassContext(CausalMemory):
+    """The context of one encode/decode step, one type for every architecture: what its layers read besides their
+    input. The fast paths it runs (`fast`), its causal memory in and out (`CausalMemory`; `collect=False` builds
+    none), the frame split across devices (`shard`: this rank's band, vae/parallel; None on one device), the
+    progress `tick` of a layer-by-layer pass, and the `scratch` where its convs pack a weight view the kernel
+    cannot read in place (freed with the pass). An architecture reads what it uses; SeedVR2 adds its layer-wise
+    split policy in a subclass (vae/seedvr2/layers.py)."""
+
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+                 shard: Optional[object] = None):
+        super().__init__(memory_in, collect)
+        self.fast = fast
+        self.shard = shard
+        self.tick: Optional[Callable[[], None]] = None
+        self.scratch = PassScratch()
+
+    def clear(self) -> None:
+        """Back to a fresh stream: no memory, first slice next, scratch freed."""
+        self.start(None, self.collect)
+        self.scratch.clear()
 
 
 class VAEModel(nn.Module, ABC):
