@@ -14,7 +14,7 @@ from ..vae.compile import BACKENDS as COMPILE_BACKENDS
 from ..vae.compile import DYNAMIC as COMPILE_DYNAMIC
 from ..vae.compile import MODES as COMPILE_MODES
 from ..vae.dtypes import DTYPE_CHOICES, parse_dtype
-from ..vae.registry import families, supported_text
+from ..vae.registry import supported_text, titles
 from .choices import check_choice, choice_error, first_error
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import VAE_KEY, list_model_files, resolve_model_file
@@ -25,12 +25,6 @@ CATEGORY = "TurboVAE"
 CompileSettingsType = io.Custom("TURBOVAE_COMPILE")
 
 
-def _titles() -> str:
-    """The registered families' names (vae/registry.py) as a sentence: "A, B or C"."""
-    titles = [f.title for f in families()]
-    return ", ".join(titles[:-1]) + " or " + titles[-1] if len(titles) > 1 else "".join(titles)
-
-
 class TurboVAELoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -38,7 +32,7 @@ class TurboVAELoader(io.ComfyNode):
             node_id="TurboVAELoader",
             display_name="Load VAE (TurboVAE)",
             category=CATEGORY,
-            description=f"Loads a {_titles()} VAE from models/vae (architecture detected from the weights, every "
+            description=f"Loads a VAE ({titles()}) from models/vae (architecture detected from the weights, every "
                         "key and shape checked). The result plugs into core VAE Decode/Encode (Tiled) nodes and "
                         "into the TurboVAE tiled nodes.",
             inputs=[

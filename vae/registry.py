@@ -176,6 +176,12 @@ def supported_text() -> str:
     return ", ".join(f"{f.title} ({f.files})" for f in _FAMILIES.values())
 
 
+def titles() -> str:
+    """The registered families' names as a sentence: "A, B and C" (what the UI and help texts list)."""
+    names = [f.title for f in _FAMILIES.values()]
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def _unknown(name: str) -> str:
     known = ", ".join(n for f in _FAMILIES.values() for n in f.names)
     return f"no VAE family named {name!r}; registered: {known}"
@@ -254,5 +260,5 @@ for _family in BUILTIN_FAMILIES:
 register_architecture(SD_KL)  # recognised only to say what a file is (no family: nothing to build)
 
 __all__ = ["BUILTIN_FAMILIES", "BenchCases", "Family", "UnknownFamily", "Workload", "core_scales_latents",
-           "families", "family", "family_of_kind", "register_family", "registered", "supported_text",
+           "families", "family", "family_of_kind", "register_family", "registered", "supported_text", "titles",
            "unregister_family"]
