@@ -151,10 +151,10 @@ class FlopRow(BenchRow):
     flop_per_byte: Optional[float] = None
 
 
-# (family, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
-FLOP_CASES = tuple(("seedvr2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
-    ("seedvr2", "encode", n, 128) for n in (5, 21)) + tuple(("qwen_image", "decode", n, 128) for n in (1, 5, 21)) + (
-    ("qwen_image", "encode", 5, 128),)
+# (case label, family, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
+FLOP_CASES = tuple(("SeedVR2", "seedvr2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
+    ("SeedVR2", "seedvr2", "encode", n, 128) for n in (5, 21)) + tuple(
+    ("Wan 2.1", "qwen_image", "decode", n, 128) for n in (1, 5, 21)) + (("Wan 2.1", "qwen_image", "encode", 5, 128),)
 
 
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
@@ -200,13 +200,13 @@ def flop_rows(opts: BenchOptions, dtype: torch.dtype, peaks: Peaks) -> list[Flop
     """FLOPs and touched bytes of the clip cases, ours and reference, counted on meta tensors (instant)."""
     rows: list[FlopRow] = []
     sides_of: dict[str, tuple] = {}
-    for arch, kind, frames, hw in FLOP_CASES:
+    for label, arch, kind, frames, hw in FLOP_CASES:
         if arch not in sides_of:
             sides_of[arch] = _meta_sides(arch, opts.quick)
         (ref_name, ref), (our_name, ours), latent, spatial, temporal = sides_of[arch]
         hw = hw // 4 if opts.quick else hw
         what = f"{frames}-frame" if frames > 1 else "image"
-        name = f"{family(arch).title} {what} {kind} {hw}²"
+        name = f"{label} {what} {kind} {hw}²"
         if opts.cases and not any(c in name for c in opts.cases):
             continue
         shape = ((1, 3, frames, hw, hw) if kind == "encode"
