@@ -26,6 +26,9 @@ class LocalStage:
     scale: Fraction
     radius: int
     name: str = ""
+    # module names of the layers the stage runs (a name prefix, e.g. "decoder.up_blocks.0."): the cost model
+    # attributes the traced layers to stages by them
+    modules: tuple[str, ...] = ()
 
     def stride_aligned(self, rows: int) -> int:
         """`rows` rounded up to a multiple of the stage's input stride (1/scale when it downsamples), so a crop

@@ -205,13 +205,14 @@ def _staged_rows(arch, plan, decode, size, n, layers, total, h_lat, gather_out, 
 
     res_in = Fraction(1) if decode else Fraction(f)
     halos, res = stage_halos(plan.local, res_in), stage_resolutions(plan.local, res_in)
-    part = "decoder" if decode else "encoder"
-    prefixes = ([f"{part}.up_blocks.{i}." for i in range(len(plan.local) - 1)] + [f"{part}.conv_out"]
-                if decode else [f"{part}.conv_in"] + [f"{part}.down_blocks.{i}." for i in range(len(plan.local) - 1)])
+    prefixes = [s.modules for s in plan.local]  # the module names each stage runs, as the plan declares them
+    if not all(prefixes):
+        raise ValueError(f"{arch}: its exact plan's stages name no modules (LocalStage.modules), so the cost model "
+                         "cannot tell which traced layers each stage runs")
 
     def stage_of(name: str) -> Optional[int]:
-        for k, p in enumerate(prefixes):
-            if name.startswith(p) or name == p.rstrip("."):
+        for k, owned in enumerate(prefixes):
+            if any(name.startswith(p) or name == p.rstrip(".") for p in owned):
                 return k
         return None
 
