@@ -227,13 +227,10 @@ def conv3d_routes(device: torch.device) -> list[dict]:
 # -- micro-benchmark ---------------------------------------------------------------------------------------
 
 def _architectures(real: bool) -> list[tuple[str, Callable[[], nn.Module]]]:
-    from .vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-    from .vae.wan import WanVAE
-    from .vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21, WAN22
+    """(name, builder) of every registered family (vae/registry.py), real or tiny config."""
+    from .vae.registry import families
 
-    return [("seedvr2", lambda: SeedVR2VAE(SeedVR2Config() if real else SeedVR2Config.tiny())),
-            ("qwen_image", lambda: WanVAE(WAN21 if real else TINY_WAN21, kind="qwen_image")),
-            ("wan2.2", lambda: WanVAE(WAN22 if real else TINY_WAN22, kind="wan2.2"))]
+    return [(fam.key, lambda fam=fam: fam.build_model(fam.config(real=real))) for fam in families()]
 
 
 def _seeded_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Module:

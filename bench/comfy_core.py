@@ -38,10 +38,22 @@ from typing import Iterator, Optional
 
 import torch
 
+from ..vae.registry import Family, families
+from ..vae.registry import family as registry_family
 from .common import BenchRow, max_abs, psnr
 
-# Families of the main job that core has a VAE for (the exact-tiles case compares two of our own paths).
-CORE_FAMILIES = ("qwen", "wan2.2", "seedvr2")
+
+def core_families() -> tuple[str, ...]:
+    """Keys of the registered families core has a VAE for (`Family.core_state_dict`); the main job's exact-tiles
+    cases are not among them (they compare two of our own paths)."""
+    return tuple(f.key for f in families() if f.core_state_dict is not None)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "CORE_FAMILIES":  # read from the registry when asked
+        return core_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 ADD_ROWS_HINT = ("note: add ComfyUI core's own VAEs as a baseline row per case with "
                  "--comfyui /path/to/ComfyUI (a checkout with its requirements installed)")
 
@@ -281,13 +293,14 @@ class CoreVAEs:
         return f"core imported with {', '.join(self.stubbed)} stubbed (never called by a VAE)" if self.stubbed else ""
 
     def side(self, family: str, model: torch.nn.Module, dtype: torch.dtype) -> Optional[CoreSide]:
-        """Core's VAE for our `model`'s weights (family "qwen"/"wan2.2": our Wan modules, "seedvr2"), or None
-        when this core's loader does not recognise them (e.g. SeedVR2 before core had it): such cases run
-        without a core row, and a line on stderr says so."""
-        if family not in CORE_FAMILIES:
-            raise ValueError(f"core has no VAE for family {family!r}; families: {', '.join(CORE_FAMILIES)}")
+        """Core's VAE for our `model`'s weights (`family`: a registered family's key), or None when this core's
+        loader does not recognise them (e.g. SeedVR2 before core had it): such cases run without a core row, and
+        a line on stderr says so."""
+        if family not in core_families():
+            raise ValueError(f"core has no VAE for family {family!r}; families: {', '.join(core_families())}")
+        fam = registry_family(family)
         try:
-            vae = self._sd.VAE(sd=core_weights(family, model), device=self.device, dtype=dtype)
+            vae = self._sd.VAE(sd=core_weights(fam, model), device=self.device, dtype=dtype)
         except RuntimeError as e:  # torch's load_state_dict: another model's keys, or not a released configuration
             reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             print(f"note: {self.tree.label} could not load these {family} weights ({reason}); those cases have no "
@@ -299,18 +312,15 @@ class CoreVAEs:
                   "those cases have no core row", file=sys.stderr)
             return None
         fmt = model.latent_format
-        if family == "seedvr2":  # core's SeedVR2 VAE works in scaled latents (see the module docstring)
+        if fam.core_scales_latents:  # e.g. core's SeedVR2 VAE works in scaled latents (see the module docstring)
             return CoreSide(self.tree.label, vae, fmt.channels, fmt.scaling_factor, fmt.shift_factor, self.note)
         return CoreSide(self.tree.label, vae, fmt.channels, note=self.note)
 
 
-def core_weights(family: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Our model's weights under the key names core's loader expects (Wan: the original checkpoint names)."""
-    if family == "seedvr2":
-        return dict(model.state_dict())
-    from ..vae.wan.keys import diffusers_to_original
-
-    return diffusers_to_original(model.state_dict(), model.config)
+def core_weights(family: Family, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our model's weights under the key names core's loader expects (the family's `core_state_dict`; Wan: the
+    original checkpoint names)."""
+    return family.core_state_dict(model)
 
 
 def core_rows(side: CoreSide, row_ref: BenchRow, row: BenchRow, measured: tuple, ref_out: torch.Tensor,

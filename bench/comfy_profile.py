@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import main as job
-from .comfy_core import CORE_FAMILIES, find_tree, session
+from .comfy_core import find_tree, session
 from .common import BenchOptions
 
 
@@ -42,9 +42,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     opts = BenchOptions(comfyui=args.comfyui, quick=args.quick, cases=tuple(c.strip() for c in args.cases.split(",") if c.strip()))
-    chosen = [c for c in job.cases(opts) if c.family in CORE_FAMILIES]
+    chosen = [c for c in job.cases(opts) if job.has_core_side(c)]
     if not chosen:
-        print(f"no Qwen/Wan/SeedVR2 case name contains any of {args.cases!r}", file=sys.stderr)
+        print(f"no case name of a family core has a VAE for contains any of {args.cases!r}", file=sys.stderr)
         return 2
     device, dtype = torch.device("cpu"), torch.float32
     g = torch.Generator().manual_seed(0)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, time_ms
+from .models import checkpoint_for, family_model
 
 SECTION = "engines"
 
@@ -160,7 +161,6 @@ CUDA_CLIP_CASES = (
     ClipCase("wan2.1", True, (6, 60, 104)),  # 832x480 x 21
     ClipCase("wan2.2", True, (6, 45, 80)),  # 1280x720 x 21
 )
-CLIP_CHECKPOINT_KEY = {"seedvr2": "seedvr2", "wan2.1": "qwen"}  # arch -> BenchOptions.checkpoint key
 
 
 def clip_cases(cuda: bool, quick: bool) -> list[ClipCase]:
@@ -174,16 +174,11 @@ def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
     --qwen-checkpoint) for a released-config case, else fan-in-scaled seeded weights (activations stay O(1) at
     any size)."""
     from ..vae.api import load_checkpoint
-    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-    from ..vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
 
-    ckpt = opts.checkpoint.get(CLIP_CHECKPOINT_KEY.get(case.arch, "")) if case.real_config else None
+    ckpt = checkpoint_for(case.arch, opts) if case.real_config else None
     if ckpt:
         return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model, "checkpoint"
-    if case.arch == "seedvr2":
-        model = SeedVR2VAE(SeedVR2Config() if case.real_config else SeedVR2Config.tiny())
-    else:
-        model = WanVAE({"wan2.1": (TINY_WAN21, WAN21), "wan2.2": (TINY_WAN22, WAN22)}[case.arch][case.real_config])
+    model = family_model(case.arch, real=case.real_config)
     model.load_state_dict(fan_in_weights({k: tuple(v.shape) for k, v in model.state_dict().items()}))
     return model.eval().requires_grad_(False), "real" if case.real_config else "tiny"
 

@@ -20,6 +20,7 @@ import torch
 
 from ..vae.api import TurboVAE, load_checkpoint
 from ..vae.dtypes import working_dtype
+from ..vae.registry import Family, families
 from .common import BenchOptions, BenchRow, fan_in_weights, sync
 from .main import PeakMemory, resident_mb
 from .report import HELD_SECTION
@@ -36,39 +37,16 @@ class Architecture:
     shapes: Callable[[object], dict]  # config -> the architecture's key -> shape table
 
 
-def _wan(family: str) -> Callable[[bool], object]:
-    def config(tiny: bool):
-        from ..vae import wan
-
-        if family == "wan2.2":
-            return wan.TINY_WAN22 if tiny else wan.WAN22
-        return wan.TINY_WAN21 if tiny else wan.WAN21
-    return config
+def _state_shapes(fam: Family) -> Callable[[object], dict]:
+    def shapes(cfg) -> dict:
+        with torch.device("meta"):
+            return {k: tuple(v.shape) for k, v in fam.build_model(cfg).state_dict().items()}
+    return shapes
 
 
-def _seedvr2_config(tiny: bool):
-    from ..vae.seedvr2 import SeedVR2Config
-
-    return SeedVR2Config.tiny() if tiny else SeedVR2Config()
-
-
-def _wan_shapes(cfg) -> dict:
-    from ..vae.wan import expected_shapes
-
-    return expected_shapes(cfg)
-
-
-def _seedvr2_shapes(cfg) -> dict:
-    from ..vae.seedvr2 import expected_shapes
-
-    return expected_shapes(cfg)
-
-
-ARCHITECTURES = (
-    Architecture("Wan 2.1 / Qwen-Image", _wan("wan2.1"), _wan_shapes),
-    Architecture("Wan 2.2", _wan("wan2.2"), _wan_shapes),
-    Architecture("SeedVR2", _seedvr2_config, _seedvr2_shapes),
-)
+def architectures() -> tuple[Architecture, ...]:
+    """Every registered family (vae/registry.py), in its order."""
+    return tuple(Architecture(f.title, lambda tiny, f=f: f.config(real=not tiny), _state_shapes(f)) for f in families())
 
 
 def _steps(vae: TurboVAE, image_px: int, g: torch.Generator) -> list[tuple[str, Callable[[], torch.Tensor]]]:
@@ -139,9 +117,9 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     dtype = working_dtype(opts.dtype, device)
     if not opts.quick:
-        for arch in ARCHITECTURES:  # the process's one-time costs, on the tiny configs (not reported)
+        for arch in architectures():  # the process's one-time costs, on the tiny configs (not reported)
             measure(arch, opts, device, dtype, tiny=True)
     rows: list[BenchRow] = []
-    for arch in ARCHITECTURES:
+    for arch in architectures():
         rows += measure(arch, opts, device, dtype, tiny=opts.quick)
     return rows

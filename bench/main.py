@@ -28,13 +28,15 @@ import copy
 import gc
 import statistics
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
+from ..vae.registry import Family, families
+from ..vae.registry import family as registry_family
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
 
 if TYPE_CHECKING:
@@ -44,73 +46,68 @@ SECTION = "main"
 SEEDVR2_REFERENCE = "plain path (original SeedVR2 not installable)"
 
 
+TILES = "tiles"  # the group of the exact-tiles cases (untiled vs exact tiles of one family's model)
+
+
 @dataclass(frozen=True)
 class Case:
-    """One comparison: `family` picks the models, `kind` encode/decode; sizes are in pixels."""
+    """One comparison: `family` groups the cases (a registered family's key, or `TILES`), `model` is the family
+    whose models run (vae/registry.py), `kind` encode/decode; sizes are in pixels."""
 
     name: str
-    family: str  # "qwen" | "wan2.2" | "seedvr2" | "tiles"
-    kind: str  # "decode" | "encode"
+    family: str
+    kind: str
     frames: int
     height: int
     width: int
     tile: int = 0  # family "tiles": exact tile size in pixels
+    model: str = ""  # the registered family whose models run (default: `family`)
+
+    @property
+    def vae(self) -> Family:
+        return registry_family(self.model or self.family)
 
 
-CPU_CASES = (
-    Case("Qwen-Image image decode 256²", "qwen", "decode", 1, 256, 256),
-    Case("Qwen-Image image encode 256²", "qwen", "encode", 1, 256, 256),
-    Case("Wan 2.1 5-frame decode 64²", "qwen", "decode", 5, 64, 64),
-    Case("Wan 2.2 image decode 128²", "wan2.2", "decode", 1, 128, 128),
-    Case("SeedVR2 image decode 128²", "seedvr2", "decode", 1, 128, 128),
-    Case("SeedVR2 5-frame decode 64²", "seedvr2", "decode", 5, 64, 64),
-    Case("Qwen-Image decode 512², exact tiles 256 px", "tiles", "decode", 1, 512, 512, tile=256),
-)
-CUDA_CASES = (
-    Case("Qwen-Image image decode 1024²", "qwen", "decode", 1, 1024, 1024),
-    Case("Qwen-Image image encode 1024²", "qwen", "encode", 1, 1024, 1024),
-    Case("Wan 2.1 17-frame decode 480×832", "qwen", "decode", 17, 480, 832),
-    Case("Wan 2.2 image decode 1024²", "wan2.2", "decode", 1, 1024, 1024),
-    Case("SeedVR2 image decode 1024²", "seedvr2", "decode", 1, 1024, 1024),
-    Case("SeedVR2 5-frame decode 512²", "seedvr2", "decode", 5, 512, 512),
-    Case("Qwen-Image decode 2048², exact tiles 768 px", "tiles", "decode", 1, 2048, 2048, tile=768),
-)
-# With --comfyui: the SeedVR2 encodes too (core's SeedVR2 is compared on image and clip, decode and encode).
-CORE_CPU_CASES = (
-    Case("SeedVR2 image encode 128²", "seedvr2", "encode", 1, 128, 128),
-    Case("SeedVR2 5-frame encode 64²", "seedvr2", "encode", 5, 64, 64),
-)
-CORE_CUDA_CASES = (
-    Case("SeedVR2 image encode 1024²", "seedvr2", "encode", 1, 1024, 1024),
-    Case("SeedVR2 5-frame encode 512²", "seedvr2", "encode", 5, 512, 512),
-    # Clips of 3 latent frames: a core that decodes clips wrongly from the third latent frame on (one stored core
-    # commit does, for Wan) agrees with ours on 2-latent clips such as the 5-frame ones above.
-    Case("Wan 2.2 9-frame decode 512²", "wan2.2", "decode", 9, 512, 512),
-    Case("SeedVR2 9-frame decode 512²", "seedvr2", "decode", 9, 512, 512),
-)
-# `--quick`: every family and code path on the architectures' tiny configs (for the test of the job itself).
-SMOKE_CASES = (
-    Case("Qwen-Image image decode 64² (tiny config)", "qwen", "decode", 1, 64, 64),
-    Case("Wan 2.2 image encode 64² (tiny config)", "wan2.2", "encode", 1, 64, 64),
-    Case("SeedVR2 5-frame decode 32² (tiny config)", "seedvr2", "decode", 5, 32, 32),
-    Case("Qwen-Image decode 128², exact tiles 64 px (tiny config)", "tiles", "decode", 1, 128, 128, tile=64),
-)
+def _from_registry(which: str) -> tuple[Case, ...]:
+    """Every registered family's `which` cases (`BenchCases` field), the exact-tiles cases last."""
+    fams = families()
+    plain = [Case(w.name, f.key, w.kind, w.frames, w.height, w.width) for f in fams
+             for w in getattr(f.bench, which) if not w.tile_px]
+    tiles = [Case(w.name, TILES, w.kind, w.frames, w.height, w.width, tile=w.tile_px, model=f.key) for f in fams
+             for w in getattr(f.bench, which) if w.tile_px]
+    return tuple(plain + tiles)
+
+
+# The case lists, read from the registry when asked (a family registered later is in them).
+_CASE_LISTS = {"CPU_CASES": "cpu", "CUDA_CASES": "cuda", "SMOKE_CASES": "quick",  # --quick: tiny configs
+               "CORE_CPU_CASES": "core_cpu", "CORE_CUDA_CASES": "core_cuda"}  # added by --comfyui
+
+
+def __getattr__(name: str) -> tuple[Case, ...]:
+    if name in _CASE_LISTS:
+        return _from_registry(_CASE_LISTS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cases(opts: BenchOptions) -> tuple[Case, ...]:
     cuda = torch.device(opts.device).type == "cuda"
-    chosen = SMOKE_CASES if opts.quick else CUDA_CASES if cuda else CPU_CASES
+    chosen = _from_registry("quick" if opts.quick else "cuda" if cuda else "cpu")
     if opts.comfyui and not opts.quick:
-        chosen += CORE_CUDA_CASES if cuda else CORE_CPU_CASES
+        chosen += _from_registry("core_cuda" if cuda else "core_cpu")
     return tuple(c for c in chosen if not opts.cases or any(s in c.name for s in opts.cases))
+
+
+def has_core_side(case: Case) -> bool:
+    """Whether `--comfyui` adds core's VAE to this case: a family core has a VAE for (not the tiles cases)."""
+    from .comfy_core import core_families
+
+    return case.family in core_families()
 
 
 def steps_per_case(opts: BenchOptions, case: Optional[Case] = None) -> int:
     """Runs per case (for a progress bar): reference and ours (and core's with --comfyui), one warm-up each plus
     `repeat` timed runs."""
-    from .comfy_core import CORE_FAMILIES
-
-    sides = 3 if opts.comfyui and (case is None or case.family in CORE_FAMILIES) else 2
+    sides = 3 if opts.comfyui and (case is None or has_core_side(case)) else 2
     return sides * (1 + max(opts.repeat, 1))
 
 
@@ -131,87 +128,69 @@ class Pair:
     keep: list = field(default_factory=list)  # models kept alive for the family's cases (ours first)
     held_mb: list = field(default_factory=lambda: [0.0, 0.0, 0.0])  # (reference, ours, core) held so far
     core: Optional["CoreSide"] = None  # ComfyUI core's VAE on the same weights (--comfyui)
+    image_channels: int = 3
 
     def input(self, case: Case, g: torch.Generator) -> torch.Tensor:
         if case.kind == "encode":
-            return torch.rand((1, 3, case.frames, case.height, case.width), generator=g) * 2 - 1
+            return torch.rand((1, self.image_channels, case.frames, case.height, case.width), generator=g) * 2 - 1
         shape = (1, self.latent_channels, 1 + (case.frames - 1) // self.temporal, case.height // self.spatial,
                  case.width // self.spatial)
         return torch.randn(shape, generator=g)
 
 
-def _shapes(module_cls, *args) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in module_cls(*args).state_dict().items()}
-
-
-def _wan_config(family: str, tiny: bool):
-    from ..vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22
-
-    return {("wan2.2", False): WAN22, ("wan2.2", True): TINY_WAN22}.get((family, tiny), TINY_WAN21 if tiny else WAN21)
-
-
-def _wan_pair(family: str, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+def _seeded_model(fam: Family, opts: BenchOptions) -> torch.nn.Module:
+    """The family's model on the CPU in fp32, loaded as `TurboVAE` loads it (no autograd on the parameters): the
+    real checkpoint the options name for it (not with --quick), else seeded random weights of its real config
+    (tiny with --quick)."""
     from ..vae.api import load_checkpoint
-    from ..vae.fast_options import FastPaths
-    from ..vae.wan import WanVAE, build
-    from ..vae.wan.config import diffusers_kwargs
 
-    cfg = _wan_config(family, opts.quick)
-    path = opts.checkpoint.get("qwen") if family == "qwen" and not opts.quick else None
-    sd = (load_checkpoint(path, device="cpu", dtype="fp32").state_dict() if path
-          else fan_in_weights(_shapes(WanVAE, cfg)))
-    model = build(sd, config=cfg, source="bench").to(device=device, dtype=dtype)  # build: an inference model
-    layout = dict(latent_channels=cfg.z_dim, spatial=cfg.spatial_factor, temporal=cfg.temporal_factor)
-
-    def ours(x: torch.Tensor) -> torch.Tensor:
-        return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
-
-    try:
-        import diffusers
-    except ImportError:
-        diffusers = None
-    if diffusers is None:  # the `bench` extra is missing: say so in the row instead of failing
-        plain_model = _with_paths(model, FastPaths.plain())
-
-        def plain(x: torch.Tensor) -> torch.Tensor:
-            return plain_model.decode_latents(x) if x.shape[1] == cfg.z_dim else plain_model.encode_moments(x)
-        return Pair("plain path (diffusers missing: pip install -e .[bench])", plain,
-                    "turbovae", ours, keep=[model, plain_model], **layout)
-    cls = diffusers.AutoencoderKLWan if cfg.is_residual else diffusers.AutoencoderKLQwenImage
-    ref = cls(**diffusers_kwargs(cfg)).eval()
-    ref.load_state_dict(sd)
-    ref.to(device=device) if dtype == torch.float32 else ref.to(device=device, dtype=dtype)  # fp32: no cast notice
-
-    def reference(x: torch.Tensor) -> torch.Tensor:
-        return ref.decode(x).sample if x.shape[1] == cfg.z_dim else ref.encode(x).latent_dist.parameters
-
-    return Pair(f"diffusers {cls.__name__}", reference, "turbovae", ours, keep=[model, ref], **layout)
-
-
-def _seedvr2_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
-    from ..vae.api import load_checkpoint
-    from ..vae.fast_options import FastPaths
-    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-    cfg = SeedVR2Config.tiny() if opts.quick else SeedVR2Config()
-    path = None if opts.quick else opts.checkpoint.get("seedvr2")
+    path = None if opts.quick else next((opts.checkpoint[n] for n in fam.names if opts.checkpoint.get(n)), None)
     if path:
-        model = load_checkpoint(path, device=device, dtype=dtype).model
-    else:
-        model = SeedVR2VAE(cfg)
-        model.load_state_dict(fan_in_weights(_shapes(SeedVR2VAE, cfg)))
-        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        return load_checkpoint(path, device="cpu", dtype="fp32").model
+    with torch.device("meta"):
+        model = fam.build_model(fam.config(real=not opts.quick))
+    model.load_state_dict(fan_in_weights({k: tuple(v.shape) for k, v in model.state_dict().items()}), assign=True)
+    return model.eval().requires_grad_(False)
 
-    plain = _with_paths(model, FastPaths.plain())
+
+def _family_pair(fam: Family, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
+    """Ours against the family's reference: its diffusers class on the same weights, or (no diffusers class, or
+    diffusers not installed) our own plain path, labelled so."""
+    from ..vae.fast_options import FastPaths
+
+    model = _seeded_model(fam, opts)
+    weights = {k: v.clone() for k, v in model.state_dict().items()} if fam.diffusers_reference else {}
+    model = model.to(device=device, dtype=dtype)
+    lf = model.latent_format
+    layout = dict(latent_channels=lf.channels, spatial=lf.spatial_factor, temporal=lf.temporal_factor,
+                  image_channels=lf.image_channels)
 
     def side(m: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         def run(x: torch.Tensor) -> torch.Tensor:
-            return m.decode_latents(x) if x.shape[1] == cfg.latent_channels else m.encode_moments(x)
+            return m.decode_latents(x) if x.shape[1] == lf.channels else m.encode_moments(x)
         return run
 
-    return Pair(SEEDVR2_REFERENCE, side(plain), "turbovae", side(model), cfg.latent_channels,
-                cfg.spatial_factor, cfg.temporal_factor, [model, plain])
+    diffusers = None
+    if fam.diffusers_reference:
+        try:
+            import diffusers
+        except ImportError:
+            diffusers = None
+    if diffusers is None:  # no diffusers class, or the `bench` extra is missing: say so in the row
+        plain = _with_paths(model, FastPaths.plain())
+        label = ("plain path (diffusers missing: pip install -e .[bench])" if fam.diffusers_reference
+                 else f"plain path (original {fam.title} not installable)")
+        return Pair(label, side(plain), "turbovae", side(model), keep=[model, plain], **layout)
+    cls = getattr(diffusers, fam.diffusers_reference)
+    ref = cls(**fam.diffusers_kwargs(model.config)).eval()
+    ref.load_state_dict(weights)
+    del weights
+    ref.to(device=device) if dtype == torch.float32 else ref.to(device=device, dtype=dtype)  # fp32: no cast notice
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        return ref.decode(x).sample if x.shape[1] == lf.channels else ref.encode(x).latent_dist.parameters
+
+    return Pair(f"diffusers {cls.__name__}", reference, "turbovae", side(model), keep=[model, ref], **layout)
 
 
 def _with_paths(model, fast):
@@ -223,25 +202,21 @@ def _with_paths(model, fast):
     return other
 
 
-def _tiles_pair(opts: BenchOptions, device: torch.device, dtype: torch.dtype, tile: int) -> Pair:
+def _tiles_pair(fam: Family, opts: BenchOptions, device: torch.device, dtype: torch.dtype, tile: int) -> Pair:
     from ..vae.tiling import decode_tiled
-    from ..vae.wan import WanVAE, build
 
-    cfg = _wan_config("qwen", opts.quick)
-    vae = TurboVAE(build(fan_in_weights(_shapes(WanVAE, cfg)), config=cfg, source="bench")
-                   .to(device=device, dtype=dtype).eval())
+    vae = TurboVAE(_seeded_model(fam, replace(opts, checkpoint={})).to(device=device, dtype=dtype))
+    lf = vae.model.latent_format
     overlap = min(64, tile // 4)
     return Pair("untiled (ours)", lambda z: vae.decode(z), f"exact tiles {tile} px",
-                lambda z: decode_tiled(vae, z, tile_px=tile, overlap_px=overlap, mode="exact"), cfg.z_dim,
-                cfg.spatial_factor, cfg.temporal_factor, [vae])
+                lambda z: decode_tiled(vae, z, tile_px=tile, overlap_px=overlap, mode="exact"), lf.channels,
+                lf.spatial_factor, lf.temporal_factor, [vae], image_channels=lf.image_channels)
 
 
 def build_pair(case: Case, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
-    if case.family in ("qwen", "wan2.2"):
-        return _wan_pair(case.family, opts, device, dtype)
-    if case.family == "seedvr2":
-        return _seedvr2_pair(opts, device, dtype)
-    return _tiles_pair(opts, device, dtype, case.tile)
+    if case.tile:
+        return _tiles_pair(case.vae, opts, device, dtype, case.tile)
+    return _family_pair(case.vae, opts, device, dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -326,7 +301,7 @@ def run_cases(opts: BenchOptions, tick: Callable[[Case], None] = lambda case: No
 def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tick: Callable[[Case], None],
          start: Callable[[Case], None], inspect: Callable[[Case, Pair, torch.Tensor], None],
          ) -> Iterator[list[BenchRow]]:
-    from .comfy_core import CORE_FAMILIES, core_rows
+    from .comfy_core import core_rows
 
     tag = str(dtype).replace("torch.", "")
     peak = PeakMemory(device)
@@ -339,7 +314,7 @@ def _run(opts: BenchOptions, device: torch.device, dtype: torch.dtype, core, tic
             pair = pair_key = None
             gc.collect()
             pair, pair_key = build_pair(case, opts, device, dtype), key
-            if core is not None and case.family in CORE_FAMILIES:
+            if core is not None and has_core_side(case):
                 pair.core = core.side(case.family, pair.keep[0], dtype)
         x = pair.input(case, g).to(device=device, dtype=dtype)
         core_x = pair.core.prepare(x) if pair.core is not None else None

@@ -4,9 +4,12 @@ section for it."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
+from ..vae.registry import family
 from .common import BenchOptions
 
 
@@ -25,22 +28,22 @@ def seeded_init(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
+def family_model(name: str, *, real: bool) -> nn.Module:
+    """A registered family's model (vae/registry.py: key or alias) of its real or tiny config, default init."""
+    fam = family(name)
+    return fam.build_model(fam.config(real=real))
+
+
+def checkpoint_for(name: str, opts: BenchOptions) -> Optional[str]:
+    """The checkpoint the options name for this family (under its key or an alias), if any."""
+    return next((opts.checkpoint[n] for n in family(name).names if opts.checkpoint.get(n)), None)
+
+
 def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
     """The architecture in fp32 on CPU, from the user's checkpoint or seeded random weights."""
-    if arch == "qwen":
-        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
-
-        ckpt = opts.checkpoint.get("qwen")
-        if ckpt:
-            from ..vae.api import load_checkpoint
-
-            return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model
-        return seeded_init(WanVAE(TINY_WAN21 if quick else WAN21)).eval()
-    from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-    ckpt = opts.checkpoint.get("seedvr2")
+    ckpt = checkpoint_for(arch, opts)
     if ckpt:
         from ..vae.api import load_checkpoint
 
         return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model
-    return seeded_init(SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())).eval()
+    return seeded_init(family_model(arch, real=not quick)).eval()

@@ -33,7 +33,7 @@ from ..vae.api import TurboVAE
 from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiling import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow, max_abs, sync
-from .models import seeded_init
+from .models import family_model, seeded_init
 from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported
 
 SECTION = "parallel"
@@ -42,15 +42,7 @@ LATENT_HW = (32, 32)  # 256×256 px at 8× (odd band split is covered by the tes
 
 
 def _vae(arch: str, quick: bool) -> TurboVAE:
-    if arch == "seedvr2":
-        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-        model = SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())
-    else:
-        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
-
-        model = WanVAE(TINY_WAN21 if quick else WAN21)
-    return TurboVAE(seeded_init(model))
+    return TurboVAE(seeded_init(family_model(arch, real=not quick)))
 
 
 def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:

@@ -6,15 +6,16 @@ vae/parallel/cost.py; this module only renders it."""
 
 from __future__ import annotations
 
-from ..vae.parallel.cost import SIZES, Assumptions, predict
+from ..vae.parallel.cost import SIZES, Assumptions, architectures, predict
 
 
 def markdown(assume: Assumptions = Assumptions()) -> str:
-    """The predicted-scaling table of docs/multi_gpu.md: every architecture, direction and size of SIZES."""
+    """The predicted-scaling table of docs/multi_gpu.md: every family the cost model covers (the registry's), every
+    direction and size of SIZES."""
     lines = ["| VAE | pass | size | ranks | split | TFLOP total | TFLOP / rank | MB in / rank | "
              + " | ".join(f"eff. {l.name}" for l in assume.links) + " |",
              "|" + "---|" * (8 + len(assume.links))]
-    for arch in ("seedvr2", "wan2.1", "wan2.2"):
+    for arch in architectures():
         for decode in (True, False):
             for size in SIZES:
                 for p in predict(arch, decode, size, assume=assume):

@@ -23,6 +23,7 @@ import torch
 
 from ..vae.dtypes import working_dtype
 from ..vae.ops import matmul
+from ..vae.registry import family
 from . import main, op_costs
 from .common import BenchOptions, BenchRow, sync
 
@@ -150,67 +151,62 @@ class FlopRow(BenchRow):
     flop_per_byte: Optional[float] = None
 
 
-# (architecture, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
-FLOP_CASES = tuple(("SeedVR2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
-    ("SeedVR2", "encode", n, 128) for n in (5, 21)) + tuple(("Wan 2.1", "decode", n, 128) for n in (1, 5, 21)) + (
-    ("Wan 2.1", "encode", 5, 128),)
+# (case label, family, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
+FLOP_CASES = tuple(("SeedVR2", "seedvr2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
+    ("SeedVR2", "seedvr2", "encode", n, 128) for n in (5, 21)) + tuple(
+    ("Wan 2.1", "qwen_image", "decode", n, 128) for n in (1, 5, 21)) + (("Wan 2.1", "qwen_image", "encode", 5, 128),)
 
 
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
-    """(reference name, fn), (ours name, fn) and the latent layout, models built on the meta device."""
-    if arch == "SeedVR2":
-        from ..vae.fast_options import FastPaths
-        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-        cfg = SeedVR2Config.tiny() if quick else SeedVR2Config()
-
-        def side(fast: FastPaths) -> Callable:
-            with torch.device("meta"):  # a model per side: its weights laid out for its paths once
-                model = SeedVR2VAE(cfg, fast).eval()
-
-            def run(x: torch.Tensor) -> torch.Tensor:
-                return model.decode_latents(x) if x.shape[1] == cfg.latent_channels else model.encode_moments(x)
-            return run
-        return ((main.SEEDVR2_REFERENCE, side(FastPaths.plain())), ("turbovae", side(FastPaths())),
-                cfg.latent_channels, cfg.spatial_factor, cfg.temporal_factor)
+    """(reference name, fn), (ours name, fn) and the latent layout of the registered family `arch`, models built
+    on the meta device: the reference is the family's diffusers class, or its plain path (as the main job)."""
     from ..vae.fast_options import FastPaths
-    from ..vae.wan import TINY_WAN21, WAN21, WanVAE
-    from ..vae.wan.config import diffusers_kwargs
 
-    cfg = TINY_WAN21 if quick else WAN21
-    with torch.device("meta"):
-        model = WanVAE(cfg).eval()
-        plain_model = WanVAE(cfg, fast=FastPaths.plain()).eval()
-    try:
-        import diffusers
-    except ImportError:
-        diffusers = None
+    fam = family(arch)
+    cfg = fam.config(real=not quick)
 
-    def ours(x: torch.Tensor) -> torch.Tensor:
-        return model.decode_latents(x) if x.shape[1] == cfg.z_dim else model.encode_moments(x)
-    if diffusers is None:
-        def plain(x: torch.Tensor) -> torch.Tensor:
-            return plain_model.decode_latents(x) if x.shape[1] == cfg.z_dim else plain_model.encode_moments(x)
-        reference = ("plain path (diffusers missing)", plain)
-    else:
+    def side(fast: Optional[FastPaths] = None) -> Callable:
+        """A side on its own model (its weights laid out for its paths once): `fast`, or the family's defaults."""
         with torch.device("meta"):
-            ref = diffusers.AutoencoderKLQwenImage(**diffusers_kwargs(cfg)).eval()
-        reference = ("diffusers AutoencoderKLQwenImage",
-                     lambda x: ref.decode(x).sample if x.shape[1] == cfg.z_dim else ref.encode(x).latent_dist.parameters)
-    return reference, ("turbovae", ours), cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor
+            model = fam.build_model(cfg).eval()
+            if fast is not None:
+                model.fast = fast
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return model.decode_latents(x) if x.shape[1] == lf.channels else model.encode_moments(x)
+        return run
+
+    with torch.device("meta"):
+        lf = fam.build_model(cfg).latent_format
+    layout = (lf.channels, lf.spatial_factor, lf.temporal_factor)
+    diffusers = None
+    if fam.diffusers_reference:
+        try:
+            import diffusers
+        except ImportError:
+            diffusers = None
+    if diffusers is None:
+        label = ("plain path (diffusers missing)" if fam.diffusers_reference
+                 else f"plain path (original {fam.title} not installable)")
+        return (label, side(FastPaths.plain())), ("turbovae", side()), *layout
+    with torch.device("meta"):
+        ref = getattr(diffusers, fam.diffusers_reference)(**fam.diffusers_kwargs(cfg)).eval()
+    reference = (f"diffusers {fam.diffusers_reference}",
+                 lambda x: ref.decode(x).sample if x.shape[1] == lf.channels else ref.encode(x).latent_dist.parameters)
+    return reference, ("turbovae", side()), *layout
 
 
 def flop_rows(opts: BenchOptions, dtype: torch.dtype, peaks: Peaks) -> list[FlopRow]:
     """FLOPs and touched bytes of the clip cases, ours and reference, counted on meta tensors (instant)."""
     rows: list[FlopRow] = []
     sides_of: dict[str, tuple] = {}
-    for arch, kind, frames, hw in FLOP_CASES:
+    for label, arch, kind, frames, hw in FLOP_CASES:
         if arch not in sides_of:
             sides_of[arch] = _meta_sides(arch, opts.quick)
         (ref_name, ref), (our_name, ours), latent, spatial, temporal = sides_of[arch]
         hw = hw // 4 if opts.quick else hw
         what = f"{frames}-frame" if frames > 1 else "image"
-        name = f"{arch} {what} {kind} {hw}²"
+        name = f"{label} {what} {kind} {hw}²"
         if opts.cases and not any(c in name for c in opts.cases):
             continue
         shape = ((1, 3, frames, hw, hw) if kind == "encode"

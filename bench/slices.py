@@ -18,34 +18,27 @@ import torch
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
-from .models import seeded_init
+from .models import family_model, seeded_init
 
 SECTION = "slices"
 FIXED = (1, 2, 4)
 
 
 def _vae(arch: str, quick: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
-    if arch == "seedvr2":
-        from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
-
-        model = SeedVR2VAE(SeedVR2Config.tiny() if quick else SeedVR2Config())
-    else:
-        from ..vae.wan import TINY_WAN21, WAN21, WanVAE
-
-        model = WanVAE(TINY_WAN21 if quick else WAN21)
+    model = family_model(arch, real=not quick)
     return TurboVAE(seeded_init(model).to(device=device, dtype=dtype))
 
 
 def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:
     if opts.quick:
         return [("seedvr2 decode 9f (tiny)", "seedvr2", (1, 16, 3, 2, 2)),
-                ("wan2.1 decode 17f (tiny)", "wan", (1, 4, 5, 2, 2))]
+                ("wan2.1 decode 17f (tiny)", "wan2.1", (1, 4, 5, 2, 2))]
     if cuda:
         return [("seedvr2 decode 21f 512²", "seedvr2", (1, 16, 6, 64, 64)),
-                ("wan2.1 decode 81f 480×832", "wan", (1, 16, 21, 60, 104))]
+                ("wan2.1 decode 81f 480×832", "wan2.1", (1, 16, 21, 60, 104))]
     return [("seedvr2 decode 21f 64²", "seedvr2", (1, 16, 6, 8, 8)),
             ("seedvr2 decode 21f 128²", "seedvr2", (1, 16, 6, 16, 16)),
-            ("wan2.1 decode 81f 64²", "wan", (1, 16, 21, 8, 8))]
+            ("wan2.1 decode 81f 64²", "wan2.1", (1, 16, 21, 8, 8))]
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:

@@ -21,8 +21,10 @@ from typing import Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
+from ..vae.registry import family
 from .common import BenchOptions, BenchRow, max_abs, psnr
 from .content import synthetic_clip, synthetic_image
+from .models import checkpoint_for
 
 CASES_CPU = [  # (kind, height, width, frames, tile_px)
     ("qwen", 512, 512, 1, 256),
@@ -46,15 +48,8 @@ def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device
     if checkpoint:
         return load_checkpoint(checkpoint, dtype=dtype, device=device)
     torch.manual_seed(0)
-    if kind == "seedvr2":
-        from ..vae.seedvr2.model import SeedVR2VAE
-
-        model = SeedVR2VAE()
-    else:
-        from ..vae.wan.config import WAN21
-        from ..vae.wan.model import WanVAE
-
-        model = WanVAE(WAN21, kind="qwen_image")
+    fam = family(kind)
+    model = fam.build_model(fam.real())
     return TurboVAE(model.to(device=device, dtype=dtype))
 
 
@@ -95,7 +90,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind, h, w, frames, tile in cases:
-            ckpt = opts.checkpoint.get(kind)
+            ckpt = checkpoint_for(kind, opts)
             vae = build_model(kind, ckpt, dtype, device)
             with torch.inference_mode():
                 z = vae.encode(_content(kind, h, w, frames).to(device=device, dtype=dtype))

@@ -232,11 +232,11 @@ class ComfyTurboVAE:
                         temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
         """Our tiled decode (sizes in output pixels); its UI progress bar is also the cancel point."""
         z = self.latents_for_pass(samples, tile_px, temporal_slice)
-        plan = plan_tiling(self.turbo, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True)
+        plan = plan_tiling(self.turbo, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
+                           temporal_slice=temporal_slice)
         how = f"{mode}: {plan.describe()}"
-        with reported(self.turbo, "decode", how, temporal_slice, self._keep):
-            out = _decode_tiled(self.turbo, z, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                                temporal_slice=temporal_slice, progress=progress_callback(node_id),
+        with reported(self.turbo, "decode", how, temporal_slice, self._keep):  # the plan logged is the plan run
+            out = _decode_tiled(self.turbo, z, plan=plan, progress=progress_callback(node_id),
                                 output_device=self.output_device)
         return self.clip_to_image(out, samples.ndim == 4)
 
@@ -245,11 +245,10 @@ class ComfyTurboVAE:
         """Our tiled encode (tile and overlap in input pixels), with progress and cancel as decode."""
         clip = self.clip_for_pass(pixels, tile_px, temporal_slice)
         plan = plan_tiling(self.turbo, tuple(clip.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                           decode=False)
+                           decode=False, temporal_slice=temporal_slice)
         how = f"{mode}: {plan.describe()}"
-        with reported(self.turbo, "encode", how, temporal_slice, self._keep):
-            out = _encode_tiled(self.turbo, clip, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                                temporal_slice=temporal_slice, progress=progress_callback(node_id),
+        with reported(self.turbo, "encode", how, temporal_slice, self._keep):  # the plan logged is the plan run
+            out = _encode_tiled(self.turbo, clip, plan=plan, progress=progress_callback(node_id),
                                 output_device=self.output_device)
         return self.to_comfy_latents(out.to(self.output_device).float())
 

@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-# VAE kinds whose LATENT core scales inside the VAE
-CORE_LATENT_SCALED_KINDS = frozenset({"seedvr2"})
+from ..vae.registry import core_scales_latents
+
 # Defaults core's SeedVR2 VAE gives a `seedvr2_tiling` option that leaves out tile_size / tile_overlap (px)
 CORE_SEEDVR2_TILE_PX = (512, 512)
 CORE_SEEDVR2_OVERLAP_PX = (64, 64)
@@ -29,7 +29,9 @@ class CoreLatents:
 
     @classmethod
     def for_kind(cls, kind: str, scaling_factor: float, shift_factor: float) -> "CoreLatents":
-        return cls(scaling_factor, shift_factor) if kind in CORE_LATENT_SCALED_KINDS else cls()
+        """Scaled for the kinds whose family says core scales its latents (`Family.core_scales_latents`,
+        vae/registry.py), raw otherwise."""
+        return cls(scaling_factor, shift_factor) if core_scales_latents(kind) else cls()
 
     @property
     def is_raw(self) -> bool:

@@ -18,6 +18,7 @@ from ..trt.backend_registry import AUTO_BACKEND, BACKEND_CHOICES, missing_onnx_e
 from ..trt.buckets import MODES
 from ..trt.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
 from ..vae.dtypes import DTYPE_NAMES
+from ..vae.registry import titles
 from .choices import check_choice
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, list_model_files, model_roots, \
@@ -41,8 +42,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
             display_name="Build Engine (TurboVAE)",
             category=CATEGORY,
             description="Exports a VAE from models/vae and builds encoder/decoder engines into "
-                        "models/tensorrt/<name> (with video on, also video decode engines for SeedVR2, Qwen-Image / "
-                        "Wan 2.1 and Wan 2.2). TensorRT "
+                        f"models/tensorrt/<name> (with video on, also video decode engines for {titles()}). TensorRT "
                         "needs an NVIDIA GPU and the tensorrt package; AOTInductor needs neither. Builds take "
                         "minutes; Cancel stops between phases (TensorRT also inside its builder).",
             inputs=[
@@ -66,9 +66,8 @@ class TurboVAEBuildEngine(io.ComfyNode):
                                  tooltip="Replace engines already in that folder (otherwise the build refuses)"),
                 io.Boolean.Input("video", default=False,
                                  tooltip="Also build video decode engines (one first-slice and one next-slice engine "
-                                         "per size) so videos decode on engines too: SeedVR2, Qwen-Image / Wan "
-                                         "2.1 and Wan 2.2 (any VAE with explicit causal memory). Needs static or "
-                                         "multi_ratio mode"),
+                                         f"per size) so videos decode on engines too: {titles()} (any VAE with "
+                                         "explicit causal memory). Needs static or multi_ratio mode"),
             ],
             outputs=[io.String.Output(display_name="engine_folder")],
             is_output_node=True,

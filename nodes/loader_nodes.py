@@ -14,6 +14,7 @@ from ..vae.compile import BACKENDS as COMPILE_BACKENDS
 from ..vae.compile import DYNAMIC as COMPILE_DYNAMIC
 from ..vae.compile import MODES as COMPILE_MODES
 from ..vae.dtypes import DTYPE_CHOICES, parse_dtype
+from ..vae.registry import supported_text, titles
 from .choices import check_choice, choice_error, first_error
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import VAE_KEY, list_model_files, resolve_model_file
@@ -31,13 +32,13 @@ class TurboVAELoader(io.ComfyNode):
             node_id="TurboVAELoader",
             display_name="Load VAE (TurboVAE)",
             category=CATEGORY,
-            description="Loads a SeedVR2, Qwen-Image, Wan 2.1 or Wan 2.2 VAE from models/vae (architecture "
-                        "detected from the weights, every key and shape checked). The result plugs into core "
-                        "VAE Decode/Encode (Tiled) nodes and into the TurboVAE tiled nodes.",
+            description=f"Loads a VAE ({titles()}) from models/vae (architecture detected from the weights, every "
+                        "key and shape checked). The result plugs into core VAE Decode/Encode (Tiled) nodes and "
+                        "into the TurboVAE tiled nodes.",
             inputs=[
                 io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
                                tooltip="VAE file in models/vae (or an extra_model_paths.yaml vae folder). "
-                                       "Supported: SeedVR2 ema_vae, qwen_image_vae, wan_2.1_vae, wan2.2_vae."),
+                                       f"Supported: {supported_text()}."),
                 io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto",
                                tooltip="Weights and compute precision. auto: ComfyUI's VAE dtype for the device "
                                        "(bf16 on recent GPUs, fp32 on CPU). fp16 can overflow in these VAEs."),

@@ -13,6 +13,7 @@ from torch import nn
 from turbovae.vae.base import LatentFormat, MemoryModel, VAEModel
 from turbovae.vae.fast_options import FastPaths
 from turbovae.vae.checkpoint import Architecture, register_architecture
+from turbovae.vae.registry import BenchCases, Family, Workload
 
 MARKER = "toy_engine_vae.marker"
 
@@ -111,7 +112,16 @@ def _build(sd, config=None, source=None):
     return m
 
 
-register_architecture(Architecture("toy engine VAE", lambda sd: MARKER in sd, _build, 100))
+# Registered on import (engine tests load toy checkpoints); the family entry below is registered only by the test
+# that checks a family is one entry (tests/test_family_registry.py), so the doctor and the benchmark never see it otherwise.
+TOY_ARCHITECTURE = Architecture("toy engine VAE", lambda sd: MARKER in sd, _build, 100)
+register_architecture(TOY_ARCHITECTURE)
+
+TOY_FAMILY = Family(
+    key="toy", title="Toy engine VAE", files="toy.safetensors", build_model=lambda cfg: ToyVAE(),
+    real=lambda: None, tiny=lambda: None, architectures=(TOY_ARCHITECTURE,), kinds=("toy",),
+    bench=BenchCases(quick=(Workload("Toy image decode 64² (tiny config)", "decode", 1, 64, 64),)),
+)
 
 
 def save_toy_checkpoint(path, seed: int = 0) -> ToyVAE:

@@ -249,5 +249,5 @@ def test_on_cuda_core_joins_clips_of_at_least_three_latent_frames():
     clips = [c for c in job.CORE_CUDA_CASES if c.kind == "decode" and c.frames > 1]
     assert {c.family for c in clips} == {"wan2.2", "seedvr2"}
     assert all((c.frames - 1) // 4 + 1 >= 3 for c in clips)  # 4x temporal compression, first frame alone
-    wan21_clip = [c for c in job.CUDA_CASES if c.family == "qwen" and c.frames > 1]
+    wan21_clip = [c for c in job.CUDA_CASES if c.family == "qwen_image" and c.frames > 1]
     assert wan21_clip and all((c.frames - 1) // 4 + 1 >= 3 for c in wan21_clip)

@@ -11,6 +11,7 @@ from turbovae import TurboVAE, decode_tiled, encode_tiled
 from turbovae.vae.seedvr2.config import SeedVR2Config
 from turbovae.vae.seedvr2.model import SeedVR2VAE
 from turbovae.vae.tiling import api as tiling_api
+from turbovae.vae.tiling import plan as tiling_plan  # the tile size is decided by the plan
 from turbovae.vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21
 from turbovae.vae.wan.model import WanVAE
 
@@ -110,11 +111,11 @@ def test_auto_uses_untiled_when_it_fits_and_tiles_when_not(vae, monkeypatch):
     ref = vae.decode(z)
     calls, seen = [], []
     monkeypatch.setattr(tiling_api, "run_exact", _spy(tiling_api.run_exact, calls))
-    monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 64 * 2**30)
+    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 64 * 2**30)
     out = decode_tiled(vae, z, mode="auto", progress=lambda d, t: seen.append((d, t)))
     assert torch.equal(out, ref)  # untiled: the plain pass itself
     assert calls == [] and seen == [(1, 1)]
-    monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 4 * 2**20)
+    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 4 * 2**20)
     out = decode_tiled(vae, z, mode="auto")
     assert (out - ref).abs().max() <= 1e-4
     assert calls[-1] > 1  # several tiles under a small budget
@@ -209,7 +210,7 @@ def test_default_tile_is_512_px_in_fast_and_exact(vae, monkeypatch):
     monkeypatch.setattr(tiling_api, "run_exact", _spy_grid(tiling_api.run_exact, tiles))
     decode_tiled(vae, z, mode="exact")
     assert tiles[-1] == 512 // vae.spatial_factor
-    monkeypatch.setattr(tiling_api, "free_memory_bytes", lambda device: 64 * 2**30)
+    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 64 * 2**30)
     decode_tiled(vae, z, mode="exact", tile_px=0)  # 0 = from free memory: plenty here, one tile
     assert tiles[-1] == 72
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..vae.dtypes import DTYPE_NAMES
+from ..vae.registry import titles
 from .backend_registry import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
 from .identity import COMPONENTS
@@ -33,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"default: {','.join(COMPONENTS)})")
     parser.add_argument("--video", action="store_true",
                         help="also build video slice engines (decode_slice_first/next, one pair per static bucket) so "
-                             "clips decode on engines: SeedVR2, Qwen-Image / Wan 2.1 and Wan 2.2; static/multi-ratio "
-                             "tables only")
+                             f"clips decode on engines: {titles()}; static/multi-ratio tables only")
     parser.add_argument("--slice-latents", type=int, default=None, metavar="K",
                         help="with --video: latents per next-slice engine call (the first slice takes 1 + K; a clip "
                              "that does not fill its last slice is padded and cropped, exactly). Larger K runs "

@@ -15,6 +15,7 @@ import torch
 
 from .base import LatentFormat, Progress, VAEModel, check_temporal_slice
 from .architectures import detect_architecture
+from .registry import supported_text
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
 from .cuda_graphs import CudaGraphRunner
@@ -381,8 +382,7 @@ def load_checkpoint(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
     if arch is None or arch.build is None:
         looks = arch.name if arch else "no known VAE architecture"
         raise CheckpointError(
-            f"{name}: not a supported VAE checkpoint (it looks like {looks}). Supported: SeedVR2 "
-            "(ema_vae*.safetensors), Qwen-Image / Wan 2.1 (qwen_image_vae, wan_2.1_vae), Wan 2.2 (wan2.2_vae), "
+            f"{name}: not a supported VAE checkpoint (it looks like {looks}). Supported: {supported_text()}, "
             "in ComfyUI/original or diffusers key format.")
     check_finite(sd, name)
     model = arch.build(sd, config=config, source=name)

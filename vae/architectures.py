@@ -1,18 +1,14 @@
-"""The explicit list of built-in architectures, registered with the checkpoint loader on import.
-
-Why a module of its own: `checkpoint.py` (reading and strict checking) is imported by every architecture
-package, so it cannot import them back; this module sits above all of them and is what `vae/api.py`
-imports, so the registry is complete whenever a VAE can be loaded — no lazy import fills it.
+"""The checkpoint architectures of the registered families (kept for imports of `BUILTIN` and the detection
+helpers from here). The families and their facts live in vae/registry.py, which registers their architectures
+with the checkpoint loader on import; this module imports it, so the registry is complete whenever a VAE can be
+loaded.
 """
 
 from __future__ import annotations
 
-from . import seedvr2, wan
 from .checkpoint import SD_KL, Architecture, detect_architecture, register_architecture, registered_architectures
+from .registry import BUILTIN_FAMILIES
 
-BUILTIN: tuple[Architecture, ...] = (*seedvr2.ARCHITECTURES, *wan.ARCHITECTURES, SD_KL)
-
-for _arch in BUILTIN:
-    register_architecture(_arch)
+BUILTIN: tuple[Architecture, ...] = (*(a for f in BUILTIN_FAMILIES for a in f.architectures), SD_KL)
 
 __all__ = ["BUILTIN", "detect_architecture", "register_architecture", "registered_architectures"]

@@ -10,13 +10,13 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator, Optional, Sequence
+from typing import Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
-from .weight_layout import conv_modules, hold_layout
+from .weight_layout import PassScratch, conv_modules, hold_layout
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,54 @@ class CausalMemory(CausalState):
         self.start(self.finish(), self.collect)
 
 
+R = TypeVar("R")
+
+
+class ExactTilingRunner(Protocol[R]):
+    """What runs an exact plan, one method per way of tiling exactly (`ExactTiling.run_with` picks it)."""
+
+    def staged(self, plan) -> R:
+        """A plan of local stages per tile and one global part at latent resolution (`vae.plans.ExactPlan`)."""
+
+    def layerwise(self, plan) -> R:
+        """A plan that runs the model's own forward layer by layer (`vae.plans.LayerwisePlan`)."""
+
+
+class ExactTiling(ABC, Generic[R]):
+    """What `VAEModel.exact_plan` returns: how a model's pass is split so that tiles give the untiled result.
+
+    Two implementations (vae/plans.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
+    Qwen-Image) and `LayerwisePlan` (the whole forward layer by layer with tile-bounded working memory; SeedVR2,
+    whose every GroupNorm spans the frame). Callers never test which one they hold: they pass a runner with a
+    method for each, and the plan calls its own (`run_with`)."""
+
+    @abstractmethod
+    def run_with(self, runner: "ExactTilingRunner[R]") -> R:
+        """`runner.staged(self)` or `runner.layerwise(self)`, whichever this plan is."""
+
+
+class PassContext(CausalMemory):
+    """The context of one encode/decode step, one type for every architecture: what its layers read besides their
+    input. The fast paths it runs (`fast`), its causal memory in and out (`CausalMemory`; `collect=False` builds
+    none), the frame split across devices (`shard`: this rank's band, vae/parallel; None on one device), the
+    progress `tick` of a layer-by-layer pass, and the `scratch` where its convs pack a weight view the kernel
+    cannot read in place (freed with the pass). An architecture reads what it uses; SeedVR2 adds its layer-wise
+    split policy in a subclass (vae/seedvr2/layers.py)."""
+
+    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+                 shard: Optional[object] = None):
+        super().__init__(memory_in, collect)
+        self.fast = fast
+        self.shard = shard
+        self.tick: Optional[Callable[[], None]] = None
+        self.scratch = PassScratch()
+
+    def clear(self) -> None:
+        """Back to a fresh stream: no memory, first slice next, scratch freed."""
+        self.start(None, self.collect)
+        self.scratch.clear()
+
+
 class VAEModel(nn.Module, ABC):
     """An architecture: holds the weights and runs validated tensors.
 
@@ -313,6 +361,13 @@ class VAEModel(nn.Module, ABC):
             raise RuntimeError(f"{type(self).__name__}: {len(state)} memory tensors but {len(owners)} recorded "
                                "owners; every memory tensor must be `put` with the module that owns it")
         return [(names[id(o)], tuple(t.shape)) for o, t in zip(owners, state)]
+
+    # -- exact tiling ------------------------------------------------------------------------
+    def exact_plan(self, *, decode: bool) -> Optional[ExactTiling]:
+        """How exact tiles split this model's decode (or encode) pass, or None when the architecture has no exact
+        tiling (then tiles overlap and blend, `mode="fast"`). The default is None: an architecture opts in by
+        overriding it, as it supplies `decode_step`."""
+        return None
 
     # -- export (engines) --------------------------------------------------------------------
     @abstractmethod

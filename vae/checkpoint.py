@@ -83,7 +83,7 @@ class Architecture:
     priority: int = 0
 
 
-# Filled by vae/architectures.py, which lists the built-in architectures explicitly (and by tests or
+# Filled by vae/registry.py, which registers the built-in families' architectures (and by tests or
 # plugins through `register_architecture`); this module never imports an architecture package.
 _ARCHITECTURES: list[Architecture] = []
 
@@ -93,6 +93,11 @@ def register_architecture(arch: Architecture) -> None:
         _ARCHITECTURES[:] = [a for a in _ARCHITECTURES if a.name != arch.name]
     _ARCHITECTURES.append(arch)
     _ARCHITECTURES.sort(key=lambda a: -a.priority)
+
+
+def unregister_architecture(name: str) -> None:
+    """Forget the architecture registered under `name` (nothing when there is none)."""
+    _ARCHITECTURES[:] = [a for a in _ARCHITECTURES if a.name != name]
 
 
 def registered_architectures() -> list[Architecture]:

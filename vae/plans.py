@@ -1,5 +1,6 @@
-"""What a model hands the exact tiler (`exact_plan(decode=...)`): plain types, below both the model
-packages and vae/tiling/, so neither imports the other for them. The tiler itself is vae/tiling/exact.py.
+"""The two implementations of `ExactTiling` (vae/base.py), what `VAEModel.exact_plan(decode=...)` returns:
+plain types, below both the model packages and vae/tiling/, so neither imports the other for them. The tiler
+itself is vae/tiling/exact.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .base import CausalStream
+from .base import CausalStream, ExactTiling, ExactTilingRunner, R
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class LocalStage:
     scale: Fraction
     radius: int
     name: str = ""
+    # module names of the layers the stage runs (a name prefix, e.g. "decoder.up_blocks.0."): the cost model
+    # attributes the traced layers to stages by them
+    modules: tuple[str, ...] = ()
 
     def stride_aligned(self, rows: int) -> int:
         """`rows` rounded up to a multiple of the stage's input stride (1/scale when it downsamples), so a crop
@@ -34,7 +38,7 @@ class LocalStage:
 
 
 @dataclass(frozen=True)
-class ExactPlan:
+class ExactPlan(ExactTiling):
     """`open_local()` gives one causal stream per local stage for one tile (opened together, so the
     stages of a tile may share state); `open_global()` one stream for the whole-frame part."""
 
@@ -43,9 +47,12 @@ class ExactPlan:
     open_global: Callable[[], CausalStream]
     global_channels: int  # channels of the latent-resolution tensor between the two parts
 
+    def run_with(self, runner: ExactTilingRunner[R]) -> R:
+        return runner.staged(self)
+
 
 @dataclass(frozen=True)
-class LayerwisePlan:
+class LayerwisePlan(ExactTiling):
     """For models whose every block needs whole-frame statistics (SeedVR2's GroupNorm): the model runs
     its own forward layer by layer with tile-bounded working memory. `run(x, tile_latent,
     temporal_slice, progress)` returns the untiled pass's output (pixels or moments); with
@@ -54,10 +61,13 @@ class LayerwisePlan:
 
     run: Callable[..., torch.Tensor]
 
+    def run_with(self, runner: ExactTilingRunner[R]) -> R:
+        return runner.layerwise(self)
+
 
 def supports_exact(model, *, decode: bool) -> bool:
-    plan_fn = getattr(model, "exact_plan", None)
-    return plan_fn is not None and plan_fn(decode=decode) is not None
+    """Whether the model declares an exact tiling of this pass (`VAEModel.exact_plan`)."""
+    return model.exact_plan(decode=decode) is not None
 
 
 def partition(length: int, tile: int) -> list[tuple[int, int]]:

@@ -28,6 +28,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..registry import families, family
+
 BYTES_PER_ELEMENT = 2  # bf16 activations
 
 
@@ -139,70 +141,78 @@ def _predict(arch, pass_name, size, n, variant, total, rank_flops, rank_bytes, c
                       collectives, eff)
 
 
-def _arch(arch: str):
-    """(builder, latent channels, spatial factor, temporal factor, exact plan builder or None)."""
-    if arch == "seedvr2":
-        from ..seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
-
-        # A frame split across ranks runs layer by layer, where upsamplers run their convs as they are (the
-        # composed upsampler, `subpixel_conv`, is a whole-frame path): model what the ranks run.
-        return (lambda: SeedVR2VAE(SeedVR2Config(), FastPaths().without("subpixel_conv"))), 16, 8, 4
-    from ..wan import WAN21, WAN22, WanVAE
-
-    cfg = WAN22 if arch == "wan2.2" else WAN21
-    return (lambda: WanVAE(cfg)), cfg.z_dim, cfg.spatial_factor, 4
+def architectures() -> tuple[str, ...]:
+    """The families the cost model can predict (every registered family that declares an exact tiling: only
+    those split a frame across devices), by the names `predict` takes."""
+    return tuple(f.key for f in families() if f.exact_plan(decode=True, for_split=True) is not None)
 
 
 def predict(arch: str, decode: bool, size: str, ranks: tuple[int, ...] = (2, 4, 8),
             assume: Assumptions = Assumptions()) -> list[Prediction]:
-    build, z_dim, f, tf = _arch(arch)
+    fam = family(arch)
+    model = fam.meta_model(for_split=True)  # the cost-model hook: what the ranks run
+    plan = model.exact_plan(decode=decode)
+    if plan is None:
+        raise ValueError(f"{arch}: the {fam.title} model declares no exact tiling (VAEModel.exact_plan), so its "
+                         f"frames are never split across devices; families the cost model covers: "
+                         f"{', '.join(architectures())}")
+    lf = model.latent_format
+    z_dim, f, tf = lf.channels, lf.spatial_factor, lf.temporal_factor
     frames, h, w = SIZES[size]
     h = math.ceil(h / f) * f  # Wan 2.2 (16 px per latent) pads 1080 to 1088
     lat_frames = (frames - 1) // tf + 1
     shape = (1, z_dim, lat_frames, h // f, w // f) if decode else (1, 3, frames, h, w)
     run = (lambda m, x: m.decode_latents(x)) if decode else (lambda m, x: m.encode_moments(x))
-    layers = trace_layers(build, run, shape)
+    layers = trace_layers(lambda: fam.meta_model(for_split=True), run, shape)
     total = sum(l.flops for l in layers)
     out_elems = (3 * frames * h * w) if decode else (2 * z_dim * lat_frames * (h // f) * (w // f))
     out_bytes = out_elems * BYTES_PER_ELEMENT
     pass_name = "decode" if decode else "encode"
-    rows = []
+
+    class _Rows:  # an `ExactTilingRunner`: the rows of each way a frame is split
+        @staticmethod
+        def layerwise(plan) -> list[Prediction]:
+            return [_layerwise_row(arch, pass_name, size, n, layers, total, lat_frames, out_bytes * (n - 1) / n,
+                                   assume) for n in ranks]
+
+        @staticmethod
+        def staged(plan) -> list[Prediction]:
+            return [row for n in ranks for row in _staged_rows(arch, plan, decode, size, n, layers, total, h // f,
+                                                               out_bytes * (n - 1) / n, assume, f)]
+
+    return plan.run_with(_Rows())
+
+
+def _layerwise_row(arch, pass_name, size, n, layers, total, lat_frames, gather_out, assume) -> Prediction:
+    """The layer-by-layer split (halo rows exchanged before every conv, GroupNorm sums all-reduced)."""
     exchanged_convs = [l for l in layers if l.halo_bytes > 0]
-    for n in ranks:
-        gather_out = out_bytes * (n - 1) / n
-        if arch == "seedvr2":
-            att = [l for l in layers if l.attention]
-            flops = (total - sum(l.kv_flops for l in att)) / n + sum(l.kv_flops for l in att)
-            halo = sum(l.halo_bytes for l in exchanged_convs)
-            stats = 3 * len(exchanged_convs) * 2 * 32 * lat_frames * 8  # sums of 32 groups per frame, fp64
-            frames_gathered = sum(l.frame_bytes for l in att) * (n - 1) / n
-            coll = 3 * len(exchanged_convs) + len(att) + 1
-            rows.append(_predict(arch, pass_name, size, n, "halo exchange", total, flops,
-                                 halo + stats + frames_gathered + gather_out, coll, assume))
-        else:
-            rows.extend(_wan_rows(arch, decode, size, n, layers, total, h // f, gather_out, assume))
-    return rows
+    att = [l for l in layers if l.attention]
+    flops = (total - sum(l.kv_flops for l in att)) / n + sum(l.kv_flops for l in att)
+    halo = sum(l.halo_bytes for l in exchanged_convs)
+    stats = 3 * len(exchanged_convs) * 2 * 32 * lat_frames * 8  # sums of 32 groups per frame, fp64
+    frames_gathered = sum(l.frame_bytes for l in att) * (n - 1) / n
+    coll = 3 * len(exchanged_convs) + len(att) + 1
+    return _predict(arch, pass_name, size, n, "halo exchange", total, flops,
+                    halo + stats + frames_gathered + gather_out, coll, assume)
 
 
-def _wan_rows(arch, decode, size, n, layers, total, h_lat, gather_out, assume) -> list[Prediction]:
+def _staged_rows(arch, plan, decode, size, n, layers, total, h_lat, gather_out, assume, f) -> list[Prediction]:
+    """Both ways a staged plan's band runs: the overlap recomputed, or each stage's halo exchanged."""
     from fractions import Fraction
 
     from ..tiling.exact import stage_halos, stage_resolutions
-    from ..wan import WAN21, WAN22, WanVAE
     from .band_chain import stage_halo
 
-    cfg = WAN22 if arch == "wan2.2" else WAN21
-    with torch.device("meta"):
-        plan = WanVAE(cfg).exact_plan(decode=decode)
-    res_in = Fraction(1) if decode else Fraction(cfg.spatial_factor)
+    res_in = Fraction(1) if decode else Fraction(f)
     halos, res = stage_halos(plan.local, res_in), stage_resolutions(plan.local, res_in)
-    part = "decoder" if decode else "encoder"
-    prefixes = ([f"{part}.up_blocks.{i}." for i in range(len(plan.local) - 1)] + [f"{part}.conv_out"]
-                if decode else [f"{part}.conv_in"] + [f"{part}.down_blocks.{i}." for i in range(len(plan.local) - 1)])
+    prefixes = [s.modules for s in plan.local]  # the module names each stage runs, as the plan declares them
+    if not all(prefixes):
+        raise ValueError(f"{arch}: its exact plan's stages name no modules (LocalStage.modules), so the cost model "
+                         "cannot tell which traced layers each stage runs")
 
     def stage_of(name: str) -> Optional[int]:
-        for k, p in enumerate(prefixes):
-            if name.startswith(p) or name == p.rstrip("."):
+        for k, owned in enumerate(prefixes):
+            if any(name.startswith(p) or name == p.rstrip(".") for p in owned):
                 return k
         return None
 

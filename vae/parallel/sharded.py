@@ -1,6 +1,7 @@
 """One rank's share of an exact pass whose frame is split into row bands (run on every rank, SPMD).
 
-Two ways of getting the rows a band's convolutions read beyond its border, one per plan kind:
+Two ways of getting the rows a band's convolutions read beyond its border, one per kind of `ExactTiling` (the
+plan picks its own through `run_with`):
 - `LayerwisePlan` (SeedVR2: every GroupNorm spans the frame): the model's own layer-by-layer forward on
   the band's rows, with halo rows *exchanged* with the neighbouring bands before every conv, GroupNorm
   sums all-reduced, and the latent-resolution frame gathered for mid-block attention (queries stay local).
@@ -49,15 +50,24 @@ def sharded_pass(model, x: torch.Tensor, comm: Collective, *, decode: bool, tile
                         lf.temporal_factor)
     tick = Lockstep(comm, progress)
     plan = model.exact_plan(decode=decode)
+    if plan is None:
+        raise ValueError(f"{type(model).__name__} declares no exact tiling (VAEModel.exact_plan): a frame cannot be "
+                         "split across devices")
     a, b = bands.rows(comm.rank)
     share = comm.size if share_tile else 1
-    if isinstance(plan, LayerwisePlan):  # its working memory is bounded by a tile area (a budget)
-        x_band = x[..., a * in_scale:b * in_scale, :].to(comm.device)
-        band_out = plan.run(x_band, max(1, math.isqrt(tile_latent * tile_latent // share)), temporal_slice, tick,
+
+    class _Band:  # an `ExactTilingRunner`: this rank's band for each kind of plan
+        @staticmethod
+        def layerwise(plan: LayerwisePlan) -> torch.Tensor:  # working memory bounded by a tile area (a budget)
+            x_band = x[..., a * in_scale:b * in_scale, :].to(comm.device)
+            return plan.run(x_band, max(1, math.isqrt(tile_latent * tile_latent // share)), temporal_slice, tick,
                             shard=Band(bands, comm))
-        del x_band
-    else:
-        band_out = _exact_plan_band(plan, x, bands, comm, geom, tile_latent, share, temporal_slice, tick)
+
+        @staticmethod
+        def staged(plan: ExactPlan) -> torch.Tensor:
+            return _exact_plan_band(plan, x, bands, comm, geom, tile_latent, share, temporal_slice, tick)
+
+    band_out = plan.run_with(_Band())
     out = None
     if comm.returns_result:
         out = torch.empty(x.shape[0], geom.out_channels, geom.out_frames(x.shape[2]), h_lat * out_scale,

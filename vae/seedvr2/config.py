@@ -26,6 +26,11 @@ class SeedVR2Config:
     scaling_factor: float = 0.9152
 
     @classmethod
+    def real(cls) -> "SeedVR2Config":
+        """The shipped model (the same as `SeedVR2Config()`): every family's config has `real()` and `tiny()`."""
+        return cls()
+
+    @classmethod
     def tiny(cls) -> "SeedVR2Config":
         """Same topology, 16x fewer channels: for behaviour tests only."""
         return cls(block_out_channels=(8, 16, 32, 32), norm_groups=4)

@@ -9,13 +9,13 @@ released checkpoint's keys exactly.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalMemory
+from ..base import PassContext as BasePassContext
 from ..memory_format import channels_last_format, memory_format_of
 from ..ops import group_norm_silu
 from ..kernels.conv_guard import conv3d as guarded_conv3d
@@ -25,8 +25,10 @@ from .shuffle import pixel_shuffle_3d
 from ..fast_options import FastPaths
 
 
-class PassContext(CausalMemory):
-    """State of one encode/decode step: fast paths plus causal memory in and out (`CausalMemory`).
+class SeedVR2Pass(BasePassContext):
+    """The base pass context (vae/base.py) plus SeedVR2's layer-wise split: `split` runs every layer with
+    tile-bounded working memory (exact tiling; its `shard` is the context's), `inplace` the in-place residuals.
+    `collect` defaults to False here (a whole clip in one step), as SeedVR2's callers have always relied on.
 
     On the first slice (`memory_in` None) causal convs replicate the first frame as head padding and
     temporal upsamplers drop the duplicated first frame, as the reference does outside its ACTIVE
@@ -35,10 +37,8 @@ class PassContext(CausalMemory):
 
     def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False,
                  split: Optional["SplitPolicy"] = None):
-        super().__init__(memory_in, collect)
-        self.fast = fast
+        super().__init__(fast, memory_in, collect, shard=split.shard if split is not None else None)
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
-        self.tick: Optional[Callable[[], None]] = None  # called after each layer-wise conv (progress, cancel)
         self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
 
     @property
@@ -49,6 +49,9 @@ class PassContext(CausalMemory):
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
         return self.fast.image_path and self.first and x.shape[2] == 1
+
+
+PassContext = SeedVR2Pass  # the name SeedVR2's layers, its model and its tests use
 
 
 class CausalConv3d(nn.Conv3d):
@@ -227,7 +230,7 @@ class MidAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         b, c, t, h, w = x.shape
         frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
-        shard = ctx.split.shard if ctx.split is not None else None
+        shard = ctx.shard
         if shard is None:
             tokens = norm_silu(self.group_norm, frames, silu=False).flatten(2).transpose(1, 2)
             queries = tokens

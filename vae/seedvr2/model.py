@@ -159,7 +159,7 @@ class SeedVR2VAE(VAEModel):
             return SeedVR2VAE(self.config, self.fast)
 
     # -- exact tiling ------------------------------------------------------------------------------
-    def exact_plan(self, *, decode: bool):
+    def exact_plan(self, *, decode: bool) -> LayerwisePlan:
         """Exact tiles run the whole forward layer by layer with tile-bounded working memory
         (GroupNorm statistics span the frame, so no tile of the network is independent)."""
         def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress,

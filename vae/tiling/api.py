@@ -19,84 +19,15 @@ from typing import Callable, Optional
 import torch
 
 from ..api import TurboVAE, moments_to_latents
-from ..base import Progress, check_temporal_slice
-from ..memory import USABLE_FRACTION, free_memory_bytes
+from ..base import Progress
 from ..oom import OutOfMemory, attempt
-from .exact import supports_exact, run_exact
+from .exact import run_exact
 from .fast import PassGeometry, run_tiled
-from .grid import TileGrid
-from .retry import MIN_TILE_LATENT, TileRetry
+from .plan import (DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, MODES, TilingPlan, auto_tile_latent,  # noqa: F401
+                   check_tiling, pass_kind, plan_tiling, resolve_tile_latent)
+from .retry import MIN_TILE_LATENT, TileRetry  # noqa: F401 (MIN_TILE_LATENT: imported from here by the nodes)
 
 log = logging.getLogger(__name__)
-
-MODES = ("auto", "fast", "exact")  # the default first: what the nodes offer, in this order
-DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
-
-
-
-def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    return mode
-
-
-DEFAULT_OVERLAP_PX = 64
-
-
-def _default_overlap(tile_px: Optional[int], overlap_px: Optional[int]) -> int:
-    """`overlap_px=None`: 64 px, or a quarter of a smaller explicit tile (an overlap must stay below half the
-    tile)."""
-    if overlap_px is not None:
-        return overlap_px
-    return min(DEFAULT_OVERLAP_PX, tile_px // 4) if isinstance(tile_px, int) and tile_px > 0 else DEFAULT_OVERLAP_PX
-
-
-def _check_sizes(tile_px: Optional[int], overlap_px: int, f: int, temporal_slice: Optional[int] = None) -> None:
-    """ValueError naming the fix for a tile, overlap or temporal_slice the tiler cannot honour."""
-    check_temporal_slice(temporal_slice)
-    for name, value in (("tile_px", tile_px), ("overlap_px", overlap_px)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if tile_px is not None and tile_px < 0:
-        raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
-                         "from free memory")
-    if tile_px and tile_px < MIN_TILE_LATENT * f:
-        raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
-                         "(or 0 to size tiles from free memory)")
-    if overlap_px < 0:
-        raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
-    if tile_px and 2 * overlap_px >= tile_px:
-        raise ValueError(f"overlap_px={overlap_px} must be less than half the tile ({tile_px} px): tiles would "
-                         f"overlap their neighbours' neighbours; use overlap_px ≤ {tile_px // 2 - f}")
-
-
-def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
-                     budget: Optional[int] = None) -> int:
-    """Largest square latent tile whose working set (one frame slice) fits the memory budget."""
-    f = vae.spatial_factor
-    budget = int(free_memory_bytes(vae.device) * USABLE_FRACTION) if budget is None else budget
-    mm = vae.model.memory_model
-    slice_frames = min(frames, 1 + vae.temporal_factor)  # auto slicing goes down to 1 latent per step
-    tile = max(h_lat, w_lat)
-    while tile > MIN_TILE_LATENT:
-        px = min(tile, h_lat) * f * min(tile, w_lat) * f
-        if mm.bytes_needed(px, slice_frames, vae.dtype, decode=decode) <= budget:
-            return tile
-        tile = max(MIN_TILE_LATENT, (tile * 3) // 4)
-    return MIN_TILE_LATENT
-
-
-def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
-                        decode: bool) -> int:
-    """Tile side in latent pixels for a tile side `tile_px` in pixels: as asked; 512 px for fast/exact when
-    None; from free memory for auto or 0. The tiled passes, their plan and the parallel passes share it."""
-    f = vae.spatial_factor
-    if tile_px:
-        return max(MIN_TILE_LATENT, tile_px // f)
-    if tile_px is None and mode != "auto":
-        return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
-    return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
-
 
 def _run_with_oom_retry(run: Callable[[TileRetry], torch.Tensor], retry: TileRetry) -> torch.Tensor:
     """`run(retry)` again after each out-of-memory that escaped the tile loop (the untiled pass, the global
@@ -122,61 +53,65 @@ def _untiled(vae: TurboVAE, x: torch.Tensor, *, decode: bool, temporal_slice: Op
     return out.to(device=output_device or x.device, dtype=torch.float32)
 
 
-def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
-    """What a tiled pass runs: "untiled" when `auto` needs a single tile, "exact" tiles in exact/auto mode where
-    the model has an exact plan, else "fast" tiles. One rule for the pass and for what the nodes report."""
-    if mode == "auto" and tiles == 1:
-        return "untiled"
-    return "exact" if has_exact and mode in ("exact", "auto") else "fast"
-
-
-def _tiled_pass(vae: TurboVAE, x: torch.Tensor, *, decode: bool, tile_px: Optional[int], overlap_px: int, mode: str,
-                temporal_slice: Optional[int], progress: Progress,
+def _tiled_pass(vae: TurboVAE, x: torch.Tensor, plan: TilingPlan, *, progress: Progress,
                 output_device: Optional[torch.device]) -> torch.Tensor:
-    """The pass both directions share: x is validated, on the model's device and dtype; returns the
-    blended or exact output (pixels, or moments for encode) in the model dtype."""
+    """Run `plan` (both directions): x is validated, on the model's device and dtype; returns the blended or exact
+    output (pixels, or moments for encode) in the model dtype. After an out-of-memory the plan's tile (or slice)
+    is shrunk and the rest runs the shrunk plan."""
+    decode = plan.decode
     what = "decode" if decode else "encode"
     f = vae.spatial_factor
     model = vae.model
-    has_exact = supports_exact(model, decode=decode)
-    if mode == "exact" and not has_exact:
+    if plan.requested == "exact" and not plan.has_exact:
         raise ValueError(f"exact tiled {what} is not available for a {vae.kind} VAE; use mode='fast'")
     in_scale, out_scale = (1, f) if decode else (f, 1)
+    if (x.shape[-2] // in_scale, x.shape[-1] // in_scale) != plan.latent_hw:
+        raise ValueError(f"the tiling plan was made for a {plan.latent_hw[0]}×{plan.latent_hw[1]} latent frame, "
+                         f"this input has {x.shape[-2] // in_scale}×{x.shape[-1] // in_scale}; make the plan "
+                         "(plan_tiling) from this input's shape")
     out_channels = vae.image_channels if decode else 2 * vae.latent_channels
     geom = PassGeometry(in_scale, out_scale, out_channels, decode, vae.temporal_factor)
-    h_lat, w_lat, t_in = x.shape[-2] // in_scale, x.shape[-1] // in_scale, x.shape[2]
+    t_in = x.shape[2]
     latent_frames = t_in if decode else geom.out_frames(t_in)
-    pixel_frames = geom.out_frames(t_in) if decode else t_in
     stream = model.decode_stream if decode else model.encode_stream
     whole = vae.tile_pass(decode=decode)
 
     def run(retry: TileRetry) -> torch.Tensor:
-        tile_lat = retry.tile_latent
-        if retry.temporal_slice is None:
-            px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-            retry.temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
-        ts = retry.temporal_slice
-        grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap_px // f)
-        kind = pass_kind(mode, len(grid), has_exact)
+        now = plan.with_tile(retry.tile_latent, retry.temporal_slice)  # the plan itself until a retry shrank it
+        grid, ts = now.grid(), now.temporal_slice
         with torch.inference_mode():
-            if kind == "untiled":
+            if now.mode == "untiled":
                 return _untiled(vae, x, decode=decode, temporal_slice=ts, progress=progress,
                                 output_device=output_device)
-            if kind == "exact":
+            if now.mode == "exact":
                 return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress,
                                  output_device=output_device, retry=retry)
             # ramps are in output units: pixels for decode, latent pixels for encode
-            return run_tiled(x, grid, geom, stream, whole, blend=overlap_px // in_scale, temporal_slice=ts,
+            return run_tiled(x, grid, geom, stream, whole, blend=now.overlap_px // in_scale, temporal_slice=ts,
                              progress=progress, accum_device=output_device, retry=retry)
 
-    first_tile = resolve_tile_latent(vae, tile_px, mode, h_lat, w_lat, pixel_frames, decode=decode)
-    retry = TileRetry(what, f, vae.device, first_tile, temporal_slice, latent_frames)
+    retry = TileRetry(what, f, vae.device, plan.tile_latent, plan.temporal_slice, latent_frames)
     return _run_with_oom_retry(run, retry).to(vae.dtype)
+
+
+def _checked_plan(plan: TilingPlan, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
+                  temporal_slice: Optional[int]) -> TilingPlan:
+    """A plan handed in replaces the tiling arguments, so none may be given beside it (it would be ignored)."""
+    if plan.decode != decode:
+        raise ValueError(f"this is a{'n encode' if plan.decode else ' decode'} plan; make the plan with "
+                         f"decode={decode}")
+    given = [n for n, v, default in (("tile_px", tile_px, None), ("overlap_px", overlap_px, None),
+                                     ("mode", mode, "auto"), ("temporal_slice", temporal_slice, None)) if v != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} given beside a plan, which already holds them; pass either the plan "
+                         "or the tiling arguments")
+    return plan
 
 
 def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int] = None,
                  overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
-                 progress: Progress = None, output_device: Optional[torch.device] = None) -> torch.Tensor:
+                 progress: Progress = None, output_device: Optional[torch.device] = None,
+                 plan: Optional[TilingPlan] = None) -> torch.Tensor:
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
     `mode` defaults to "auto" like the nodes: untiled when it fits, else exact tiles (never seams by default).
@@ -188,34 +123,44 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int]
     `progress(done, total)` is called after every tile×slice step; an exception it raises (e.g. a
     UI interrupt) propagates and leaves the model usable. `output_device` holds the fp32 accumulator
     (e.g. CPU to keep a long clip off the GPU). Returns pixels in [-1, 1], model dtype.
+
+    `plan`: a `plan_tiling(..., decode=True)` made for these latents (what the nodes log), run as it is, in
+    place of the tiling arguments; without it the same plan is made here.
     """
-    _check_mode(mode)
-    overlap_px = _default_overlap(tile_px, overlap_px)
-    _check_sizes(tile_px, overlap_px, vae.spatial_factor, temporal_slice)
+    if plan is not None:
+        plan = _checked_plan(plan, True, tile_px, overlap_px, mode, temporal_slice)
+    else:
+        overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
     squeeze = latents.ndim == 4
     z = vae.check_latents(latents)
     vae.check_decoded_size(z, output_device)
     z = z.to(device=vae.device, dtype=vae.dtype)
-    out = _tiled_pass(vae, z, decode=True, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                      temporal_slice=temporal_slice, progress=progress, output_device=output_device)
+    if plan is None:
+        plan = plan_tiling(vae, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
+                           temporal_slice=temporal_slice)
+    out = _tiled_pass(vae, z, plan, progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
 
 def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] = None,
                  overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
                  progress: Progress = None, sample: bool = False, generator: Optional[torch.Generator] = None,
-                 output_device: Optional[torch.device] = None) -> torch.Tensor:
+                 output_device: Optional[torch.device] = None, plan: Optional[TilingPlan] = None) -> torch.Tensor:
     """Encode pixels in spatial tiles (input pixels) and temporal slices; returns raw latents.
 
     Moments (mean ‖ log-variance) are blended, then the mean (or a posterior sample) is taken.
-    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`.
+    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`
+    (`plan`: one made with decode=False).
     """
-    _check_mode(mode)
-    overlap_px = _default_overlap(tile_px, overlap_px)
-    _check_sizes(tile_px, overlap_px, vae.spatial_factor, temporal_slice)
+    if plan is not None:
+        plan = _checked_plan(plan, False, tile_px, overlap_px, mode, temporal_slice)
+    else:
+        overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
     squeeze = pixels.ndim == 4
     x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
-    moments = _tiled_pass(vae, x, decode=False, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                          temporal_slice=temporal_slice, progress=progress, output_device=output_device)
+    if plan is None:
+        plan = plan_tiling(vae, tuple(x.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=False,
+                           temporal_slice=temporal_slice)
+    moments = _tiled_pass(vae, x, plan, progress=progress, output_device=output_device)
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out

@@ -1,6 +1,7 @@
 """Exact tiles: equal to the untiled pass, with working memory bounded by the tile.
 
-A model opts in by returning an `ExactPlan` (or a `LayerwisePlan`, below) from `exact_plan(decode=...)`:
+A model opts in by overriding `VAEModel.exact_plan(decode=...)` (vae/base.py), returning one of the two
+`ExactTiling` implementations: a `LayerwisePlan` runs the model's own forward layer by layer; an `ExactPlan` has
 its pass split into
 - local *stages* (convolutions, per-pixel norms, resampling) that can run on a spatial crop whose
   halo covers their receptive field, and
@@ -105,38 +106,54 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32.
     `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`)."""
     plan = model.exact_plan(decode=decode)
-    if isinstance(plan, LayerwisePlan):
-        tile = max(grid.rows.tile, grid.cols.tile)
-        out = plan.run(x, tile, temporal_slice, progress)
-        return out.to(device=output_device or x.device, dtype=torch.float32)
-    lf = model.latent_format
-    f = lf.spatial_factor
-    h_lat, w_lat = grid.rows.length, grid.cols.length
-    tile = max(grid.rows.tile, grid.cols.tile)
-    cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
-    out_channels = lf.image_channels if decode else 2 * lf.channels
-    in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
-    slices = in_geom.slices(x.shape[2], temporal_slice)
-    counter = StepCounter(progress, len(slices) * (len(cores) + 1))
-    tick = counter.tick
-    device = output_device or x.device
+    if plan is None:
+        raise ValueError(f"{type(model).__name__} declares no exact tiling (VAEModel.exact_plan); use mode='fast'")
+    return plan.run_with(_SingleDevice(model, x, grid, decode, temporal_slice, progress,
+                                       output_device or x.device, retry))
 
-    b, t_in = x.shape[0], x.shape[2]
-    if decode:
-        glob = run_global(plan, x, slices, tick)
-        out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f, dtype=torch.float32,
-                          device=device)
-        run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
+
+class _SingleDevice:
+    """`run_exact` for each kind of exact plan (an `ExactTilingRunner`)."""
+
+    def __init__(self, model, x: torch.Tensor, grid: TileGrid, decode: bool, temporal_slice: Optional[int],
+                 progress: Progress, device: torch.device, retry: Optional[TileRetry]):
+        self.model, self.x, self.grid, self.decode = model, x, grid, decode
+        self.temporal_slice, self.progress, self.device, self.retry = temporal_slice, progress, device, retry
+
+    def layerwise(self, plan: LayerwisePlan) -> torch.Tensor:
+        tile = max(self.grid.rows.tile, self.grid.cols.tile)
+        out = plan.run(self.x, tile, self.temporal_slice, self.progress)
+        return out.to(device=self.device, dtype=torch.float32)
+
+    def staged(self, plan: ExactPlan) -> torch.Tensor:
+        x, grid, decode, retry, device = self.x, self.grid, self.decode, self.retry, self.device
+        lf = self.model.latent_format
+        f = lf.spatial_factor
+        h_lat, w_lat = grid.rows.length, grid.cols.length
+        tile = max(grid.rows.tile, grid.cols.tile)
+        cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
+        out_channels = lf.image_channels if decode else 2 * lf.channels
+        in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
+        slices = in_geom.slices(x.shape[2], self.temporal_slice)
+        counter = StepCounter(self.progress, len(slices) * (len(cores) + 1))
+        tick = counter.tick
+
+        b, t_in = x.shape[0], x.shape[2]
+        if decode:
+            glob = run_global(plan, x, slices, tick)
+            out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f,
+                              dtype=torch.float32, device=device)
+            run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
+                      grow=counter.grow)
+            return out
+        # encode: local prefix per tile into a latent-resolution buffer, then the global part
+        t_lat = in_geom.out_frames(t_in)
+        mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
+        run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
                   grow=counter.grow)
-        return out
-    # encode: local prefix per tile into a latent-resolution buffer, then the global part
-    t_lat = in_geom.out_frames(t_in)
-    mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
-    run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
-               grow=counter.grow)
-    lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
-    moments = run_global(plan, mid, lat_slices, tick)
-    return moments.to(device=device, dtype=torch.float32)
+        lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
+        moments = run_global(plan, mid, lat_slices, tick)
+        return moments.to(device=device, dtype=torch.float32)
 
 
 def run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:

@@ -1,42 +1,166 @@
-"""What a tiled pass will do, said before it runs: untiled, exact or fast tiles, at which tile size.
+"""What a tiled pass will do, decided once, before it runs: untiled, exact or fast tiles, the tile size and the
+temporal slice.
 
-The ComfyUI nodes log this so a user sees what `auto` chose. It calls what `api._tiled_pass` calls (the
-same tile-size function, grid and `pass_kind` rule). An out-of-memory retry inside the pass may still
-halve the tile afterwards (the tiler logs that itself).
+`plan_tiling` makes the decision; `decode_tiled` / `encode_tiled` run the plan they are handed (or make one the
+same way), so what the ComfyUI nodes log is what runs. Only an out-of-memory retry inside the pass changes it
+afterwards (a smaller tile or slice: `TilingPlan.with_tile`, and the tiler logs the change).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..api import TurboVAE
-from .api import resolve_tile_latent, pass_kind
+from ..base import check_temporal_slice
+from ..memory import USABLE_FRACTION, free_memory_bytes
 from .exact import supports_exact
 from .grid import TileGrid
+from .retry import MIN_TILE_LATENT
+
+MODES = ("auto", "fast", "exact")  # the default first: what the nodes offer, in this order
+DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
+DEFAULT_OVERLAP_PX = 64
 
 
 @dataclass(frozen=True)
 class TilingPlan:
-    mode: str  # "untiled" | "exact" | "fast"
+    """One tiled pass, decided: `mode` is what runs ("untiled" | "exact" | "fast"), `requested` the mode asked
+    for ("auto" | "fast" | "exact"); sizes in latent pixels (`tile_latent`, `latent_hw`: the input frame's) and
+    pixels (`tile_px`, `overlap_px`); `temporal_slice` in latent frames (None: the whole clip per step)."""
+
+    mode: str
     tile_px: Optional[int]  # None when untiled
     tiles: int
+    requested: str = "auto"
+    decode: bool = True
+    tile_latent: int = 0
+    overlap_px: int = 0
+    latent_hw: tuple[int, int] = (0, 0)
+    temporal_slice: Optional[int] = None
+    has_exact: bool = False
+    spatial_factor: int = 8
 
     def describe(self) -> str:
         if self.mode == "untiled":
             return "untiled"
         return f"{self.mode} tiles {self.tile_px} px ×{self.tiles}"
 
+    def grid(self) -> TileGrid:
+        return TileGrid.build(*self.latent_hw, self.tile_latent, self.overlap_px // self.spatial_factor)
 
-def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int], overlap_px: int, mode: str,
-                decode: bool) -> TilingPlan:
-    """The plan for input `shape` ([B, C, T, H, W] latents for decode, pixels for encode; 4-D images too)."""
+    def with_tile(self, tile_latent: int, temporal_slice: Optional[int]) -> "TilingPlan":
+        """The same pass with another tile (and slice): what an out-of-memory retry runs next."""
+        if tile_latent == self.tile_latent and temporal_slice == self.temporal_slice:
+            return self
+        moved = replace(self, tile_latent=tile_latent, temporal_slice=temporal_slice)
+        tiles = len(moved.grid())
+        mode = pass_kind(self.requested, tiles, self.has_exact)
+        return replace(moved, mode=mode, tiles=tiles,
+                       tile_px=None if mode == "untiled" else tile_latent * self.spatial_factor)
+
+
+def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
+    """What a tiled pass runs: "untiled" when `auto` needs a single tile, "exact" tiles in exact/auto mode where
+    the model has an exact plan, else "fast" tiles. One rule for the pass and for what the nodes report."""
+    if mode == "auto" and tiles == 1:
+        return "untiled"
+    return "exact" if has_exact and mode in ("exact", "auto") else "fast"
+
+
+def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
+                     budget: Optional[int] = None) -> int:
+    """Largest square latent tile whose working set (one frame slice) fits the memory budget."""
     f = vae.spatial_factor
+    budget = int(free_memory_bytes(vae.device) * USABLE_FRACTION) if budget is None else budget
+    mm = vae.model.memory_model
+    slice_frames = min(frames, 1 + vae.temporal_factor)  # auto slicing goes down to 1 latent per step
+    tile = max(h_lat, w_lat)
+    while tile > MIN_TILE_LATENT:
+        px = min(tile, h_lat) * f * min(tile, w_lat) * f
+        if mm.bytes_needed(px, slice_frames, vae.dtype, decode=decode) <= budget:
+            return tile
+        tile = max(MIN_TILE_LATENT, (tile * 3) // 4)
+    return MIN_TILE_LATENT
+
+
+def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
+                        decode: bool) -> int:
+    """Tile side in latent pixels for a tile side `tile_px` in pixels: as asked; 512 px for fast/exact when
+    None; from free memory for auto or 0. The tiled passes, their plan and the parallel passes share it."""
+    f = vae.spatial_factor
+    if tile_px:
+        return max(MIN_TILE_LATENT, tile_px // f)
+    if tile_px is None and mode != "auto":
+        return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
+    return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
+def _default_overlap(tile_px: Optional[int], overlap_px: Optional[int]) -> int:
+    """`overlap_px=None`: 64 px, or a quarter of a smaller explicit tile (an overlap must stay below half the
+    tile)."""
+    if overlap_px is not None:
+        return overlap_px
+    return min(DEFAULT_OVERLAP_PX, tile_px // 4) if isinstance(tile_px, int) and tile_px > 0 else DEFAULT_OVERLAP_PX
+
+
+def _check_sizes(tile_px: Optional[int], overlap_px: int, f: int, temporal_slice: Optional[int] = None) -> None:
+    """ValueError naming the fix for a tile, overlap or temporal_slice the tiler cannot honour."""
+    check_temporal_slice(temporal_slice)
+    for name, value in (("tile_px", tile_px), ("overlap_px", overlap_px)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if tile_px is not None and tile_px < 0:
+        raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
+                         "from free memory")
+    if tile_px and tile_px < MIN_TILE_LATENT * f:
+        raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
+                         "(or 0 to size tiles from free memory)")
+    if overlap_px < 0:
+        raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
+    if tile_px and 2 * overlap_px >= tile_px:
+        raise ValueError(f"overlap_px={overlap_px} must be less than half the tile ({tile_px} px): tiles would "
+                         f"overlap their neighbours' neighbours; use overlap_px ≤ {tile_px // 2 - f}")
+
+
+def check_tiling(tile_px: Optional[int], overlap_px: Optional[int], mode: str, spatial_factor: int,
+                 temporal_slice: Optional[int] = None) -> int:
+    """ValueError naming the fix for a mode, tile, overlap or temporal_slice the tiler cannot honour; returns the
+    overlap in pixels (`overlap_px=None`: the default)."""
+    _check_mode(mode)
+    overlap_px = _default_overlap(tile_px, overlap_px)
+    _check_sizes(tile_px, overlap_px, spatial_factor, temporal_slice)
+    return overlap_px
+
+
+def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int], overlap_px: Optional[int],
+                mode: str, decode: bool, temporal_slice: Optional[int] = None) -> TilingPlan:
+    """The plan for input `shape` ([B, C, T, H, W] latents for decode, pixels for encode, whose clip the encode
+    pads to 1 + 4n frames; 4-D images too). Arguments as `decode_tiled` takes them (checked the same way);
+    `temporal_slice` None: chosen from free memory for the first tile."""
+    overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+    f, lf = vae.spatial_factor, vae.latent_format
     in_scale = 1 if decode else f
     h_lat, w_lat = shape[-2] // in_scale, shape[-1] // in_scale
     t_in = shape[2] if len(shape) == 5 else 1
-    pixel_frames = vae.latent_format.pixel_frames(t_in) if decode else t_in
+    if decode:
+        latent_frames, pixel_frames = t_in, lf.pixel_frames(t_in)
+    else:  # the clip the pass encodes: padded up to 1 + tf·n frames
+        latent_frames = -(-(t_in - 1) // lf.temporal_factor) + 1
+        pixel_frames = lf.pixel_frames(latent_frames)
     tile_lat = resolve_tile_latent(vae, tile_px, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    if temporal_slice is None:
+        px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
+        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
+    has_exact = supports_exact(vae.model, decode=decode)
     grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap_px // f)
-    kind = pass_kind(mode, len(grid), supports_exact(vae.model, decode=decode))
-    return TilingPlan(kind, None if kind == "untiled" else tile_lat * f, len(grid))
+    kind = pass_kind(mode, len(grid), has_exact)
+    return TilingPlan(kind, None if kind == "untiled" else tile_lat * f, len(grid), requested=mode, decode=decode,
+                      tile_latent=tile_lat, overlap_px=overlap_px, latent_hw=(h_lat, w_lat),
+                      temporal_slice=temporal_slice, has_exact=has_exact, spatial_factor=f)

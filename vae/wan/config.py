@@ -80,6 +80,17 @@ class WanConfig:
     def temporal_factor(self) -> int:
         return 2 ** sum(self.temporal_downsample)
 
+    @classmethod
+    def real(cls, family: str = "wan2.1") -> "WanConfig":
+        """The released layout of `family` ("wan2.1": Qwen-Image / Wan 2.1, `WAN21`; "wan2.2": `WAN22`), the
+        config idiom every family shares (`SeedVR2Config.real()`)."""
+        return _by_family(family, WAN21, WAN22)
+
+    @classmethod
+    def tiny(cls, family: str = "wan2.1") -> "WanConfig":
+        """The same topology as `real(family)` with few channels, for behaviour tests (`TINY_WAN21`, `TINY_WAN22`)."""
+        return _by_family(family, TINY_WAN21, TINY_WAN22)
+
     def encoder_dims(self) -> list[int]:
         return [self.base_dim * m for m in (1, *self.dim_mult)]
 
@@ -101,6 +112,12 @@ WAN22 = WanConfig(family="wan2.2", base_dim=160, decoder_base_dim=256, z_dim=48,
 # Tiny configs with the same topology, for fast behavioural tests (not loadable from real files).
 TINY_WAN21 = replace(WAN21, base_dim=8, decoder_base_dim=8, z_dim=4, latents_mean=None, latents_std=None)
 TINY_WAN22 = replace(WAN22, base_dim=8, decoder_base_dim=12, z_dim=6, latents_mean=None, latents_std=None)
+
+
+def _by_family(family: str, wan21: "WanConfig", wan22: "WanConfig") -> "WanConfig":
+    if family not in ("wan2.1", "wan2.2"):
+        raise ValueError(f"family must be 'wan2.1' or 'wan2.2', got {family!r}")
+    return wan22 if family == "wan2.2" else wan21
 
 
 # The image channel counts each layout was released with, and the kind a count names when it names

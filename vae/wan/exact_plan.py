@@ -70,7 +70,13 @@ def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_conte
         geoms = [(Fraction(1, p), 2 * p - 1)] + [footprint(spatial_ops(b.modules())) for b in enc.down_blocks]
         global_fn = enc.forward_mid
 
-    stages = [LocalStage(scale, radius, name=f"stage{i}") for i, (scale, radius) in enumerate(geoms)]
+    if decode:
+        owned = [(f"decoder.up_blocks.{i}.",) for i in range(len(dec.up_blocks))] + [("decoder.norm_out",
+                                                                                      "decoder.conv_out")]
+    else:
+        owned = [("encoder.conv_in",)] + [(f"encoder.down_blocks.{i}.",) for i in range(len(enc.down_blocks))]
+    stages = [LocalStage(scale, radius, name=f"stage{i}", modules=m) for i, ((scale, radius), m)
+              in enumerate(zip(geoms, owned))]
 
     def open_local() -> list[CausalStream]:
         ctx = open_context()

@@ -9,17 +9,16 @@ temporal tap, and the time-only convs never run, so images need a third of the M
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import CausalMemory
+from ..base import PassContext
 from ..fast_options import FastPaths
 from ..ops import rms_norm_silu
 from ..memory_format import channels_last_format, memory_format_of
-from ..weight_layout import PassScratch
 from ..kernels.conv_guard import conv3d as guarded_conv3d
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
@@ -32,30 +31,12 @@ WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_
 """The `FastPaths` fields the Wan blocks read."""
 
 
-class StreamContext(CausalMemory):
-    """State shared by all blocks during one step: fast paths, the causal memory in and out (`CausalMemory`: one
-    tensor per causal conv with time history and one per time downsample, in execution order), the device
-    split and the pass's weight scratch.
-
-    Every memory tensor holds the conv's whole history (`time_history` frames; a history shorter than that,
-    such as a folded one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape
-    is fixed from the first slice on. A temporal upsampler's "started" state is "not the first slice": every
-    step runs every block.
-    """
-
-    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
-                 shard: Optional[object] = None):
-        super().__init__(memory_in, collect)
-        self.fast = fast
-        # frame split across devices (vae/parallel): attention computes this band's query rows, then gathers
-        self.shard = shard
-        # where this pass's convs pack a weight view the kernel cannot read in place (freed with the pass)
-        self.scratch = PassScratch()
-
-    def clear(self) -> None:
-        """Back to a fresh stream: no memory, first slice next, scratch freed."""
-        self.start(None, self.collect)
-        self.scratch.clear()
+StreamContext = PassContext
+"""Wan's steps run the base pass context (vae/base.py), kept under the name the Wan modules use. Every memory
+tensor holds the conv's whole history (`time_history` frames; a history shorter than that, such as a folded
+one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape is fixed from the first
+slice on. A temporal upsampler's "started" state is "not the first slice": every step runs every block; with a
+`shard`, attention computes this band's query rows, then gathers."""
 
 
 def _can_inplace(fast: FastPaths) -> bool:
