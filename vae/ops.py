@@ -137,8 +137,86 @@ def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.T
     if x.dtype in (torch.float16, torch.bfloat16):
         w = weight.float() if weight is not None else None
         b = bias.float() if bias is not None else None
-        return F.group_norm(x.float(), num_groups, w, b, eps).to(x.dtype)
+        return _gn2d(x.float(), num_groups, w, b, eps).to(x.dtype)
+    if _STABLE_CHANNELS_LAST_STATS and x.device.type == "cpu" and _channels_innermost(x) and not tracing():
+        return group_norm_channels_last(x, num_groups, weight, bias, eps)
     return F.group_norm(x, num_groups, weight, bias, eps)
+
+
+_STABLE_CHANNELS_LAST_STATS = True
+
+
+@contextmanager
+def native_channels_last_group_norm() -> Iterator[None]:
+    """Inside the block, channels-last CPU GroupNorm runs PyTorch's own kernel (one-pass statistics) instead
+    of `group_norm_channels_last`. For benchmarks that time what the stable statistics cost; never for results
+    anyone keeps."""
+    global _STABLE_CHANNELS_LAST_STATS
+    previous = _STABLE_CHANNELS_LAST_STATS
+    _STABLE_CHANNELS_LAST_STATS = False
+    try:
+        yield
+    finally:
+        _STABLE_CHANNELS_LAST_STATS = previous
+
+
+def _channels_innermost(x: torch.Tensor) -> bool:
+    """Whether CPU `F.group_norm` would take its channels-last kernel for `x`: any non-contiguous 4-D layout
+    with channels innermost (channels-last tensors, and crops or per-frame views of them)."""
+    return x.ndim == 4 and x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
+
+
+# Elements of one statistics chunk: the chunk and its centred copy stay in a core's L2 cache, so the
+# second look at each element costs no memory traffic.
+_STATS_CHUNK_ELEMS = 1 << 18
+
+
+def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
+                             bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """`F.group_norm` of a channels-last [N, C, H, W] CPU tensor with numerically stable statistics; the
+    result stays channels-last.
+
+    Why not `F.group_norm`: PyTorch's CPU kernel for channels-last input (aten/src/ATen/native/cpu/
+    group_norm_kernel.cpp) sums x and x² per channel in one pass and takes E[x²] - E[x]², which cancels
+    catastrophically when a group's mean is large against its spread (a mean of 10 std loses ~3 digits;
+    docs/seedvr2.md, "Norm statistics"). The contiguous CPU kernel and CUDA's (which makes the input
+    contiguous and uses Welford) do not. Here each chunk of rows gives an exact two-pass (mean, sum of
+    squared deviations) while it is in cache, and chunks are merged with Chan's pairwise formula, so the
+    statistics are as accurate as the contiguous kernel's while x is read from memory twice (statistics,
+    then the scale-and-shift), as the native kernel reads it.
+    """
+    n, c, h, w = x.shape
+    if c % num_groups:
+        raise ValueError(f"group_norm: {c} channels are not divisible into {num_groups} groups")
+    per_group = c // num_groups
+    rows = max(1, min(h, _STATS_CHUNK_ELEMS // max(1, n * c * w)))
+    counts, means, sq_devs = [], [], []
+    centred = None
+    for r0 in range(0, h, rows):
+        chunk = x[:, :, r0:r0 + rows]
+        count = chunk.shape[2] * w * per_group
+        mean = chunk.sum(dim=(2, 3)).view(n, num_groups, per_group).sum(2).div_(count)  # [N, G]
+        if centred is None or centred.shape != chunk.shape:
+            centred = torch.empty_like(chunk)
+        torch.sub(chunk, mean.repeat_interleave(per_group, 1).view(n, c, 1, 1), out=centred)
+        centred.mul_(centred)
+        counts.append(count)
+        means.append(mean)
+        sq_devs.append(centred.sum(dim=(2, 3)).view(n, num_groups, per_group).sum(2))
+    del centred
+    count_t = torch.tensor(counts, dtype=x.dtype).view(-1, 1, 1)
+    chunk_means = torch.stack(means)
+    total = float(sum(counts))
+    mean = (chunk_means * count_t).sum(0).div_(total)
+    sq_dev = torch.stack(sq_devs).sum(0) + ((chunk_means - mean).square_() * count_t).sum(0)
+    rstd = sq_dev.div_(total).add_(eps).rsqrt_()
+    scale = rstd.repeat_interleave(per_group, 1)  # [N, C]
+    if weight is not None:
+        scale = scale * weight
+    shift = -mean.repeat_interleave(per_group, 1) * scale
+    if bias is not None:
+        shift = shift + bias
+    return torch.addcmul(shift.view(n, c, 1, 1), x, scale.view(n, c, 1, 1))
 
 
 def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -160,8 +238,9 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
 def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                             silu: bool = True, eps: float = 1e-12) -> torch.Tensor:
     c = x.shape[1]
-    norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True, dtype=torch.float32).clamp_min_(eps)
-    if x.dtype == torch.float32:
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32 sums for 16-bit inputs; fp64 stays fp64
+    norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True, dtype=acc).clamp_min_(eps)
+    if x.dtype == acc:
         y = x / norm
         y.mul_(gamma * math.sqrt(c))
     else:

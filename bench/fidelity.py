@@ -1,0 +1,261 @@
+"""Fidelity at real sizes and real activation statistics: each architecture's fp32 passes against a float64 run of
+the same model.
+
+Why a section of its own: the equality tests at 64² with fan-in weights see activations near zero mean, where
+one-pass norm statistics are harmless; a released checkpoint's deeper activations have large means, and a
+channels-last CPU GroupNorm that summed x and x² lost 18x accuracy there with every test green. Here the
+weights are the real architectures at real configs, seeded, with the convolution biases shifted so the norm
+inputs carry a mean of `bias_shift` and more (the largest |mean| / std a norm saw is recorded per case), and
+every fast path runs alone as well as all together.
+
+    python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2]
+
+Errors are max abs / the float64 output's range. The float64 side runs the default paths: each is exact in
+exact arithmetic, and each is also compared alone with the plain path in fp32 (`alone_vs_plain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..trt.fileio import atomic_write_text
+from ..vae.fast_options import FastPaths
+from .common import environment, fan_in_weights, interleaved_ms
+
+# Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
+# or the latents, not the activations a norm sees.
+_OUTPUT_CONVS = ("conv_out", "quant_conv")
+
+
+def shifted_activation_weights(shapes: dict, bias_shift: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """`fan_in_weights` with every inner convolution's bias moved by ±`bias_shift` (one seeded sign per layer),
+    so the activations after it, and the norms reading them, have a mean of that size against an O(1) spread."""
+    sd = fan_in_weights(shapes, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    for key in sorted(sd):
+        weight = key[:-len("bias")] + "weight"
+        if not key.endswith(".bias") or len(shapes.get(weight, ())) < 4 or any(n in key for n in _OUTPUT_CONVS):
+            continue
+        sign = 1.0 if torch.rand((), generator=g).item() < 0.5 else -1.0
+        sd[key] = sd[key] + sign * bias_shift
+    return sd
+
+
+def model_shapes(family: str) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a family's real-config checkpoint ("seedvr2", "qwen" / "wan2.1", "wan2.2")."""
+    if family == "seedvr2":
+        from ..vae.seedvr2.keys import expected_shapes
+
+        return expected_shapes()
+    from ..vae.wan import WAN21, WAN22, WanVAE
+
+    cfg = WAN22 if family == "wan2.2" else WAN21
+    with torch.device("meta"):
+        return {k: tuple(v.shape) for k, v in WanVAE(cfg).state_dict().items()}
+
+
+@dataclass
+class FidelityCase:
+    """One pass: `family`, "decode" or "encode", `frames` pixel frames of `height`×`width`."""
+
+    family: str
+    direction: str
+    frames: int
+    height: int
+    width: int
+
+    @property
+    def name(self) -> str:
+        what = "image" if self.frames == 1 else f"{self.frames}-frame"
+        return f"{self.family} {what} {self.direction} {self.width}×{self.height}"
+
+
+@dataclass
+class FidelityResult:
+    case: str
+    bias_shift: float
+    max_norm_mean_over_std: float  # the largest |mean| / std of one (frame, group) a norm saw in the fp32 pass
+    output_range: float
+    default_vs_fp64: float
+    plain_vs_fp64: float
+    alone_vs_plain: dict[str, float] = field(default_factory=dict)
+    alone_vs_fp64: dict[str, float] = field(default_factory=dict)
+    # timed runs only: median seconds of the default path with the stable channels-last statistics and with
+    # PyTorch's one-pass kernel (what ran before), alternating run by run, and of the plain path
+    default_s: Optional[float] = None
+    default_native_stats_s: Optional[float] = None
+    default_native_stats_vs_fp64: Optional[float] = None
+    plain_s: Optional[float] = None
+
+
+def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    """A photo-like clip in [-1, 1]: smooth colour fields, an edge, a ring, mild noise, a slow pan."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(frames):
+        yy, xx = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width) + 0.05 * t,
+                                indexing="ij")
+        img = torch.stack([0.6 * torch.sin(3 * xx + 1) * torch.cos(2 * yy),
+                           0.5 * (xx * yy > 0).float() - 0.25 + 0.3 * yy,
+                           0.4 * torch.tanh(5 * (xx ** 2 + yy ** 2 - 0.4))])
+        out.append(img + 0.05 * torch.randn(3, height, width, generator=g))
+    return torch.stack(out, dim=1).clamp_(-1, 1)[None]
+
+
+class NormStatsProbe:
+    """Records the largest |mean| / std over (frame, group) of the inputs the norm ops see, by wrapping the
+    architecture modules' norm functions for the duration of a `with` block."""
+
+    def __init__(self) -> None:
+        self.max_ratio = 0.0
+        self._restore: list[tuple[object, str, object]] = []
+
+    def _wrap(self, module, name: str, groups_of: Callable) -> None:
+        original = getattr(module, name)
+
+        def wrapped(x, *args, **kwargs):
+            g = groups_of(x, *args)
+            frames = x.detach().double()
+            if frames.ndim == 5:
+                frames = frames.transpose(1, 2).reshape(-1, *frames.shape[1:2], *frames.shape[3:])
+            per_group = frames.reshape(frames.shape[0], g, -1)
+            ratio = (per_group.mean(-1).abs() / per_group.std(-1).clamp_min(1e-12)).max().item()
+            self.max_ratio = max(self.max_ratio, ratio)
+            return original(x, *args, **kwargs)
+
+        self._restore.append((module, name, original))
+        setattr(module, name, wrapped)
+
+    def __enter__(self) -> "NormStatsProbe":
+        from ..vae.seedvr2 import layers as seedvr2_layers
+        from ..vae.wan import layers as wan_layers
+
+        self._wrap(seedvr2_layers, "group_norm_silu", lambda x, groups, *a: groups)
+        self._wrap(wan_layers, "rms_norm_silu", lambda x, *a: 1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, name, original in reversed(self._restore):
+            setattr(module, name, original)
+        self._restore.clear()
+
+
+def _error(out: torch.Tensor, truth: torch.Tensor, scale: float) -> float:
+    return (out.double() - truth).abs().max().item() / scale
+
+
+def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Sequence[str]] = None,
+             repeat: int = 0, seed: int = 0) -> FidelityResult:
+    """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
+    (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
+    with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds."""
+    from ..vae.api import load_checkpoint
+
+    sd = shifted_activation_weights(model_shapes(case.family), bias_shift, seed)
+    m32 = load_checkpoint(sd, dtype=torch.float32, device="cpu").model
+    m64 = load_checkpoint(sd, dtype=torch.float64, device="cpu").model
+    del sd
+    pixels = photo(case.frames, case.height, case.width, seed)
+
+    with torch.inference_mode():
+        if case.direction == "decode":
+            latents = m32.encode_moments(pixels)[:, :m32.latent_format.channels]
+
+            def run(model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+                return model.decode_latents(latents.to(dtype))
+        else:
+            def run(model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+                return model.encode_moments(pixels.to(dtype))
+
+        truth = run(m64, torch.float64)
+        del m64
+        scale = (truth.max() - truth.min()).item()
+
+        def with_paths(fast: FastPaths) -> torch.Tensor:
+            m32.fast = fast
+            return run(m32, torch.float32)
+
+        with NormStatsProbe() as probe:
+            default = with_paths(FastPaths())
+        plain = with_paths(FastPaths.plain())
+        result = FidelityResult(case.name, bias_shift, probe.max_ratio, scale, _error(default, truth, scale),
+                                _error(plain, truth, scale))
+        plain64 = plain.double()
+        for name in (paths if paths is not None else m32.fast_fields):
+            out = with_paths(FastPaths(**{f: f == name for f in FastPaths.names()}))
+            result.alone_vs_plain[name] = _error(out, plain64, scale)
+            result.alone_vs_fp64[name] = _error(out, truth, scale)
+        if repeat > 0:
+            _time_default(result, m32, run, truth, scale, repeat)
+    return result
+
+
+def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, truth: torch.Tensor, scale: float,
+                  repeat: int) -> None:
+    """Median times of the default path with stable and with one-pass channels-last statistics, and of the
+    plain path. The plain path needs its own model (weights laid out contiguous): switching `fast` between
+    runs would re-lay the weights inside the timed runs."""
+    import copy
+
+    from ..vae.ops import native_channels_last_group_norm
+
+    plain_model = copy.deepcopy(m32)
+    plain_model.fast = FastPaths.plain()
+    m32.fast = FastPaths()
+
+    def native_stats() -> torch.Tensor:
+        with native_channels_last_group_norm():
+            return run(m32, torch.float32)
+
+    fns = [lambda: run(m32, torch.float32), native_stats, lambda: run(plain_model, torch.float32)]
+    for fn in fns:  # warm-up
+        fn()
+    times, outs = interleaved_ms(fns, "cpu", repeat)
+    result.default_s, result.default_native_stats_s, result.plain_s = (statistics.median(t) / 1e3 for t in times)
+    result.default_native_stats_vs_fp64 = _error(outs[1], truth, scale)
+
+
+DEFAULT_CASES = (
+    FidelityCase("seedvr2", "decode", 1, 320, 448),  # the issue's case: a photo encoded, then decoded
+    FidelityCase("seedvr2", "decode", 1, 256, 256),
+    FidelityCase("seedvr2", "encode", 1, 256, 256),
+    FidelityCase("seedvr2", "decode", 5, 128, 128),
+    FidelityCase("qwen", "decode", 1, 256, 256),
+    FidelityCase("qwen", "encode", 1, 256, 256),
+    FidelityCase("qwen", "decode", 5, 128, 128),
+    FidelityCase("wan2.2", "decode", 1, 256, 256),
+    FidelityCase("wan2.2", "decode", 5, 128, 128),
+)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m turbovae.bench.fidelity", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rewritten after each case)")
+    parser.add_argument("--cases", nargs="*", default=(), help="keep cases whose name contains one of these")
+    parser.add_argument("--bias-shift", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=3, help="timed rounds of the default path (0: no timing)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    env = environment()
+    cases = [c for c in DEFAULT_CASES if not args.cases or any(s in c.name for s in args.cases)]
+    results = []
+    for case in cases:
+        results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat))
+        print(json.dumps(asdict(results[-1])), flush=True)
+        payload = {"environment": env, "section": "fidelity", "complete": len(results) == len(cases),
+                   "results": [asdict(r) for r in results]}
+        atomic_write_text(args.out, json.dumps(payload, indent=2), overwrite=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
