@@ -17,6 +17,7 @@ exact arithmetic, and each is also compared alone with the plain path in fp32 (`
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ import torch
 
 from ..trt.fileio import atomic_write_text
 from ..vae.fast_options import FastPaths
+from ..vae.ops import native_channels_last_group_norm, observing_norm_inputs
 from .common import environment, fan_in_weights, interleaved_ms
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
@@ -49,16 +51,10 @@ def shifted_activation_weights(shapes: dict, bias_shift: float, seed: int = 0) -
 
 
 def model_shapes(family: str) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of a family's real-config checkpoint ("seedvr2", "qwen" / "wan2.1", "wan2.2")."""
-    if family == "seedvr2":
-        from ..vae.seedvr2.keys import expected_shapes
+    """Key -> shape of a registered family's real-config model (e.g. "seedvr2", "qwen", "wan2.2")."""
+    from ..vae.registry import family as registry_family
 
-        return expected_shapes()
-    from ..vae.wan import WAN21, WAN22, WanVAE
-
-    cfg = WAN22 if family == "wan2.2" else WAN21
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in WanVAE(cfg).state_dict().items()}
+    return {k: tuple(v.shape) for k, v in registry_family(family).meta_model(real=True).state_dict().items()}
 
 
 @dataclass
@@ -110,41 +106,28 @@ def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
 
 
 class NormStatsProbe:
-    """Records the largest |mean| / std over (frame, group) of the inputs the norm ops see, by wrapping the
-    architecture modules' norm functions for the duration of a `with` block."""
+    """Records the largest |mean| / std over (frame, group) of the inputs the norm ops see inside a `with` block
+    (`vae.ops.observing_norm_inputs`)."""
 
     def __init__(self) -> None:
         self.max_ratio = 0.0
-        self._restore: list[tuple[object, str, object]] = []
+        self._observing = None
 
-    def _wrap(self, module, name: str, groups_of: Callable) -> None:
-        original = getattr(module, name)
-
-        def wrapped(x, *args, **kwargs):
-            g = groups_of(x, *args)
-            frames = x.detach().double()
-            if frames.ndim == 5:
-                frames = frames.transpose(1, 2).reshape(-1, *frames.shape[1:2], *frames.shape[3:])
-            per_group = frames.reshape(frames.shape[0], g, -1)
-            ratio = (per_group.mean(-1).abs() / per_group.std(-1).clamp_min(1e-12)).max().item()
-            self.max_ratio = max(self.max_ratio, ratio)
-            return original(x, *args, **kwargs)
-
-        self._restore.append((module, name, original))
-        setattr(module, name, wrapped)
+    def observe(self, x: torch.Tensor, groups: int) -> None:
+        frames = x.detach().double()
+        if frames.ndim == 5:
+            frames = frames.transpose(1, 2).reshape(-1, *frames.shape[1:2], *frames.shape[3:])
+        per_group = frames.reshape(frames.shape[0], groups, -1)
+        ratio = (per_group.mean(-1).abs() / per_group.std(-1).clamp_min(1e-12)).max().item()
+        self.max_ratio = max(self.max_ratio, ratio)
 
     def __enter__(self) -> "NormStatsProbe":
-        from ..vae.seedvr2 import layers as seedvr2_layers
-        from ..vae.wan import layers as wan_layers
-
-        self._wrap(seedvr2_layers, "group_norm_silu", lambda x, groups, *a: groups)
-        self._wrap(wan_layers, "rms_norm_silu", lambda x, *a: 1)
+        self._observing = observing_norm_inputs(self.observe)
+        self._observing.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for module, name, original in reversed(self._restore):
-            setattr(module, name, original)
-        self._restore.clear()
+        self._observing.__exit__(*exc)
 
 
 def _error(out: torch.Tensor, truth: torch.Tensor, scale: float) -> float:
@@ -202,10 +185,6 @@ def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, t
     """Median times of the default path with stable and with one-pass channels-last statistics, and of the
     plain path. The plain path needs its own model (weights laid out contiguous): switching `fast` between
     runs would re-lay the weights inside the timed runs."""
-    import copy
-
-    from ..vae.ops import native_channels_last_group_norm
-
     plain_model = copy.deepcopy(m32)
     plain_model.fast = FastPaths.plain()
     m32.fast = FastPaths()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -100,12 +100,31 @@ def _run_fused(x: torch.Tensor, key: str, fused, reference):
     return out
 
 
+_NORM_INPUT_OBSERVER: Optional[Callable[[torch.Tensor, int], None]] = None
+
+
+@contextmanager
+def observing_norm_inputs(observer: Callable[[torch.Tensor, int], None]) -> Iterator[None]:
+    """Inside the block, `observer(x, groups)` sees every input of `group_norm_silu` (its group count) and
+    `rms_norm_silu` (1 group: the norm is over all channels) before it is normalised. For measurements of the
+    activation statistics a pass really has (bench/fidelity.py); it must not modify `x`."""
+    global _NORM_INPUT_OBSERVER
+    previous = _NORM_INPUT_OBSERVER
+    _NORM_INPUT_OBSERVER = observer
+    try:
+        yield
+    finally:
+        _NORM_INPUT_OBSERVER = previous
+
+
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                     eps: float, *, silu: bool = True) -> torch.Tensor:
     """GroupNorm with statistics per frame (over C/G × H × W, never across time), then optional SiLU.
 
     Accepts [N, C, H, W] or [B, C, T, H, W]. SeedVR2's `causal_norm_wrapper` semantics.
     """
+    if _NORM_INPUT_OBSERVER is not None:
+        _NORM_INPUT_OBSERVER(x, num_groups)
     dispatch = _fused_for(x)
     if dispatch is not None:
         out = _run_fused(x, f"group_norm_silu C={x.shape[1]} G={num_groups} affine={weight is not None} silu={silu}",
@@ -225,6 +244,8 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
 
     The L2 reduction over channels accumulates in fp32 without materialising an fp32 copy of `x`.
     """
+    if _NORM_INPUT_OBSERVER is not None:
+        _NORM_INPUT_OBSERVER(x, 1)
     dispatch = _fused_for(x)
     if dispatch is not None:
         out = _run_fused(x, f"rms_norm_silu C={x.shape[1]} bias={bias is not None} silu={silu}",
