@@ -4,7 +4,9 @@ Both architectures can run their convolutions on channels-last (NHWC / NDHWC) ac
 of convolution kernels from the contiguous layout. On a GPU that set has never run for us, so before a pass
 first uses it on a (device, dtype), a conv3d and a conv2d of a VAE's shape class run on a small probe in both
 layouts and must agree; if they do not (or raise), channels-last is switched off for the device and passes run
-contiguous. On the CPU channels-last is plain PyTorch and is not checked.
+contiguous. On the CPU channels-last is plain PyTorch and is not checked. Under a tracer (an engine export,
+torch.compile) the probe does not run: the trace uses the decision already made on the device, contiguous
+while there is none (vae/fast_paths); engine builds decide first, eagerly (`settle_for_trace`).
 """
 
 from __future__ import annotations
@@ -43,5 +45,11 @@ def channels_last_trusted(device: Union[str, torch.device], dtype: torch.dtype) 
     if not fast_paths.check("channels_last", device, f"{str(dtype).removeprefix('torch.')} conv2d/conv3d 3x3",
                             lambda: layout_probe(device, dtype, True), lambda: layout_probe(device, dtype, False)):
         return False
-    fast_paths.used("channels_last")
+    fast_paths.used("channels_last", device)
     return True
+
+
+def settle_for_trace(device: Union[str, torch.device], dtype: torch.dtype) -> bool:
+    """Run the channels-last self-check for (device, dtype) now, eagerly, so that a trace that follows
+    (torch.export of an engine) sees a decision instead of an undecided check; returns whether it may run."""
+    return channels_last_trusted(device, dtype)
