@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from . import fast_paths
 from .kernels import conv_guard
+from .precision import exact_fp32
 
 PROBE_CHANNELS = 32  # a VAE conv's class: 3x3(x3), stride 1, padding 1, a few dozen channels
 
@@ -35,7 +36,10 @@ def layout_probe(device: Union[str, torch.device], dtype: torch.dtype, channels_
     if channels_last:
         x3, w3 = (t.contiguous(memory_format=torch.channels_last_3d) for t in (x3, w3))
         x2, w2 = (t.contiguous(memory_format=torch.channels_last) for t in (x2, w2))
-    return conv_guard.conv3d(x3, w3, bias, 1, 1), F.conv2d(x2, w2, bias, 1, 1)
+    # In IEEE fp32 (vae/precision.py): with torch's default TF32 cuDNN convs the two layouts' kernels round
+    # differently, which says nothing about whether the layout computes the right conv (the fp32 bar is IEEE's).
+    with exact_fp32():
+        return conv_guard.conv3d(x3, w3, bias, 1, 1), F.conv2d(x2, w2, bias, 1, 1)
 
 
 def channels_last_trusted(device: Union[str, torch.device], dtype: torch.dtype) -> bool:
