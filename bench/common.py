@@ -31,6 +31,7 @@ class BenchOptions:
     cases: tuple = ()  # keep only cases whose name contains one of these (empty: all)
     comfyui: Optional[str] = None  # a ComfyUI tree whose core VAEs join the main job's cases (bench/comfy_core.py)
     ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
+    inject_oom: tuple = ()  # gpu section: "CASE_KEY:VARIANT" runs that fail once with a simulated out-of-memory
 
 
 @dataclass

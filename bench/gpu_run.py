@@ -36,6 +36,9 @@ CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "se
              "wan21-decode-720p81", "qwen-decode-1328", "qwen-encode-1328")
 # Keys with a tiny-config twin in the dry run (bench/gpu.py cases(quick=True)).
 DRY_RUN_KEYS = ("qwen-decode-1024", "seedvr2-decode-720p21", "wan21-decode-720p81")
+# Simulated out-of-memory failures of the dry run (bench/gpu.py --inject-oom): a reference retried in smaller
+# slices, and a step that becomes a row with the error while the case goes on.
+DRY_RUN_OOM = ("seedvr2-decode-720p21:+ channels-last", "wan21-decode-720p81:fp32 reference")
 DOCTOR_LIMIT_S = 180  # the doctor's own timeout in a call (its micro-bench is bounded; building the models adds)
 
 
@@ -115,7 +118,8 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
         if dry_run and key not in DRY_RUN_KEYS:
             continue
         exp, lim = expected.get(key, (90, 300))
-        tasks.append(Task(key, py + ("turbovae", "bench", "--sections", "gpu", "--cases", key) + device,
+        faults = tuple(a for f in DRY_RUN_OOM if f.startswith(key + ":") for a in ("--inject-oom", f)) if dry_run else ()
+        tasks.append(Task(key, py + ("turbovae", "bench", "--sections", "gpu", "--cases", key) + device + faults,
                           expected_s=exp, limit_s=lim))
     # Slice cost (bench/slices.py): what vae/memory.py FASTEST_SLICE needs for CUDA.
     tasks.append(Task("slices", py + ("turbovae", "bench", "--sections", "slices") + device,
