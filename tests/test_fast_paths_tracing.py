@@ -91,7 +91,8 @@ def test_compile_with_a_pending_check_runs_no_probe():
     with fast_paths.gpu_paths_on_cpu():
         out = torch.compile(m, backend="eager", fullgraph=False)(x)
     assert rec.traced_calls == 0 and fast_paths.off() == []
-    assert torch.equal(out, m.conv(x)) or rec.calls > 0  # eager fallbacks may check; a trace never does
+    # dynamo traces the registry call: no probe, the plain path for this trace
+    assert rec.calls == 0 and rec.taken == [False] and torch.equal(out, m.conv(x))
 
 
 def test_a_failure_raised_under_a_tracer_does_not_switch_the_path_off():
@@ -167,3 +168,35 @@ def test_bf16_slice_engine_export_holds_no_fake_constant(tmp_path, monkeypatch, 
     assert probes["eager"] == (2 if settled else 0)  # fast and reference layouts, once, before the export
     assert fast_paths.off() == []
     assert fast_paths.decided("channels_last", "cpu", "bfloat16 conv2d/conv3d 3x3") is (True if settled else None)
+
+
+def test_conv3d_route_under_export_uses_the_decided_state(monkeypatch):
+    """The conv3d guard route (vae/kernels/conv_guard.py) inside torch.export: while its check is undecided the
+    trace takes fp32 conv3d without probing; once an eager call checked it on the device, the trace takes it."""
+    from turbovae.vae.kernels import conv_guard as G
+
+    calls = {"eager": 0, "traced": 0}
+    real = G.conv3d_as_conv2d
+
+    def recording(*a, **k):
+        calls["traced" if tracing() else "eager"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(G, "conv3d_as_conv2d", recording)
+    route = G.Conv3dRoute("conv2d", "test")
+    w = torch.randn(6, 4, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+
+    class Conv(nn.Module):
+        def forward(self, x):
+            return G.conv3d(x, w, None, 1, (0, 1, 1), route=route)
+
+    x = torch.randn(1, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1))  # one output frame
+    want = torch.nn.functional.conv3d(x, w, None, 1, (0, 1, 1))
+    with fast_paths.gpu_paths_on_cpu():
+        ep = torch.export.export(Conv(), (x,))
+        assert calls == {"eager": 0, "traced": 0} and fast_paths.results() == [] and fast_paths.off() == []
+        assert torch.allclose(ep.module()(x), want, atol=1e-5)
+        Conv()(x)  # eager: probe + routed call
+        assert calls["eager"] == 2 and fast_paths.results()[0].ok
+        torch.export.export(Conv(), (x,))
+    assert calls["traced"] == 1 and calls["eager"] == 2 and fast_paths.off() == []
