@@ -200,3 +200,18 @@ def test_conv3d_route_under_export_uses_the_decided_state(monkeypatch):
         assert calls["eager"] == 2 and fast_paths.results()[0].ok
         torch.export.export(Conv(), (x,))
     assert calls["traced"] == 1 and calls["eager"] == 2 and fast_paths.off() == []
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TURBOVAE_COMPILE_TESTS") != "1",
+                    reason="the real AOTInductor compile of both bf16 slice graphs takes minutes on CPU; set "
+                           "TURBOVAE_COMPILE_TESTS=1")
+def test_real_bf16_slice_engines_compile_and_serve_with_gpu_paths_live(tmp_path):
+    """The CUDA test's chain (tests/test_engines_video.py `_real_compile_chain`, bf16) on CPU with the GPU-only
+    paths live: export, AOTInductor compile, load and the clip served by the engines within the bf16 bar."""
+    from turbovae.bench.common import psnr
+
+    import test_engines_video as video
+
+    with fast_paths.gpu_paths_on_cpu():
+        out, ref, calls = video._real_compile_chain(tmp_path, "cpu", torch.bfloat16)
+    assert calls == 1 and psnr(out, ref) >= 40 and fast_paths.off() == []
