@@ -59,7 +59,8 @@ def _bench(args: argparse.Namespace) -> int:
                                                       ("qwen_layered", args.qwen_layered_checkpoint)) if v},
                         cases=tuple(c.strip() for c in (args.cases or "").split(",") if c.strip()),
                         ablation_engines=args.ablation_engines, comfyui=args.comfyui,
-                        comfyui_stubs=tuple(n.strip() for n in (args.comfyui_stub or "").split(",") if n.strip()))
+                        comfyui_stubs=tuple(n.strip() for n in (args.comfyui_stub or "").split(",") if n.strip()),
+                        inject_oom=tuple(args.inject_oom or ()))
     bad_stubs = [n for n in opts.comfyui_stubs if not n.isidentifier()]
     if bad_stubs:
         raise UsageError(f"--comfyui-stub takes top-level package names separated by commas (e.g. av); not {bad_stubs}")
@@ -210,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ablation-engines", action="store_true",
                    help="gpu section: end each ablation with engines built for that case (AOTInductor, and "
                         "TensorRT when installed); adds minutes of build time per case (default: off)")
+    b.add_argument("--inject-oom", action="append", metavar="CASE_KEY:VARIANT",
+                   help="gpu section: that case's variant (a step name, 'fp32 reference' or the diffusers row) fails "
+                        "once with a simulated out-of-memory, to exercise the out-of-memory rows (the GPU run's dry "
+                        "run uses it; repeatable; default: none)")
     b.add_argument("--seedvr2-checkpoint", "--checkpoint", dest="seedvr2_checkpoint",
                    help="real SeedVR2 VAE file (default: seeded random weights)")
     b.add_argument("--qwen-checkpoint", help="real Qwen-Image/Wan 2.1 VAE file (default: seeded random weights)")

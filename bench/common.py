@@ -32,6 +32,7 @@ class BenchOptions:
     comfyui: Optional[str] = None  # a ComfyUI tree whose core VAEs join the main job's cases (bench/comfy_core.py)
     comfyui_stubs: tuple = ()  # packages core imports but a VAE never calls, stubbed where missing (e.g. "av")
     ablation_engines: bool = False  # gpu section: end each ablation with engines built for the case
+    inject_oom: tuple = ()  # gpu section: "CASE_KEY:VARIANT" runs that fail once with a simulated out-of-memory
 
 
 @dataclass

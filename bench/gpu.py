@@ -5,6 +5,14 @@ channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs
 measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
 against the fp32 eager baseline, and (CUDA) the share of the dense-bf16 FLOP floor reached.
 
+No case aborts the run: the fp32 reference runs in the temporal slices the public path (`TurboVAE.decode`)
+would use, with the architecture's fast paths (exact in fp32, and what that slice choice is sized for), and
+halves its slice after an out-of-memory (exact by construction) down to one latent; an out-of-memory in a step
+(or the diffusers baseline) is that step's row, with the error, and the case goes on with the next step.
+Out-of-memory is decided by type (vae/oom.py). `--inject-oom CASE_KEY:VARIANT` (`BenchOptions.inject_oom`,
+or a case's own `faults`) makes a variant's first run a simulated out-of-memory: the GPU run's dry run uses it,
+so the CPU run exercises the out-of-memory rows.
+
 CUDA cases: Qwen-Image 1024² and 1328² encode and decode; SeedVR2 1080p image decode and 720p×21
 decode. CPU (no GPU here): the same code at 64² with fp32 and the CUDA-only steps skipped;
 `--quick`: tiny configs (topology only) so the smoke test takes seconds. Random seeded weights
@@ -18,7 +26,7 @@ import gc
 import logging
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -30,6 +38,7 @@ from ..vae.dtypes import working_dtype
 from ..vae.kernels import triton_available
 from ..vae.ops import fused_norms
 from ..vae.memory import auto_temporal_slice
+from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 from .models import build_model
 
@@ -54,14 +63,55 @@ class Case:
     key: str = ""
     baseline: str = "ours"  # "ours" (the eager step is the baseline) | "diffusers"
     long: bool = False
+    faults: tuple[str, ...] = ()  # variants (step names, REFERENCE, DIFFUSERS) whose first run is a simulated OOM
 
 
 AUTO = -1  # Case.temporal_slice: resolve with the memory rule TurboVAE uses, at the case's dtype and device
+REFERENCE = "fp32 reference"  # Case.faults names for the passes that are not steps
+DIFFUSERS = "diffusers AutoencoderKLWan eager"
+
+
+class InjectedOutOfMemory(torch.OutOfMemoryError):
+    """The simulated out-of-memory of a case's `faults` (a real `torch.OutOfMemoryError` by type)."""
+
+
+def variant_names() -> tuple[str, ...]:
+    """The names `Case.faults` and `--inject-oom` accept."""
+    return (REFERENCE, DIFFUSERS, *(s.name for s in STEPS))
+
+
+def parse_injected(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """{case key: variants} from "CASE_KEY:VARIANT" entries; ValueError naming the accepted variants."""
+    found: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        key, sep, variant = entry.partition(":")
+        if not sep or not key or variant not in variant_names():
+            raise ValueError(f"--inject-oom {entry!r}: expected CASE_KEY:VARIANT with VARIANT one of "
+                             f"{', '.join(repr(v) for v in variant_names())}")
+        found[key] = found.get(key, ()) + (variant,)
+    return found
+
+
+class _Faults:
+    """Each variant named in the case's `faults` (and `extra`) fails once, on its first run, with
+    InjectedOutOfMemory."""
+
+    def __init__(self, case: "Case", extra: Sequence[str] = ()):
+        self.pending = set(case.faults) | set(extra)
+
+    def wrap(self, variant: str, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            if variant in self.pending:
+                self.pending.discard(variant)
+                raise InjectedOutOfMemory(f"simulated out of memory in '{variant}' (injected by the case's faults)")
+            return fn()
+        return run
 
 def cases(cuda: bool, quick: bool) -> list[Case]:
     """The cases. CUDA cases come in the GPU run's priority order (bench/gpu_run.py CASE_KEYS lists their
     keys; a test keeps the two in step). `quick` has tiny-config twins (same keys) of one image case, one
-    SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each kind in seconds."""
+    SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each kind in seconds (it
+    also injects out-of-memory failures into the SeedVR2 twin: `BenchOptions.inject_oom`)."""
     if quick:
         return [Case("qwen decode 16² (tiny)", "qwen", "decode", (1, 4, 1, 2, 2), key="qwen-decode-1024"),
                 Case("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2), key="seedvr2-decode-720p21"),
@@ -225,7 +275,10 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     rows: list[BenchRow] = []
     models: dict[str, nn.Module] = {}
     g = torch.Generator().manual_seed(0)
+    injected = parse_injected(opts.inject_oom)
     for case in selected_cases(opts, cuda):
+        if injected.get(case.key):
+            case = replace(case, faults=case.faults + injected[case.key])
         if case.arch not in models:
             models.clear()
             gc.collect()
@@ -233,7 +286,17 @@ def run(opts: BenchOptions) -> list[BenchRow]:
         model = models[case.arch]
         x32 = torch.randn(case.shape, generator=g).clamp_(-1, 1) if case.kind == "encode" \
             else torch.randn(case.shape, generator=g)
-        rows.extend(_ablate(opts, model, case, x32, device, dtype))
+        failure: Optional[str] = None
+        try:
+            rows.extend(_ablate(opts, model, case, x32, device, dtype))
+        except Exception as exc:  # what no step catches (moving the model, the FLOP count): a row, then the next case
+            log.warning("bench gpu: %s failed", case.name, exc_info=not is_out_of_memory(exc))
+            failure = failure_note(exc)
+        if failure is not None:  # outside the except block: the case's memory can be released
+            remove_compile(model)
+            model.to(device="cpu", dtype=torch.float32)
+            release_cached(device)
+            rows.append(BenchRow(SECTION, case.name, "case", float("nan"), note=failure))
     return rows
 
 
@@ -241,24 +304,26 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
             dtype: torch.dtype) -> list[BenchRow]:
     cuda = device.type == "cuda"
     repeat, warmup = (1, 1) if case.long else (opts.repeat, opts.warmup)
-    # fp32 eager reference on the device (the PSNR target), then the model in the bench dtype. The
-    # reference of a long clip runs in memory-sized temporal slices: exact by construction, and the
-    # whole fp32 clip would not fit.
+    faults = _Faults(case)
+    # fp32 reference on the device (the PSNR target), then the model in the bench dtype. It runs in the
+    # temporal slices the public path would use (exact by construction; the whole fp32 clip of a long case
+    # would not fit), smaller after an out-of-memory; without one the rows have no error columns.
     model.to(device=device, dtype=torch.float32)
-    set_arch_paths(model, fast=False, channels_last=False)
     x = x32.to(device)
-    with fused_norms(False), torch.inference_mode():
-        reference = _call(model, case, resolve_slice(model, case, torch.float32, device))(x).float()
+    reference, reference_note = fp32_reference(model, case, x, device, faults)
     model32 = copy.deepcopy(model) if opts.ablation_engines else None  # engines build from fp32 weights
     model.to(dtype=dtype)
     x = x.to(dtype)
     temporal_slice = resolve_slice(model, case, dtype, device)
     flops = conv_flops(model, case, x, temporal_slice) if cuda else None
+    if cuda and flops is None:
+        release_cached(device)  # a counting pass that failed may have left its memory cached
     rows: list[BenchRow] = []
     baseline_ms = None
-    slice_note = f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else ""
+    slice_note = "; ".join(n for n in (f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else "",
+                                       reference_note) if n)
     if case.baseline == "diffusers":
-        row = _diffusers_row(opts, model, case, x, reference, device, dtype, repeat, warmup)
+        row = _diffusers_row(opts, model, case, x, reference, device, dtype, repeat, warmup, faults)
         rows.append(row)
         baseline_ms = row.ms if math.isfinite(row.ms) else None
     for step in STEPS:
@@ -281,23 +346,30 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
             with torch.inference_mode():
                 return runner(x) if runner is not None else fn(x)
 
+        failure: Optional[str] = None
         try:
             with fused_norms(step.fused):
-                peak, out = cuda_peak_mb(once, device)
-                ms, out = time_ms(once, device, repeat=repeat, warmup=warmup)
-        except Exception as exc:  # one failing lever must not hide the rest of the table
-            log.warning("bench gpu: %s / %s failed", case.name, step.name, exc_info=True)
-            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note=failure_note(exc)))
-            continue
+                measured = faults.wrap(step.name, once)
+                peak, out = cuda_peak_mb(measured, device)
+                ms, out = time_ms(measured, device, repeat=repeat, warmup=warmup)
+        except Exception as exc:  # one failing lever (out of memory included) must not hide the rest of the table
+            log.warning("bench gpu: %s / %s failed", case.name, step.name, exc_info=not is_out_of_memory(exc))
+            failure = failure_note(exc)
         finally:
             if runner is not None:
                 runner.invalidate()
+        if failure is not None:  # outside the except block: the failed step's memory can be released
+            out = None
+            release_cached(device)
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note=failure))
+            continue
         note = "; ".join(n for n in (slice_note, _floor_note(flops, ms, cuda)) if n)
         if step.compiled and compile_failed(model):
             note = ("compile fell back to eager; " + note).strip("; ")
         baseline_ms = baseline_ms or ms
         rows.append(BenchRow(SECTION, case.name, step.name, ms, baseline_ms=baseline_ms, peak_mb=peak,
-                             max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=note))
+                             max_abs_err=_err(max_abs, out, reference), psnr_db=_err(psnr, out, reference),
+                             note=note))
         del out
     remove_compile(model)
     if model32 is not None:
@@ -311,14 +383,57 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
 
 
 def failure_note(exc: BaseException) -> str:
+    """'out of memory: Type: first line' for an allocation failure (by type, vae/oom.py), 'failed: …' else."""
     first = (str(exc).splitlines() or [""])[0]
-    return f"failed: {type(exc).__name__}: {first[:160]}"
+    what = "out of memory" if is_out_of_memory(exc) else "failed"
+    return f"{what}: {type(exc).__name__}: {first[:160]}"
 
 
-def _diffusers_row(opts: BenchOptions, model: nn.Module, case: Case, x: torch.Tensor, reference: torch.Tensor,
-                   device: torch.device, dtype: torch.dtype, repeat: int, warmup: int) -> BenchRow:
-    """diffusers' eager pass in the bench dtype on the same weights and input: the case's baseline."""
-    variant = "diffusers AutoencoderKLWan eager"
+def _err(metric: Callable[[torch.Tensor, torch.Tensor], float], out: torch.Tensor,
+         reference: Optional[torch.Tensor]) -> Optional[float]:
+    return None if reference is None else metric(out, reference)
+
+
+def _latent_frames(model: nn.Module, case: Case) -> int:
+    return case.shape[2] if case.kind == "decode" else model.latent_format.latent_frames(case.shape[2])
+
+
+def fp32_reference(model: nn.Module, case: Case, x: torch.Tensor, device: torch.device,
+                   faults: Optional[_Faults] = None) -> tuple[Optional[torch.Tensor], str]:
+    """(the case's fp32 output, a note): the model (already fp32 on `device`) with its architecture fast paths
+    (exact in fp32; the GPU-only levers off) in the temporal slices the public path picks for fp32 at this
+    size. After an out-of-memory the slice is halved (exact by construction) and the pass runs again, down to
+    one latent per slice; (None, why) when even that does not fit, and the case's rows go without errors."""
+    set_arch_paths(model, fast=True, channels_last=False)
+    frames = _latent_frames(model, case)
+    k = resolve_slice(model, case, torch.float32, device)
+    faults = faults or _Faults(replace(case, faults=()))
+    notes: list[str] = []
+    while True:
+        def run(k=k) -> torch.Tensor:
+            with fused_norms(False), torch.inference_mode():
+                return _call(model, case, k)(x).float()
+
+        result = attempt(faults.wrap(REFERENCE, run))
+        if not isinstance(result, OutOfMemory):
+            return result, "; ".join(notes)
+        release_cached(device)  # outside the except block (attempt): the failed pass's memory is free now
+        current = frames - 1 if k is None else k  # None: the whole clip, the first slice taking 1 + k latents
+        if frames <= 1 or current <= 1:
+            log.warning("bench gpu: %s: no fp32 reference (%s)", case.name, result.reason)
+            return None, f"no fp32 reference: out of memory at {current or 1} latent(s) per slice ({result.reason})"
+        k = max(1, current // 2)
+        notes.append(f"fp32 reference out of memory at slice {current}, ran at {k}")
+        log.warning("bench gpu: %s: fp32 reference out of memory at temporal slice %d; retrying at %d (%s)",
+                    case.name, current, k, result.reason)
+
+
+def _diffusers_row(opts: BenchOptions, model: nn.Module, case: Case, x: torch.Tensor,
+                   reference: Optional[torch.Tensor], device: torch.device, dtype: torch.dtype, repeat: int,
+                   warmup: int, faults: Optional[_Faults] = None) -> BenchRow:
+    """diffusers' eager pass in the bench dtype on the same weights and input: the case's baseline (a row with
+    the error when it fails or runs out of memory; the case goes on)."""
+    variant = DIFFUSERS
     ref = diffusers_baseline(model, case)
     if ref is None:
         return BenchRow(SECTION, case.name, variant, float("nan"),
@@ -331,14 +446,15 @@ def _diffusers_row(opts: BenchOptions, model: nn.Module, case: Case, x: torch.Te
             with torch.inference_mode():
                 return fn(x)
 
-        peak, out = cuda_peak_mb(once, device)
-        ms, out = time_ms(once, device, repeat=repeat, warmup=warmup)
+        measured = (faults or _Faults(replace(case, faults=()))).wrap(variant, once)
+        peak, out = cuda_peak_mb(measured, device)
+        ms, out = time_ms(measured, device, repeat=repeat, warmup=warmup)
         return BenchRow(SECTION, case.name, variant, ms, baseline_ms=ms, peak_mb=peak,
-                        max_abs_err=max_abs(out, reference), psnr_db=psnr(out, reference), note=str(dtype)[6:])
+                        max_abs_err=_err(max_abs, out, reference), psnr_db=_err(psnr, out, reference),
+                        note=str(dtype)[6:])
     except Exception as exc:
-        log.warning("bench gpu: %s / diffusers failed", case.name, exc_info=True)
+        log.warning("bench gpu: %s / diffusers failed", case.name, exc_info=not is_out_of_memory(exc))
         return BenchRow(SECTION, case.name, variant, float("nan"), note=failure_note(exc))
     finally:
         del ref
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached(device)

@@ -40,6 +40,9 @@ DRY_RUN_KEYS = ("qwen-decode-1024", "seedvr2-decode-720p21", "wan21-decode-720p8
 # The first call's budget: the essentials (doctor, the clip cases, the GPU tests) inside 8 minutes of a 15-minute
 # lease that also pays for the machine's start; a second warm call (--resume) does the image cases.
 FIRST_CALL_BUDGET_S = 465.0
+# Simulated out-of-memory failures of the dry run (bench/gpu.py --inject-oom): a reference retried in smaller
+# slices, and a step that becomes a row with the error while the case goes on.
+DRY_RUN_OOM = ("seedvr2-decode-720p21:+ channels-last", "wan21-decode-720p81:fp32 reference")
 DOCTOR_LIMIT_S = 180  # the doctor's own timeout in a call (its micro-bench is bounded; building the models adds)
 # The checkout this module belongs to (through the `turbovae` link the script makes, resolved): every task runs
 # with it as the working directory, so the relative paths below mean the same on any machine.
@@ -195,7 +198,8 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
 
     def case(key: str) -> None:
         if not dry_run or key in DRY_RUN_KEYS:
-            add(key, py + ("turbovae", "bench", "--sections", "gpu", "--cases", key) + device)
+            faults = tuple(a for f in DRY_RUN_OOM if f.startswith(key + ":") for a in ("--inject-oom", f)) if dry_run else ()
+            add(key, py + ("turbovae", "bench", "--sections", "gpu", "--cases", key) + device + faults)
 
     for key in CLIP_KEYS:
         case(key)

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..vae.channels_last import settle_for_trace
 from ..vae.dtypes import dtype_name
 from .backend import BuildProgress, BuildSpec
 from .backend_registry import get_backend
@@ -189,6 +190,8 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path, EngineIdentity]] = []  # (temporary file, final path, identity)
+    # The export traces the model: its layout self-check cannot run there, so it is decided now, eagerly.
+    settle_for_trace(device, dtype)
     try:
         for n, job in enumerate(jobs):
             progress.check_cancel()

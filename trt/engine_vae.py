@@ -21,7 +21,7 @@ import torch
 
 from ..vae.api import TurboVAE, check_temporal_slice, load_checkpoint, resolve_device
 from ..vae.base import Progress, VAEModel
-from ..vae.oom import describe, is_out_of_memory, release_cached
+from ..vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 from .backend import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
@@ -31,7 +31,7 @@ from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
 
-ENGINE_OOM_FAILURES_TO_DISABLE = 3  # out-of-memory failures in a row before an engine path is switched off
+ENGINE_OOM_FAILURES_TO_DISABLE = OOM_FAILURES_TO_DISABLE  # the one rule (vae/oom.py), named for the engines
 
 
 class EngineFallbackWarning(RuntimeWarning):
@@ -64,7 +64,7 @@ class EngineVAE(TurboVAE):
         self.engines = engines
         self._disabled: dict[str, str] = {}
         self._warned: set[str] = set()
-        self._oom_streak: dict[str, int] = {}  # out-of-memory failures in a row, per engine path
+        self._oom_streak = OomStreak(ENGINE_OOM_FAILURES_TO_DISABLE)  # out-of-memory failures in a row, per path
         self.engine_calls = 0  # runs served by engines (tests and benchmarks read it)
 
     def __repr__(self) -> str:
@@ -105,7 +105,7 @@ class EngineVAE(TurboVAE):
         if out_of_memory is not None:  # outside the except block: the failed run's memory can be released
             self._out_of_memory(key, out_of_memory)
             return None
-        self._oom_streak.pop(key, None)
+        self._oom_streak.succeeded(key)
         if self.engines.pad_to_bucket:
             f = 1 if key == "encoder" else self.spatial_factor
             sel = self.engines.table.choose(h * f, w * f)
@@ -133,8 +133,8 @@ class EngineVAE(TurboVAE):
 
     def _out_of_memory(self, key: str, reason: str) -> None:
         release_cached(self.engines.device)
-        streak = self._oom_streak[key] = self._oom_streak.get(key, 0) + 1
-        if streak >= ENGINE_OOM_FAILURES_TO_DISABLE:
+        streak = self._oom_streak.failed(key)
+        if self._oom_streak.exhausted(key):
             self._fail(key, f"out of memory {streak} times in a row; last: {reason}")
         else:
             self._warn(f"oom:{key}", f"TurboVAE engine {key} ran out of memory ({reason}); using PyTorch for this "

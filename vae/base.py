@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
+from .tracing import tracing
 from .weight_layout import PassScratch, conv_modules, hold_layout
 
 
@@ -278,9 +279,11 @@ class VAEModel(nn.Module, ABC):
 
     def active_fast(self) -> FastPaths:
         """The fast paths a step runs with: channels-last only where it passed its self-check (and then the
-        weights follow: a device that failed the check must not run channels-last convs through its weights)."""
+        weights follow: a device that failed the check must not run channels-last convs through its weights).
+        Under a tracer the weights are left as they are: re-laying parameters out inside a trace would put
+        fake tensors in their place, which export lifts as constants; the traced convs read either layout."""
         fast = active(self.fast, self.device, self.dtype)
-        if fast.channels_last != self.fast.channels_last:
+        if fast.channels_last != self.fast.channels_last and not tracing():
             self.hold_weights(fast.channels_last)
         return fast
 

@@ -15,7 +15,10 @@ memory (the graph keeps its intermediates' pool) and rigidity (one graph per sha
 - a capture that fails (a host sync in the pass) logs one warning and the runner runs eagerly from then
   on: graphs are an optimisation, never a new way to fail. A capture that runs out of memory is
   transient (other models were resident): its pool is released, that call runs eagerly, and the next
-  call captures again; only `OOM_FAILURES_TO_DISABLE` out-of-memory failures in a row switch graphs off;
+  call captures again; only `OOM_FAILURES_TO_DISABLE` out-of-memory failures in a row switch graphs off
+  (the one rule of vae/oom.py `OomStreak`);
+- capture and replay run on the inputs' own device (`device_guard.on_device`): a model on a GPU that is not
+  the current one captures on its own streams, and the caller's current device is left as it was;
 - `pool_bytes` is what the captured graphs' private pool holds (the growth of reserved memory across
   captures), so whoever manages memory (ComfyUI's model management) can count it; `invalidate` frees it.
 
@@ -32,12 +35,10 @@ from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 import torch
 
-from . import fast_paths
-from .oom import describe, is_out_of_memory, release_cached
+from . import device_guard, fast_paths
+from .oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 
 log = logging.getLogger("turbovae")
-
-OOM_FAILURES_TO_DISABLE = 3  # captures that ran out of memory in a row before graphs are switched off
 
 E = TypeVar("E")
 
@@ -156,8 +157,13 @@ class CudaGraphRunner:
         self._state_key = state_key
         self._state: Hashable = None
         self.disabled: Optional[str] = None  # why capture was given up, once it failed
-        self.oom_failures = 0  # captures that ran out of memory since the last successful one
+        self._oom = OomStreak(OOM_FAILURES_TO_DISABLE)  # captures that ran out of memory in a row (vae/oom)
         self.pool_bytes = 0  # device memory the graphs' private pool holds
+
+    @property
+    def oom_failures(self) -> int:
+        """Captures that ran out of memory since the last successful one."""
+        return self._oom.count()
 
     @staticmethod
     def _release(entry: _Captured) -> None:
@@ -200,11 +206,12 @@ class CudaGraphRunner:
         if failure is not None:  # outside the except block: the failed capture's memory can be released
             self._capture_failed(*failure, tensors[0].device)
             return self.fn(*args, **kwargs)
-        self.oom_failures = 0
+        self._oom.succeeded()
         for static, new in zip(entry.inputs, tensors):
             static.copy_(new)
         try:
-            entry.graph.replay()
+            with device_guard.on_device(tensors[0].device):
+                entry.graph.replay()
         except Exception as exc:  # noqa: BLE001 - a graph that cannot replay: eager from now on
             return self._give_up(f"replay failed: {type(exc).__name__}: {exc}", tensors, args, kwargs)
         if entry.reference is not None:  # first replay of this graph: it must equal the eager warm-up
@@ -220,13 +227,13 @@ class CudaGraphRunner:
         after `OOM_FAILURES_TO_DISABLE` of those in a row. One warning either way."""
         self.invalidate()
         if out_of_memory:
-            self.oom_failures += 1
-            if self.oom_failures < OOM_FAILURES_TO_DISABLE:
-                if self.oom_failures == 1:
+            streak = self._oom.failed()
+            if not self._oom.exhausted():
+                if streak == 1:
                     log.warning("turbovae: CUDA graph capture ran out of memory (%s); this pass runs eagerly and "
                                 "the next one captures again", reason)
                 return
-            reason = f"out of memory {self.oom_failures} times in a row; last: {reason}"
+            reason = f"out of memory {streak} times in a row; last: {reason}"
         self._switch_off(reason, device, stage="capture failed: ")
 
     def _give_up(self, why: str, tensors: list, args: tuple, kwargs: dict):
@@ -241,6 +248,13 @@ class CudaGraphRunner:
         fast_paths.fail("cuda_graphs", device, stage + why)
 
     def _capture(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
+        """Warm up, capture and measure the pool on the inputs' own device: streams, the pool handle and the
+        graph belong to the *current* CUDA device, so a model on a GPU that is not the current one captures
+        under `on_device` (and replays under it too), and the caller's current device is restored."""
+        with device_guard.on_device(tensors[0].device):
+            return self._capture_here(args, kwargs, tensors)
+
+    def _capture_here(self, args: tuple, kwargs: dict, tensors: list) -> _Captured:
         reserved = torch.cuda.memory_reserved(tensors[0].device)
         statics = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t) for t in tensors]
         it = iter(statics)

@@ -8,6 +8,17 @@ the path off on that device for the rest of the process, with one warning naming
 failed and the fallback, and the caller runs the fallback, so the pass goes on correctly. A failure a call
 site detects on its own (a capture or compile that throws) goes through `fail`, with the same effect.
 
+Under a tracer (torch.export, torch.compile, AOTInductor, an active FakeTensorMode: `vae.tracing`) no probe
+runs: its tensors would be fake (a probe that cannot run there says nothing about the path, and the tensors
+it makes would be baked into the traced program as constants). A traced call uses the state already decided
+for its (device, key), or, while undecided, the plain path for that trace; nothing is recorded, and a failure
+reported under a tracer switches nothing off.
+
+An out-of-memory is not a failed check either (`vae.oom.OomStreak`, the rule CUDA graphs and engines follow):
+the probe's or the launch's out-of-memory is re-raised so the pass frees and retries by the tiler's rule,
+the path is kept and checked again, and only `OOM_FAILURES_TO_DISABLE` in a row on a (path, device) switch
+it off.
+
 `TURBOVAE_SELF_CHECK=0` skips the probes (for setups already validated); failures detected at run time
 still switch a path off. The registry also counts which paths ran, for the per-pass log line
 (`summary_since`). One table, `PATHS`, holds each path's name, fallback and tolerance.
@@ -28,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator, Optional, Union
 
 import torch
+
+from .oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
+from .tracing import tracing
 
 log = logging.getLogger("turbovae")
 
@@ -162,6 +176,7 @@ class FastPathRegistry:
         self._off: dict[tuple[str, str], CheckResult] = {}
         self._used: Counter = Counter()
         self._cpu_too = 0
+        self._oom = OomStreak(OOM_FAILURES_TO_DISABLE)  # per (path, device)
 
     # -- where the paths apply -------------------------------------------------------------------
     def applies_to(self, device: Union[str, torch.device]) -> bool:
@@ -196,12 +211,17 @@ class FastPathRegistry:
             self._results.clear()
             self._off.clear()
             self._used.clear()
+            self._oom.clear()
 
     # -- checks and failures ---------------------------------------------------------------------
     def check(self, path: str, device: Union[str, torch.device], key: Hashable, fast: Callable[[], Any],
               reference: Callable[[], Any]) -> bool:
         """Whether `path` may run on `device` for calls of class `key`: runs `fast()` and `reference()` (a
-        small probe) the first time (device, key) is seen, and switches the path off if the probe fails."""
+        small probe) the first time (device, key) is seen, and switches the path off if the probe fails.
+
+        Under a tracer the probe never runs: the decided state is returned, False while undecided (the
+        trace takes the plain path), and nothing is recorded. A probe that runs out of memory re-raises
+        (see `out_of_memory`): the pass retries by the tiler's rule and the check runs again."""
         dev = device_name(device)
         if (path, dev) in self._off:
             return False
@@ -210,15 +230,49 @@ class FastPathRegistry:
             return found.ok
         if not self_check_enabled():
             return True
+        if tracing():
+            return False
         spec = PATHS[path]
         try:
             detail = compare(spec, fast(), reference())
         except Exception as exc:  # noqa: BLE001 - a probe that fails for any reason means: do not trust the path
+            if is_out_of_memory(exc):
+                self.out_of_memory(path, dev, exc)
+                raise
             self.fail(path, dev, f"self-check on {key}: {_describe(exc)}", key=key)
             return False
         with self._lock:
             self._results[(path, dev, key)] = CheckResult(path, dev, key, True, detail)
+        self._oom.succeeded((path, dev))
         return True
+
+    def decided(self, path: str, device: Union[str, torch.device], key: Hashable) -> Optional[bool]:
+        """The recorded outcome for (path, device, key) without running anything: False once the path is off
+        on the device, the check's result where it ran, None while undecided."""
+        dev = device_name(device)
+        if (path, dev) in self._off:
+            return False
+        found = self._results.get((path, dev, key))
+        return None if found is None else found.ok
+
+    def out_of_memory(self, path: str, device: Union[str, torch.device], err: Union[str, BaseException]) -> bool:
+        """Note that `path` ran out of memory on `device` (its probe or a launch): the cached blocks are
+        released and the path is kept, unless this made `OOM_FAILURES_TO_DISABLE` in a row, which switches
+        it off. True when the path was switched off. The caller re-raises, so the pass retries smaller."""
+        dev = device_name(device)
+        reason = err if isinstance(err, str) else describe(err)
+        if tracing():
+            return False
+        release_cached(dev)
+        with self._lock:
+            streak = self._oom.failed((path, dev))
+        if streak >= self._oom.limit:
+            self.fail(path, dev, f"out of memory {streak} times in a row; last: {reason}")
+            return True
+        if streak == 1:
+            log.warning("turbovae: %s ran out of memory on %s (%s); the path is kept and the pass retries",
+                        PATHS[path].what, dev, reason)
+        return False
 
     def fail(self, path: str, device: Union[str, torch.device], what_failed: Union[str, BaseException], *,
              key: Hashable = None) -> None:
@@ -226,6 +280,9 @@ class FastPathRegistry:
         dev = device_name(device)
         spec = PATHS[path]
         what = what_failed if isinstance(what_failed, str) else _describe(what_failed)
+        if tracing():  # a failure of the trace (fake tensors), not of the path on this device
+            log.debug("turbovae: %s not switched off on %s: it failed under a tracer (%s)", spec.what, dev, what)
+            return
         result = CheckResult(path, dev, key, False, what)
         with self._lock:
             self._results[(path, dev, key)] = result
@@ -236,8 +293,15 @@ class FastPathRegistry:
                     spec.what, dev, what, spec.fallback)
 
     # -- what ran, for the per-pass log line -------------------------------------------------------
-    def used(self, path: str) -> None:
+    def used(self, path: str, device: Union[str, torch.device, None] = None) -> None:
+        """Count a run of `path`; with `device`, a success there also ends its out-of-memory streak."""
         self._used[path] += 1
+        if device is not None:
+            self._oom.succeeded((path, device_name(device)))
+
+    def oom_streak(self, path: str, device: Union[str, torch.device]) -> int:
+        """Out-of-memory failures in a row of `path` on `device` (tests, the doctor)."""
+        return self._oom.count((path, device_name(device)))
 
     def usage(self) -> Counter:
         return Counter(self._used)
@@ -257,6 +321,9 @@ gpu_paths_on_cpu = REGISTRY.gpu_paths_on_cpu
 enabled = REGISTRY.enabled
 check = REGISTRY.check
 fail = REGISTRY.fail
+decided = REGISTRY.decided
+out_of_memory = REGISTRY.out_of_memory
+oom_streak = REGISTRY.oom_streak
 used = REGISTRY.used
 usage = REGISTRY.usage
 summary_since = REGISTRY.summary_since

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import Callable, TypeVar, Union
+from typing import Callable, Hashable, TypeVar, Union
 
 import torch
 
@@ -94,3 +94,38 @@ def release_cached(device: Union[str, torch.device, None] = None) -> None:
     gc.collect()
     if (device is None or torch.device(device).type == "cuda") and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+OOM_FAILURES_TO_DISABLE = 3  # out-of-memory failures in a row before an optional path is switched off
+
+
+class OomStreak:
+    """The one rule for an optional path (fast path, CUDA graphs, engines) that ran out of memory: an
+    out-of-memory is transient (other models were resident), not a sign the path is wrong, so the path is
+    kept and tried again; only `limit` out-of-memory failures in a row, per key, with no success between
+    them, switch it off. Callers free what the failed attempt held (`release_cached`, or the tiler's retry)."""
+
+    def __init__(self, limit: int = OOM_FAILURES_TO_DISABLE):
+        if limit < 1:
+            raise ValueError(f"an out-of-memory streak limit must be >= 1 (got {limit})")
+        self.limit = limit
+        self._counts: dict[Hashable, int] = {}
+
+    def failed(self, key: Hashable = None) -> int:
+        """Count one more out-of-memory for `key`; the streak so far."""
+        count = self._counts[key] = self._counts.get(key, 0) + 1
+        return count
+
+    def exhausted(self, key: Hashable = None) -> bool:
+        """Whether `key` ran out of memory `limit` times in a row: switch its path off."""
+        return self._counts.get(key, 0) >= self.limit
+
+    def succeeded(self, key: Hashable = None) -> None:
+        """A success ends the streak."""
+        self._counts.pop(key, None)
+
+    def count(self, key: Hashable = None) -> int:
+        return self._counts.get(key, 0)
+
+    def clear(self) -> None:
+        self._counts.clear()

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from . import fast_paths
 from .memory_format import memory_format_of
+from .oom import is_out_of_memory
 from .tracing import tracing
 
 _AUTO = object()  # not resolved yet: vae.kernels.default_dispatch() is asked on the first CUDA call
@@ -63,9 +64,9 @@ def fused_norms(enabled: bool) -> Iterator[None]:
 
 
 def _fused_for(x: torch.Tensor):
-    # Under torch.compile the reference ops are traced instead: inductor fuses them itself and
-    # does not need to see through our kernel launches.
-    if not fast_paths.applies_to(x.device) or torch.compiler.is_compiling() \
+    # Under a tracer (torch.compile, torch.export) the reference ops are traced instead: inductor fuses them
+    # itself and does not need to see through our kernel launches, and no self-check may run there.
+    if not fast_paths.applies_to(x.device) or tracing() \
             or not fast_paths.enabled("triton_norms", x.device):
         return None
     return fused_dispatch()
@@ -79,7 +80,8 @@ def _probe_of(x: torch.Tensor) -> torch.Tensor:
 
 def _run_fused(x: torch.Tensor, key: str, fused, reference):
     """`fused(x)` once the kernels passed their self-check for this call's class `key` (else, or when they
-    raise, None: the caller runs the reference); `fused(t)` returns None where the kernel declines `t`."""
+    raise, None: the caller runs the reference); `fused(t)` returns None where the kernel declines `t`.
+    An out-of-memory (in the check or the launch) is re-raised with the kernels kept (vae/fast_paths)."""
     def fused_probe():
         probe = _probe_of(x)
         out = fused(probe)
@@ -93,10 +95,13 @@ def _run_fused(x: torch.Tensor, key: str, fused, reference):
     try:
         out = fused(x)
     except Exception as exc:  # noqa: BLE001 - a kernel that fails here is switched off; the reference runs
+        if is_out_of_memory(exc):  # transient: the kernels are kept, the pass retries by the tiler's rule
+            fast_paths.out_of_memory("triton_norms", x.device, exc)
+            raise
         fast_paths.fail("triton_norms", x.device, exc)
         return None
     if out is not None:
-        fast_paths.used("triton_norms")
+        fast_paths.used("triton_norms", x.device)
     return out
 
 

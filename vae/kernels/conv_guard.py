@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import fast_paths
+from ..oom import is_out_of_memory
+from ..tracing import tracing
 
 log = logging.getLogger("turbovae")
 
@@ -138,17 +140,22 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if route.reason not in _LOGGED:
         _LOGGED.add(route.reason)
         log.info("turbovae conv3d guard: %s", route.reason)
-    if route.route in CHECKED_ROUTES and torch.compiler.is_compiling():  # traced: checked when run eagerly
-        return _routed(route, x, weight, bias, stride, padding, dilation, groups)
     if route.route in CHECKED_ROUTES:
+        # Under a tracer _route_trusted runs no probe: the route is traced where it was already checked on this
+        # device, and fp32 conv3d (always right) is traced while it is undecided.
         args = (stride, padding, dilation, groups)
         if _route_trusted(route, x, weight, bias, *args):
+            if tracing():
+                return _routed(route, x, weight, bias, *args)
             try:
                 out = _routed(route, x, weight, bias, *args)
             except Exception as exc:  # noqa: BLE001 - the route is switched off; fp32 conv3d is always right
+                if is_out_of_memory(exc):  # transient: the route is kept, the pass retries by the tiler's rule
+                    fast_paths.out_of_memory("conv3d_route", x.device, exc)
+                    raise
                 fast_paths.fail("conv3d_route", x.device, exc)
             else:
-                fast_paths.used("conv3d_route")
+                fast_paths.used("conv3d_route", x.device)
                 return out
     return _fp32_conv3d(x, weight, bias, stride, padding, dilation, groups)
 

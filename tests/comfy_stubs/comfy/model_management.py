@@ -53,6 +53,24 @@ def load_models_gpu(models, memory_required=0, force_patch_weights=False, minimu
                        "force_full_load": force_full_load})
     for patcher in models:
         patcher.model.to(patcher.load_device)
+        patcher.model.model_loaded_weight_memory = module_size(patcher.model)  # a full load counts the weights
+
+
+class LoadedModel:
+    """Core's per-model accounting: its whole memory is the patcher's size, and what is still to load
+    (what a load asks free memory for when the model already sits on the device) is size minus loaded size."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def model_memory(self):
+        return self.model.model_size()
+
+    def model_loaded_memory(self):
+        return self.model.loaded_size()
+
+    def model_offloaded_memory(self):
+        return self.model.model_size() - self.model.loaded_size()
 
 
 def interrupt_current_processing(value=True):
