@@ -201,3 +201,19 @@ def test_plan_command_prints_the_prediction_and_the_choice(capsys):
     assert main(["plan", "wan2.1", "--shape", "1x16x21x90x160", "--dtype", "bf16", "--target", "cuda",
                  "--budget-mb", "1"]) == 2
     assert "Raise the budget" in capsys.readouterr().err
+
+
+def test_gpu_bench_rows_predict_the_peak_they_measure():
+    """bench/gpu.py puts the prediction beside every measured peak: the step's paths, the case's slice."""
+    from turbovae.bench import gpu
+
+    model = WanVAE(TINY_WAN21)
+    case = gpu.Case("t", "qwen", "decode", (1, 4, 3, 4, 4), 1)
+    copies = MetaPasses(model)
+    by_step = {s.name: gpu.predicted_peak_mb(copies, case, torch.bfloat16, 1, s, model) for s in gpu.STEPS[2:4]}
+    plain = predict_pass(model, case.shape, decode=True, dtype=torch.bfloat16, temporal_slice=1,
+                         paths=PassPaths(model.fast, False)).pass_bytes / 2**20
+    assert by_step["+ channels-last"] == plain
+    assert 0 < by_step["+ fused norms (Triton)"] < plain
+    clip = replace(case, shape=(1, 4, 5, 4, 4), temporal_slice=gpu.AUTO)  # CPU: the fastest slice, memory allowing
+    assert gpu.resolve_slice(model, clip, torch.float32, torch.device("cpu")) == 2
