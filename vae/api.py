@@ -22,7 +22,7 @@ from .dtypes import parse_dtype, working_dtype
 from .weight_layout import checkpoint_layout
 from .memory import check_fits
 from .memory_budget import MemoryBudget, SlicePlan, choose_temporal_slice, near_square_shape
-from .peak_memory import MetaPasses
+from .peak_memory import MetaPasses, PassPaths
 
 log = logging.getLogger("turbovae")
 
@@ -254,15 +254,19 @@ class TurboVAE:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(device=self.device, dtype=self.dtype)
 
-    def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool,
-                            budget_bytes: Optional[int] = None) -> SlicePlan:
+    def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None,
+                            device: Union[None, str, torch.device] = None) -> SlicePlan:
         """The temporal slice for a pass over validated input `shape` (latents for decode, padded pixels for
-        encode): the largest whose predicted peak fits `budget_bytes` (default `self.budget` on the model's
-        device), with the prediction. Predictions are cached per shape."""
+        encode): the largest whose predicted peak fits `budget_bytes` (default `self.budget` on the pass's
+        device), with the prediction. `device`: where the pass will run (default the model's; the nodes plan
+        before ComfyUI loads the weights there). Predictions are cached per shape."""
         if self._meta_passes is None:
             self._meta_passes = MetaPasses(self.model)
-        budget = self.budget.resolve(self.device) if budget_bytes is None else budget_bytes
-        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, copies=self._meta_passes)
+        dev = self.device if device is None else torch.device(device)
+        budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
+        paths = None if dev == self.device else PassPaths.for_device_type(self.model, dev.type)
+        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, paths=paths,
+                                     copies=self._meta_passes, device_type=dev.type)
 
     def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool) -> Optional[int]:
         """Latent frames per step within the memory budget when each frame has `pixels_per_frame` pixels (the
