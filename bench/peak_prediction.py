@@ -119,14 +119,52 @@ def cpu_rows() -> list[dict]:
     return out
 
 
+# Clip and image cases of the issue's targets, planned on meta tensors for a CUDA pass in bf16 (no GPU needed).
+PLAN_CASES = [("wan2.1", "1x16x21x90x160", True), ("wan2.1", "1x3x81x720x1280", False),
+              ("wan2.2", "1x48x11x44x80", True), ("seedvr2", "1x16x6x90x160", True),
+              ("seedvr2", "1x16x1x135x240", True), ("qwen_image", "1x16x1x128x128", True)]
+
+
+def plans(budgets_mb: tuple[int, ...]) -> list[dict]:
+    """What `plan` chooses for each PLAN_CASES entry under each budget (MB)."""
+    from ..vae.memory_plan import plan_dict, plan_pass
+
+    out = []
+    for family, shape, decode in PLAN_CASES:
+        for budget in budgets_mb:
+            p = plan_pass(family, shape, decode=decode, dtype="bf16", device_type="cuda",
+                          budget_bytes=budget * MB, strict=False)
+            out.append(dict(plan_dict(p), family=family))
+    return out
+
+
+def markdown(path: Path) -> str:
+    """The committed comparison as the table docs/memory.md shows (a test keeps the two equal)."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    lines = ["| where | case | paths | slice | compared | measured MB | predicted MB | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        where = "CPU" if r["source"] == "cpu" else "H100"
+        err = f"{r['error_pct']:+.2f} %" + ("" if r["modelled"] else " (not modelled)")
+        lines.append(f"| {where} | {r['case']} | {r['variant']} | {r['temporal_slice'] or 'whole'} | {r['compared']} "
+                     f"| {r['measured_mb']} | {r['predicted_mb']} | {err} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu-results", action="append", default=[], help="a GPU run's folder of result JSON files")
     ap.add_argument("--gpu-free-mb", type=float, default=80552,
                     help="free GPU memory when the public decode chose its slice (the doctor file's free_mb)")
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU measurements")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the JSON to write")
+    ap.add_argument("--markdown", help="print the table of an existing comparison JSON instead")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(Path(args.markdown)))
+        return 0
+    if not args.out:
+        ap.error("--out is required (or --markdown FILE)")
     copies: dict = {}
     rows: list[dict] = []
     for folder in map(Path, args.gpu_results):
@@ -139,7 +177,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.no_cpu:
         rows += cpu_rows()
     modelled = [abs(r["error_pct"]) for r in rows if r["modelled"]]
+    from ..vae.memory_budget import DEFAULT_PASS_BUDGET_BYTES
+
     result = {"environment": environment(), "what": __doc__.split("\n\n")[0], "rows": rows,
+              "plans": plans((DEFAULT_PASS_BUDGET_BYTES // MB, 24 * 1024)),
               "max_abs_error_pct_modelled": max(modelled) if modelled else None}
     Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     for r in rows:

@@ -217,3 +217,18 @@ def test_gpu_bench_rows_predict_the_peak_they_measure():
     assert 0 < by_step["+ fused norms (Triton)"] < plain
     clip = replace(case, shape=(1, 4, 5, 4, 4), temporal_slice=gpu.AUTO)  # CPU: the fastest slice, memory allowing
     assert gpu.resolve_slice(model, clip, torch.float32, torch.device("cpu")) == 2
+
+
+def test_docs_table_is_rendered_from_the_committed_comparison():
+    """docs/memory.md's prediction-vs-measured table is what `python -m turbovae.bench.peak_prediction --markdown`
+    prints for the committed JSON, so the doc cannot claim an error the results do not hold."""
+    from pathlib import Path
+
+    from turbovae.bench.peak_prediction import markdown
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "docs" / "results" / "2026-11-26-peak-memory-prediction.json"
+    table = markdown(results)
+    assert table.count("\n") > 40 and table in (root / "docs" / "memory.md").read_text()
+    data = json.loads(results.read_text())
+    assert {p["family"] for p in data["plans"]} >= {"wan2.1", "wan2.2", "seedvr2"}
