@@ -30,7 +30,7 @@ from ..vae.tiling.plan import plan_tiling
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
-from .pass_budget import plan_in_comfy
+from .pass_budget import plan_item
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
 
@@ -120,24 +120,14 @@ class ComfyTurboVAE:
     def _reserved_frames(self, frames: int) -> int:
         return min(frames, 1 + RESERVED_LATENT_FRAMES * self.turbo.temporal_factor)
 
-    def _one_item(self, shape, *, decode: bool) -> tuple[int, ...]:
-        """One batch item of `shape` ([B, C, T, ...] or [B, C, H, W]) as the pass sees it (clips padded to 1+4n)."""
-        t = shape[2] if len(shape) == 5 else 1
-        if not decode:
-            t += (-(t - 1)) % self.turbo.temporal_factor
-        return (1, shape[1], t, shape[-2], shape[-1])
-
     def memory_used_decode(self, shape, dtype) -> int:
-        """Predicted peak of decoding one batch item of latents `shape` ([B, C, T, h, w] or [B, C, h, w]; items
-        decode one at a time) with the temporal slice the ComfyUI budget allows (nodes/pass_budget.py)."""
-        return plan_in_comfy(self.turbo, self._one_item(shape, decode=True), self.device, decode=True,
-                             log_it=False).predicted.pass_bytes
+        """Predicted peak of decoding one batch item of latents `shape` (items decode one at a time) with the
+        temporal slice the ComfyUI budget allows (nodes/pass_budget.py)."""
+        return plan_item(self.turbo, shape, self.device, decode=True, log_it=False).predicted.pass_bytes
 
     def memory_used_encode(self, shape, dtype) -> int:
-        """Predicted peak of encoding pixels `shape` ([B, C, T, H, W] or [B, C, H, W]) as one clip, with the
-        temporal slice the ComfyUI budget allows."""
-        return plan_in_comfy(self.turbo, self._one_item(shape, decode=False), self.device, decode=False,
-                             log_it=False).predicted.pass_bytes
+        """Predicted peak of encoding pixels `shape` as one clip with the slice the ComfyUI budget allows."""
+        return plan_item(self.turbo, shape, self.device, decode=False, log_it=False).predicted.pass_bytes
 
     def _load(self, memory_required: int) -> None:
         mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=self.disable_offload)
@@ -191,7 +181,7 @@ class ComfyTurboVAE:
                                         temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
-        plan = plan_in_comfy(self.turbo, self._one_item(z.shape, decode=True), self.device, decode=True)
+        plan = plan_item(self.turbo, z.shape, self.device, decode=True)
         self._load(plan.predicted.pass_bytes)
         slice_ = progress_slice(self.turbo, z, decode=True, planned=plan.temporal_slice)
         bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
@@ -219,7 +209,7 @@ class ComfyTurboVAE:
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
-        plan = plan_in_comfy(self.turbo, self._one_item(clip.shape, decode=False), self.device, decode=False)
+        plan = plan_item(self.turbo, clip.shape, self.device, decode=False)
         self._load(plan.predicted.pass_bytes)
         slice_ = progress_slice(self.turbo, clip, decode=False, planned=plan.temporal_slice)
         bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per slice

@@ -41,3 +41,12 @@ def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device,
     if log_it:
         log.info("TurboVAE: %s (budget: ComfyUI's free memory on %s)", plan.describe(), device)
     return plan
+
+
+def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log_it: bool = True) -> SlicePlan:
+    """`plan_in_comfy` for one batch item of `shape` ([B, C, T, ...] or [B, C, H, W]) as the pass sees it: latents
+    decode one item at a time; pixels encode as one clip, padded to 1+4n frames as the public path pads."""
+    t = shape[2] if len(shape) == 5 else 1
+    if not decode:
+        t += (-(t - 1)) % turbo.temporal_factor
+    return plan_in_comfy(turbo, (1, shape[1], t, shape[-2], shape[-1]), device, decode=decode, log_it=log_it)
