@@ -9,13 +9,15 @@ from .loading import load_vae
 from .vae.api import TurboVAE, moments_to_latents, pad_to_multiple
 from .vae.base import LatentFormat
 from .vae.checkpoint import CheckpointError
+from .vae.memory_budget import BudgetTooSmall, MemoryBudget
+from .vae.memory_plan import plan_pass
 from .vae.parallel import ParallelPassError, decode_parallel, encode_parallel
 from .vae.tiling import decode_tiled, encode_tiled
 
 __all__ = [
     "TurboVAE", "load_vae", "decode_tiled", "encode_tiled", "moments_to_latents", "pad_to_multiple",
     "LatentFormat", "CheckpointError", "decode_parallel", "encode_parallel", "ParallelPassError",
-    "comfy_entrypoint",
+    "plan_pass", "MemoryBudget", "BudgetTooSmall", "comfy_entrypoint",
 ]
 __version__ = "0.2.0"
 

@@ -243,6 +243,25 @@ def build_parser() -> argparse.ArgumentParser:
                                         "conv3d route and a micro-bench: paste it into a bug report",
                                         description=doctor.__doc__))
 
+    p = sub.add_parser("plan", help="the predicted peak memory of a pass and the temporal slice it would take under "
+                       "a budget, without running it (seconds, any machine)",
+                       description="Runs the pass on meta tensors (no arithmetic, no memory) and prints its peak of live "
+                                   "tensor bytes, the weights and input beside it, and the largest temporal slice "
+                                   "whose peak fits the budget. docs/memory.md gives the prediction's measured error.")
+    p.add_argument("source", help="a registered family (e.g. seedvr2, qwen, wan2.1, wan2.2) or a VAE "
+                                  "checkpoint file / diffusers folder")
+    p.add_argument("--shape", required=True, help="BxCxTxHxW of latents or pixels, any clip length, e.g. "
+                                                  "1x16x21x90x160 or 1x3x81x720x1280")
+    p.add_argument("--encode", action="store_true", help="plan an encode (default: decode)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="default: bf16 for cuda, fp32 for cpu")
+    p.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
+                   help="the device type the pass would run on (its default paths; default cuda)")
+    p.add_argument("--budget-mb", type=float, default=None,
+                   help="memory the pass may use besides weights and input, in MB (default: the stated default "
+                        "budget, docs/memory.md)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_plan)
+
     e = sub.add_parser("build-engines", help="export and build engines for a VAE checkpoint",
                        description="Export a VAE's encoder/decoder and build engines. Defaults: backend auto "
                                    "(TensorRT where it can build, else AOTInductor, which needs only PyTorch), fp16 engines, encoder and decoder, on CUDA "
@@ -260,6 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error")
     return parser
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .vae.memory_plan import plan_dict, plan_pass
+
+    if args.budget_mb is not None and args.budget_mb <= 0:
+        raise UsageError(f"--budget-mb {args.budget_mb}: give a positive number of MB")
+    budget = None if args.budget_mb is None else int(args.budget_mb * 2**20)
+    plan = plan_pass(args.source, args.shape, decode=not args.encode, dtype=args.dtype, device_type=args.target,
+                     budget_bytes=budget)
+    print(json.dumps(plan_dict(plan)) if args.json else plan.describe())
+    return 0
 
 
 class UsageError(Exception):

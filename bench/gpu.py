@@ -37,8 +37,9 @@ from ..vae.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
 from ..vae.kernels import triton_available
 from ..vae.ops import fused_norms
-from ..vae.memory import auto_temporal_slice
+from ..vae.memory_budget import choose_temporal_slice, default_budget_bytes
 from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
+from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 from .models import build_model
 
@@ -143,6 +144,19 @@ def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None
     model.fast = replace(paths, channels_last=channels_last)
 
 
+def predicted_peak_mb(copies: MetaPasses, case: Case, dtype: torch.dtype, temporal_slice: Optional[int],
+                      step: "Step", model: nn.Module) -> Optional[float]:
+    """The step's pass peak predicted on meta tensors with the paths it runs (what `cuda_peak_mb` measures: the
+    rise above the memory held before the pass); compile and CUDA graphs run the fused step's ops in it."""
+    try:
+        p = copies.predict(case.shape, decode=case.kind == "decode", dtype=dtype, temporal_slice=temporal_slice,
+                           paths=PassPaths(model.fast, step.fused))
+    except Exception:  # noqa: BLE001 - the prediction is informative only; the measured row stands
+        log.warning("bench gpu: predicting the peak of %s / %s failed", case.name, step.name, exc_info=True)
+        return None
+    return p.pass_bytes / 2**20
+
+
 def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
         return lambda x: model.decode_latents(x, temporal_slice=temporal_slice)
@@ -150,17 +164,14 @@ def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callab
 
 
 def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torch.device) -> Optional[int]:
-    """The case's temporal slice; AUTO is what TurboVAE.decode/encode would pick (free memory, this dtype)."""
+    """The case's temporal slice; AUTO is what TurboVAE.decode/encode would pick (the largest whose predicted peak
+    fits the default budget on `device`, vae/memory_budget.py), in this dtype."""
     if case.temporal_slice != AUTO:
         return case.temporal_slice
-    fmt = model.latent_format
-    h, w = case.shape[-2:]
-    if case.kind == "decode":
-        frames, pixels = case.shape[2], h * w * fmt.spatial_factor ** 2
-    else:
-        frames, pixels = fmt.latent_frames(case.shape[2]), h * w
-    return auto_temporal_slice(model.memory_model, pixels, frames, dtype, device, decode=case.kind == "decode",
-                               temporal_factor=fmt.temporal_factor)
+    return choose_temporal_slice(model, case.shape, decode=case.kind == "decode",
+                                 budget_bytes=default_budget_bytes(device), dtype=dtype,
+                                 paths=PassPaths.of(model, device, dtype), device_type=torch.device(device).type
+                                 ).temporal_slice
 
 
 def diffusers_baseline(model: nn.Module, case: Case) -> Optional[nn.Module]:
@@ -318,6 +329,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
     flops = conv_flops(model, case, x, temporal_slice) if cuda else None
     if cuda and flops is None:
         release_cached(device)  # a counting pass that failed may have left its memory cached
+    copies = MetaPasses(model)
     rows: list[BenchRow] = []
     baseline_ms = None
     slice_note = "; ".join(n for n in (f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else "",
@@ -369,7 +381,9 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         baseline_ms = baseline_ms or ms
         rows.append(BenchRow(SECTION, case.name, step.name, ms, baseline_ms=baseline_ms, peak_mb=peak,
                              max_abs_err=_err(max_abs, out, reference), psnr_db=_err(psnr, out, reference),
-                             note=note))
+                             note=note,
+                             predicted_peak_mb=predicted_peak_mb(copies, case, dtype, temporal_slice, step, model)
+                             if peak is not None else None))
         del out
     remove_compile(model)
     if model32 is not None:

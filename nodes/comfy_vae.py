@@ -30,6 +30,7 @@ from ..vae.tiling.plan import plan_tiling
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
+from .pass_budget import plan_item
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
 
@@ -120,16 +121,13 @@ class ComfyTurboVAE:
         return min(frames, 1 + RESERVED_LATENT_FRAMES * self.turbo.temporal_factor)
 
     def memory_used_decode(self, shape, dtype) -> int:
-        """Working set of decoding one slice of latents `shape` ([B, C, T, h, w] or [B, C, h, w])."""
-        t = shape[2] if len(shape) == 5 else 1
-        f = self.turbo.spatial_factor
-        frames = self._reserved_frames(self.turbo.latent_format.pixel_frames(t))
-        return shape[0] * self._bytes(shape[-1] * shape[-2] * f * f, frames, dtype, True)
+        """Predicted peak of decoding one batch item of latents `shape` (items decode one at a time) with the
+        temporal slice the ComfyUI budget allows (nodes/pass_budget.py)."""
+        return plan_item(self.turbo, shape, self.device, decode=True, log_it=False).predicted.pass_bytes
 
     def memory_used_encode(self, shape, dtype) -> int:
-        """Working set of encoding one slice of pixels `shape` ([B, C, T, H, W] or [B, C, H, W])."""
-        t = shape[2] if len(shape) == 5 else 1
-        return shape[0] * self._bytes(shape[-1] * shape[-2], self._reserved_frames(t), dtype, False)
+        """Predicted peak of encoding pixels `shape` as one clip with the slice the ComfyUI budget allows."""
+        return plan_item(self.turbo, shape, self.device, decode=False, log_it=False).predicted.pass_bytes
 
     def _load(self, memory_required: int) -> None:
         mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=self.disable_offload)
@@ -183,8 +181,9 @@ class ComfyTurboVAE:
                                         temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
-        self._load(self.memory_used_decode(z.shape, self.vae_dtype))
-        slice_ = progress_slice(self.turbo, z, decode=True)
+        plan = plan_item(self.turbo, z.shape, self.device, decode=True)
+        self._load(plan.predicted.pass_bytes)
+        slice_ = progress_slice(self.turbo, z, decode=True, planned=plan.temporal_slice)
         bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
 
         finished: list[torch.Tensor] = []  # batch items decoded whole; kept if a later one runs out of memory
@@ -210,8 +209,9 @@ class ComfyTurboVAE:
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
-        self._load(self.memory_used_encode(clip.shape, self.vae_dtype))
-        slice_ = progress_slice(self.turbo, clip, decode=False)
+        plan = plan_item(self.turbo, clip.shape, self.device, decode=False)
+        self._load(plan.predicted.pass_bytes)
+        slice_ = progress_slice(self.turbo, clip, decode=False, planned=plan.temporal_slice)
         bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per slice
         mm.throw_exception_if_processing_interrupted()
 

@@ -57,14 +57,19 @@ class BatchProgress:
         mm.throw_exception_if_processing_interrupted()
 
 
-def progress_slice(turbo, x: torch.Tensor, *, decode: bool) -> Optional[int]:
+_FROM_BUDGET = object()
+
+
+def progress_slice(turbo, x: torch.Tensor, *, decode: bool, planned=_FROM_BUDGET) -> Optional[int]:
     """Latent frames per step for core VAE Decode/Encode of a clip `x` (latents, or pixels [B, C, T, H, W]):
     what free memory allows, and at most 1/PROGRESS_STEPS of the clip, so the bar moves and Cancel is
     honoured between steps (slicing carries the causal memory: the result is the whole-clip pass's). None
-    (one whole pass) for images."""
+    (one whole pass) for images. `planned`: the slice the memory plan chose (default: the VAE's own budget)."""
     frames = x.shape[2] if decode else turbo.latent_format.latent_frames(x.shape[2])
     if frames < 2:
         return None
-    px = x.shape[-1] * x.shape[-2] * (turbo.spatial_factor ** 2 if decode else 1)
-    auto = turbo.temporal_slice_for(frames, px, decode=decode)
+    if planned is _FROM_BUDGET:
+        px = x.shape[-1] * x.shape[-2] * (turbo.spatial_factor ** 2 if decode else 1)
+        planned = turbo.temporal_slice_for(frames, px, decode=decode)
+    auto = planned
     return min(auto or frames, max(1, -(-frames // PROGRESS_STEPS)))

@@ -193,13 +193,33 @@ def test_vae_loaded_and_run_under_inference_mode_like_comfyui(name):
         assert out.shape == (5, 32, 32, 3)
 
 
-def test_memory_estimate_is_per_slice_not_whole_clip():
+def test_memory_estimate_is_the_predicted_peak_of_the_slice_the_comfyui_budget_allows(caplog):
+    """memory_used_decode is the predicted peak of one slice step chosen under ComfyUI's free memory, not of the
+    whole clip; a tighter budget gives a smaller slice and a smaller figure; decode logs what it will need."""
+    from turbovae.nodes.pass_budget import comfy_budget_bytes
+    from turbovae.vae.peak_memory import predict_pass
+
     vae = _vae("qwen_image_tiny.safetensors")
-    one = vae.memory_used_decode((1, vae.latent_channels, 1, 128, 128), torch.bfloat16)
-    long_clip = vae.memory_used_decode((1, vae.latent_channels, 60, 128, 128), torch.bfloat16)
-    per_frame = vae.turbo.model.memory_model.bytes_needed(1024 * 1024, 1, torch.bfloat16, decode=True)
-    assert one == per_frame
-    assert long_clip == vae.turbo.model.memory_model.bytes_needed(1024 * 1024, 17, torch.bfloat16, decode=True)
+    c = vae.latent_channels
+    long_shape = (1, c, 9, 32, 32)
+    saved = mm.free_memory_bytes
+    try:
+        mm.free_memory_bytes = 8 * 2**30
+        budget = comfy_budget_bytes(vae.turbo, vae.device)
+        long_clip = vae.memory_used_decode(long_shape, torch.bfloat16)
+        plan = vae.turbo.plan_temporal_slice(long_shape, decode=True, budget_bytes=budget, device=vae.device)
+        assert long_clip == plan.predicted.pass_bytes <= budget
+        assert long_clip < predict_pass(vae.turbo.model, long_shape, decode=True).pass_bytes  # not the whole clip
+        one = vae.memory_used_decode((1, c, 1, 32, 32), torch.bfloat16)
+        assert one == predict_pass(vae.turbo.model, (1, c, 1, 32, 32), decode=True).pass_bytes
+        mm.free_memory_bytes = int(long_clip * 0.9 / 0.6)  # the slice that fitted no longer does
+        tight = vae.memory_used_decode(long_shape, torch.bfloat16)
+        assert tight < long_clip
+        with caplog.at_level("INFO", logger="turbovae"):
+            vae.decode(torch.randn(1, c, 3, 4, 4))
+        assert any("predicted peak" in r.getMessage() and "ComfyUI" in r.getMessage() for r in caplog.records)
+    finally:
+        mm.free_memory_bytes = saved
 
 
 def test_loader_dtype_choice_and_validation():

@@ -21,7 +21,9 @@ from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dic
 from .cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype, working_dtype
 from .weight_layout import checkpoint_layout
-from .memory import auto_temporal_slice, check_fits
+from .memory import check_fits
+from .memory_budget import MemoryBudget, SlicePlan, choose_temporal_slice, near_square_shape
+from .peak_memory import MetaPasses, PassPaths
 
 log = logging.getLogger("turbovae")
 
@@ -72,6 +74,8 @@ class TurboVAE:
         self.model = model.eval().requires_grad_(False)
         self.source = source
         self._graphs: dict[bool, CudaGraphRunner] = {}  # decode? -> runner, once use_cuda_graphs() opts in
+        self.budget = MemoryBudget()  # what automatic temporal slices may use (vae/memory_budget.py)
+        self._meta_passes: Optional[MetaPasses] = None  # meta copies and predictions, made on first use
 
     # -- descriptive ---------------------------------------------------------------------------
     @property
@@ -251,11 +255,34 @@ class TurboVAE:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(device=self.device, dtype=self.dtype)
 
+    def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None,
+                            device: Union[None, str, torch.device] = None) -> SlicePlan:
+        """The temporal slice for a pass over validated input `shape` (latents for decode, padded pixels for
+        encode): the largest whose predicted peak fits `budget_bytes` (default `self.budget` on the pass's
+        device), with the prediction. `device`: where the pass will run (default the model's; the nodes plan
+        before ComfyUI loads the weights there). Predictions are cached per shape."""
+        if self._meta_passes is None:
+            self._meta_passes = MetaPasses(self.model)
+        dev = self.device if device is None else torch.device(device)
+        budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
+        paths = None if dev == self.device else PassPaths.for_device_type(self.model, dev.type)
+        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, paths=paths,
+                                     copies=self._meta_passes, device_type=dev.type)
+
     def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool) -> Optional[int]:
-        """Latent frames per step that fit free memory when each frame has `pixels_per_frame` pixels (the
+        """Latent frames per step within the memory budget when each frame has `pixels_per_frame` pixels (the
         output's for decode, the input's for encode); None = the whole clip in one step."""
-        return auto_temporal_slice(self.model.memory_model, pixels_per_frame, latent_frames, self.dtype,
-                                   self.device, decode=decode, temporal_factor=self.temporal_factor)
+        shape = near_square_shape(self.model, latent_frames, pixels_per_frame, decode=decode)
+        return self._auto_slice(shape, decode=decode)
+
+    def _auto_slice(self, shape: tuple[int, ...], *, decode: bool) -> Optional[int]:
+        plan = self.plan_temporal_slice(tuple(shape), decode=decode)
+        if not plan.fits:
+            log.warning("turbovae: %s; running one latent per step anyway (tile the frame to need less)",
+                        plan.describe())
+        else:
+            log.debug("turbovae: %s", plan.describe())
+        return plan.temporal_slice
 
     # -- passes --------------------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
@@ -266,8 +293,7 @@ class TurboVAE:
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
         if temporal_slice is None:
-            temporal_slice = self.temporal_slice_for(self.latent_format.latent_frames(x.shape[2]),
-                                                     x.shape[-1] * x.shape[-2], decode=False)
+            temporal_slice = self._auto_slice(tuple(x.shape), decode=False)
         with torch.inference_mode():
             return self._model_pass(False, progress)(x, temporal_slice=temporal_slice)
 
@@ -305,8 +331,7 @@ class TurboVAE:
         that runs the pass elsewhere (engines) overrides only this and keeps that policy.
         """
         if temporal_slice is None:
-            f = self.spatial_factor
-            temporal_slice = self.temporal_slice_for(z.shape[2], z.shape[-1] * z.shape[-2] * f * f, decode=True)
+            temporal_slice = self._auto_slice(tuple(z.shape), decode=True)
         return self._model_pass(True, progress)(z, temporal_slice=temporal_slice)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:

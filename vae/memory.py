@@ -76,6 +76,10 @@ def auto_temporal_slice(memory_model: MemoryModel, pixels_per_frame: int, latent
     """Latent frames per slice: the largest whose working set fits the budget, for decode capped at the
     device type's measured fastest slice (FASTEST_SLICE); None = whole clip.
 
+    The hand-estimate rule (`MemoryModel`) the passes used before slices were chosen by predicted peak under a
+    budget (vae/memory_budget.py); kept for the comparison with the first GPU run, which used it
+    (bench/peak_prediction.py), and for its own tests.
+
     The first slice carries one extra latent (1+k); the estimate covers it.
     """
     if latent_frames <= 1:

@@ -63,6 +63,21 @@ def fused_norms(enabled: bool) -> Iterator[None]:
         _FUSED_DISPATCH = previous
 
 
+_META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `meta_fused_norms` only
+
+
+@contextmanager
+def meta_fused_norms(dispatch) -> Iterator[None]:
+    """Inside the block, norms of meta tensors go to `dispatch` (same methods as a fused dispatcher): a meta
+    pass then allocates what the fused kernels allocate, so vae/peak_memory.py predicts the GPU path's memory."""
+    global _META_FUSED
+    previous, _META_FUSED = _META_FUSED, dispatch
+    try:
+        yield
+    finally:
+        _META_FUSED = previous
+
+
 def _fused_for(x: torch.Tensor):
     # Under a tracer (torch.compile, torch.export) the reference ops are traced instead: inductor fuses them
     # itself and does not need to see through our kernel launches, and no self-check may run there.
@@ -130,6 +145,8 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
     """
     if _NORM_INPUT_OBSERVER is not None:
         _NORM_INPUT_OBSERVER(x, num_groups)
+    if _META_FUSED is not None and x.device.type == "meta":
+        return _META_FUSED.group_norm_silu(x, num_groups, weight, bias, eps, silu)
     dispatch = _fused_for(x)
     if dispatch is not None:
         out = _run_fused(x, f"group_norm_silu C={x.shape[1]} G={num_groups} affine={weight is not None} silu={silu}",
@@ -251,6 +268,8 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
     """
     if _NORM_INPUT_OBSERVER is not None:
         _NORM_INPUT_OBSERVER(x, 1)
+    if _META_FUSED is not None and x.device.type == "meta":
+        return _META_FUSED.rms_norm_silu(x, gamma, bias, silu, eps)
     dispatch = _fused_for(x)
     if dispatch is not None:
         out = _run_fused(x, f"rms_norm_silu C={x.shape[1]} bias={bias is not None} silu={silu}",

@@ -1,0 +1,123 @@
+"""`plan_pass`: what a pass will need and the temporal slice it would take, for a family or a checkpoint and a clip
+of any length, without running anything heavy (`python -m turbovae plan` prints it).
+
+Why: a user deciding whether a 720p clip decode fits their card, or a node deciding how much ComfyUI must free,
+should know before minutes of sampling; the model's pass on meta tensors answers it in seconds on any machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .base import VAEModel
+from .dtypes import parse_dtype
+from .memory_budget import SlicePlan, choose_temporal_slice, default_budget_bytes
+from .peak_memory import MetaPasses, PassPaths
+
+
+class PlanError(ValueError):
+    """A plan request that cannot be answered: unknown family, malformed shape, sizes the VAE cannot take."""
+
+
+def family_names() -> tuple[str, ...]:
+    """The names `plan` takes for a family: every registered family's key and aliases (vae/registry.py)."""
+    from .registry import families
+
+    return tuple(name for fam in families() for name in fam.names)
+
+
+def meta_model(source: Union[str, os.PathLike, VAEModel]) -> VAEModel:
+    """The architecture of a registered family's real config (`family_names()`) or of a checkpoint (loaded once on
+    the CPU, its config kept), on the meta device: no weights in memory."""
+    from .registry import UnknownFamily, family
+
+    if isinstance(source, VAEModel):
+        return source if source.device.type == "meta" else source.meta_copy()
+    name = str(source).strip().lower().replace("-", "_").replace("wan_2", "wan2").replace("wan21", "wan2.1") \
+        .replace("wan22", "wan2.2").replace("wan2_", "wan2.")
+    try:
+        return family(name).meta_model(real=True)
+    except UnknownFamily:
+        pass
+    if os.path.exists(source):
+        from .api import load_checkpoint
+
+        return load_checkpoint(source, dtype=torch.float32, device="cpu").model.meta_copy()
+    raise PlanError(f"{source!r} is neither a family or a checkpoint: use one of {', '.join(family_names())}, or the "
+                    "path of a VAE checkpoint file or diffusers folder")
+
+
+def parse_shape(shape: Union[str, Sequence[int]]) -> tuple[int, ...]:
+    """'1x16x21x90x160' (or a sequence) -> a 5-D shape; PlanError otherwise."""
+    if isinstance(shape, str):
+        parts = [p for p in re.split(r"[x×, ]+", shape.strip()) if p]
+        try:
+            dims = tuple(int(p) for p in parts)
+        except ValueError:
+            raise PlanError(f"shape {shape!r} is not a list of integers; write it as BxCxTxHxW, e.g. 1x16x21x90x160") \
+                from None
+    else:
+        dims = tuple(int(d) for d in shape)
+    if len(dims) == 4:
+        dims = (dims[0], dims[1], 1, dims[2], dims[3])
+    if len(dims) != 5 or min(dims) < 1:
+        raise PlanError(f"shape {shape!r} must be B x C x T x H x W (or B x C x H x W for an image) of positive "
+                        "sizes, e.g. 1x16x21x90x160 latents or 1x3x81x720x1280 pixels")
+    return dims
+
+
+def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Sequence[int]], *, decode: bool,
+              dtype: Union[None, str, torch.dtype] = None, device_type: str = "cuda",
+              budget_bytes: Optional[int] = None, strict: bool = True,
+              copies: Optional[MetaPasses] = None) -> SlicePlan:
+    """The predicted peak of a pass and the temporal slice it would take under `budget_bytes`.
+
+    `source`: a family (`family_names()`) or a checkpoint. `shape`: latents [B, C, T, h, w] or pixels [B, I, T, H, W] (for
+    decode, pixels are turned into their latents; for encode, latents into their pixels; clips are padded to 1+4n
+    frames as the public path pads). `dtype` default bf16 on CUDA, fp32 elsewhere. `device_type`: the device the
+    pass would run on (its default paths: fused norms on CUDA). `budget_bytes` default: the default budget on this
+    machine's device of that type, or DEFAULT_PASS_BUDGET_BYTES for a device this machine lacks. Nothing fits:
+    BudgetTooSmall when `strict`."""
+    model = meta_model(source)
+    fmt = model.latent_format
+    dims = parse_shape(shape)
+    b, c, t, h, w = dims
+    f = fmt.spatial_factor
+    if c == fmt.channels:
+        latents = dims
+    elif c == fmt.image_channels:
+        if h % f or w % f:
+            raise PlanError(f"pixel height and width must be multiples of {f} for a {model.kind} VAE; got {h}x{w}")
+        latents = (b, fmt.channels, fmt.latent_frames(t + (-(t - 1)) % fmt.temporal_factor), h // f, w // f)
+    else:
+        raise PlanError(f"shape {dims}: {c} channels is neither the latents' ({fmt.channels}) nor the pixels' "
+                        f"({fmt.image_channels}) of a {model.kind} VAE")
+    bl, cl, tl, hl, wl = latents
+    x_shape = latents if decode else (bl, fmt.image_channels, fmt.pixel_frames(tl), hl * f, wl * f)
+    try:
+        resolved = parse_dtype(dtype) or (torch.bfloat16 if device_type == "cuda" else torch.float32)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    if budget_bytes is None:
+        have = torch.cuda.is_available() if device_type == "cuda" else device_type == "cpu"
+        from .memory_budget import DEFAULT_PASS_BUDGET_BYTES
+
+        budget_bytes = default_budget_bytes(device_type) if have else DEFAULT_PASS_BUDGET_BYTES
+    return choose_temporal_slice(model, x_shape, decode=decode, budget_bytes=int(budget_bytes), dtype=resolved,
+                                 paths=PassPaths.for_device_type(model, device_type),
+                                 copies=copies or MetaPasses(model), device_type=device_type, strict=strict)
+
+
+def plan_dict(plan: SlicePlan) -> dict:
+    """The plan as plain JSON-ready values (MB = 2**20 bytes)."""
+    mb = 2 ** 20
+    return {"shape": list(plan.shape), "decode": plan.decode, "dtype": str(plan.dtype).removeprefix("torch."),
+            "temporal_slice": plan.temporal_slice, "pass_mb": round(plan.predicted.pass_bytes / mb, 1),
+            "weights_mb": round(plan.predicted.weight_bytes / mb, 1),
+            "input_mb": round(plan.predicted.input_bytes / mb, 1),
+            "total_mb": round(plan.predicted.total_bytes / mb, 1), "budget_mb": round(plan.budget_bytes / mb, 1),
+            "fits": plan.fits}

@@ -1,0 +1,257 @@
+"""Peak memory of a pass, known before it runs: the pass itself on meta tensors, its storages counted.
+
+Why: a clip decode that runs out of memory does so after minutes of sampling, and a hand formula per model
+(what `MemoryModel` and ComfyUI core use) is off by large factors on some shapes. A pass run on the meta
+device allocates nothing and runs no arithmetic, but every op still creates its output storages with their
+real sizes and frees them when the last reference goes, exactly as the real pass would. `LiveBytes` counts
+those storages (a weakref finalizer on each one tells when it is freed) and keeps the peak; running the real
+model's own code on a meta copy means every architecture, direction, dtype, temporal slice and fast path is
+predicted by the code that will run, not by a model of it.
+
+What it does not see: memory inside one op (convolution workspaces, allocator rounding and fragmentation) and
+kernels that only exist on a GPU (fused Triton norms, compiled regions, CUDA graph pools): the meta pass takes
+the PyTorch path of those ops. docs/memory.md states the error against measured CPU and GPU peaks.
+
+Weights are not counted in a pass's peak: they are held once, before and after (`weight_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import ops
+from .base import VAEModel
+from .fast_options import FastPaths, active
+from . import fast_paths
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of every storage an op creates while the mode is on, until the storage is freed; `peak`
+    is the most that were alive at once. Storages that existed before (`exclude`: inputs, weights) are never
+    counted, also when an op returns a view of them. Works on meta tensors (prediction) and on real ones
+    (measurement of the same quantity on the CPU)."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._window = 0
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        for t in exclude:
+            self._seen[t.untyped_storage()] = True
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage in self._seen:
+            return
+        nbytes = storage.nbytes()
+        self._seen[storage] = True
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        self._window = max(self._window, self.live)
+        weakref.finalize(storage, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def window_peak(self) -> int:
+        """The most alive at once since the last call (or the start); the next window starts from what is
+        alive now."""
+        peak, self._window = self._window, self.live
+        return peak
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """A pass's predicted memory (bytes). `pass_bytes`: the most the pass's own tensors hold at once, its output
+    included (what `torch.cuda.max_memory_allocated` rises by above the memory held before the pass);
+    `input_bytes` and `weight_bytes` are held throughout. `total_bytes` is all three."""
+
+    pass_bytes: int
+    input_bytes: int
+    weight_bytes: int
+    temporal_slice: Optional[int]
+
+    @property
+    def total_bytes(self) -> int:
+        return self.pass_bytes + self.input_bytes + self.weight_bytes
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters and buffers (each storage once)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        s = t.untyped_storage()
+        seen[id(s) if t.device.type == "meta" else s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+class MetaFusedNorms:
+    """The fused norm kernels' allocations on meta tensors (`vae.ops.meta_fused_norms`): one output like the input,
+    in its memory format, where the PyTorch path makes an fp32 copy, the normalised tensor and its cast."""
+
+    def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float) -> torch.Tensor:
+        return torch.empty_like(x)
+
+
+@dataclass(frozen=True)
+class PassPaths:
+    """The paths a pass runs that change its memory: the model's `FastPaths` (channels-last among them) and
+    whether norms run as fused GPU kernels."""
+
+    fast: FastPaths
+    fused_norms: bool = False
+
+    @classmethod
+    def of(cls, model: VAEModel, device: Union[str, torch.device], dtype: torch.dtype) -> "PassPaths":
+        """What a pass of `model` on `device` in `dtype` runs: its fast paths as trusted there (channels-last
+        only after its self-check), fused norms where the kernels are installed and not switched off."""
+        device = torch.device(device)
+        fused = False
+        if fast_paths.applies_to(device) and fast_paths.enabled("triton_norms", device):
+            fused = ops.fused_dispatch() is not None
+        return cls(active(model.fast, device, dtype), fused)
+
+    @classmethod
+    def for_device_type(cls, model: VAEModel, device_type: str) -> "PassPaths":
+        """The default paths on a device type without asking the device (planning for a GPU from a machine
+        without one): on CUDA fused norms and channels-last as the model has them; elsewhere no fused norms."""
+        return cls(model.fast, fused_norms=device_type == "cuda")
+
+
+class MetaPasses:
+    """Meta copies of one architecture (per dtype and fast paths), made once and reused, and the predictions
+    already made: a prediction runs the copy's pass on meta input, with the model's config and options, so it
+    runs the model's code."""
+
+    def __init__(self, model: VAEModel):
+        self._model = model
+        self._copies: dict[tuple, VAEModel] = {}
+        self._predicted: dict[tuple, PeakPrediction] = {}
+
+    def copy(self, dtype: torch.dtype, fast: FastPaths) -> VAEModel:
+        key = (dtype, fast)
+        clone = self._copies.get(key)
+        if clone is None:
+            clone = self._model.meta_copy().to(dtype=dtype)
+            clone.fast = fast
+            self._copies[key] = clone
+        return clone
+
+    def predict(self, shape: Sequence[int], *, decode: bool, dtype: torch.dtype, temporal_slice: Optional[int],
+                paths: PassPaths) -> PeakPrediction:
+        key = (tuple(int(d) for d in shape), decode, dtype, temporal_slice, paths)
+        found = self._predicted.get(key)
+        if found is None:
+            found = self._predicted[key] = _predict(self.copy(dtype, paths.fast), key[0], decode=decode,
+                                                    dtype=dtype, temporal_slice=temporal_slice,
+                                                    fused_norms=paths.fused_norms)
+        return found
+
+
+def _run(model: VAEModel, x: torch.Tensor, decode: bool, temporal_slice: Optional[int],
+         progress=None) -> torch.Tensor:
+    if decode:
+        return model.decode_latents(x, temporal_slice=temporal_slice, progress=progress)
+    return model.encode_moments(x, temporal_slice=temporal_slice, progress=progress)
+
+
+def _meta_steps(clone: VAEModel, shape: tuple[int, ...], decode: bool, dtype: torch.dtype,
+                temporal_slice: Optional[int], fused_norms: bool) -> tuple[list[int], int, torch.Size]:
+    """(peak of each temporal step, peak of the final concatenation and after, output shape) of a meta pass."""
+    x = torch.empty(shape, device="meta", dtype=dtype)
+    tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()])
+    steps: list[int] = []
+
+    def progress(_done: int, _total: int) -> None:
+        steps.append(tracker.window_peak())
+
+    with torch.inference_mode(), ops.meta_fused_norms(MetaFusedNorms() if fused_norms else None), tracker:
+        out = _run(clone, x, decode, temporal_slice, progress)
+    out_shape = out.shape
+    del out
+    return steps, tracker.window_peak(), out_shape
+
+
+# A clip of more slices than this is predicted from a clip of this many (its steps repeat; see `_predict`).
+MAX_SLICES_RUN = 3
+
+
+def _predict(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+             temporal_slice: Optional[int], fused_norms: bool) -> PeakPrediction:
+    """Peak of the pass on `shape`. A clip of more than MAX_SLICES_RUN slices runs as a clip of MAX_SLICES_RUN:
+    its first step, a middle step and its last step; every middle step of the long clip repeats the short
+    clip's middle step on the same causal memory, only with more finished outputs held (one slice's output per
+    step before), and the final concatenation holds the outputs twice. So the long clip's peak is the most of
+    the first step's, the middle and last steps' plus the extra outputs held, and the concatenation's plus the
+    extra outputs twice. A shorter last slice is counted as a full one (an upper bound). The tests check this
+    against whole-clip meta passes."""
+    fmt = clone.latent_format
+    esize = torch.empty((), dtype=dtype).element_size()
+    latents = shape[2] if decode else fmt.latent_frames(shape[2])
+    k = temporal_slice
+    slices = 1 if k is None else 1 + max(0, math.ceil((latents - 1 - k) / k))
+    if slices <= MAX_SLICES_RUN:
+        steps, final, _ = _meta_steps(clone, shape, decode, dtype, k, fused_norms)
+        peak = max([*steps, final])
+    else:
+        short_latents = 1 + k * MAX_SLICES_RUN
+        short = (*shape[:2], short_latents if decode else fmt.pixel_frames(short_latents), *shape[3:])
+        steps, final, out_shape = _meta_steps(clone, short, decode, dtype, k, fused_norms)
+        frame_bytes = _numel(out_shape) // out_shape[2] * esize  # one output frame
+        frames_per_slice = k * fmt.temporal_factor if decode else k
+        total_frames = fmt.pixel_frames(latents) if decode else latents
+        extra_frames = total_frames - out_shape[2]
+        held = (slices - MAX_SLICES_RUN) * frames_per_slice * frame_bytes
+        peak = max(steps[0], max(steps[1:]) + held, final + 2 * extra_frames * frame_bytes)
+    return PeakPrediction(pass_bytes=int(peak), input_bytes=_numel(shape) * esize,
+                          weight_bytes=weight_bytes(clone), temporal_slice=temporal_slice)
+
+
+def predict_pass(model: VAEModel, shape: Sequence[int], *, decode: bool, dtype: Optional[torch.dtype] = None,
+                 temporal_slice: Optional[int] = None, paths: Optional[PassPaths] = None,
+                 copies: Optional[MetaPasses] = None) -> PeakPrediction:
+    """The peak memory of `model.decode_latents` (latents `shape`) or `model.encode_moments` (pixels `shape`, 1+4n
+    frames) in `dtype` (default the model's) with `temporal_slice`, from the same pass on meta tensors.
+
+    `paths` None: what the model would run on its own device (`PassPaths.of`). `copies` reuses meta copies and
+    earlier predictions. Costs Python over the ops of at most MAX_SLICES_RUN slices (no arithmetic, no memory).
+    """
+    dtype = dtype or model.dtype
+    paths = paths or PassPaths.of(model, model.device, dtype)
+    return (copies or MetaPasses(model)).predict(shape, decode=decode, dtype=dtype, temporal_slice=temporal_slice,
+                                                 paths=paths)
+
+
+def measure_pass(model: VAEModel, x: torch.Tensor, *, decode: bool,
+                 temporal_slice: Optional[int] = None) -> tuple[int, torch.Tensor]:
+    """(peak bytes the pass's own tensors held, output) of the real pass on `x`, counted by `LiveBytes` on real
+    tensors: what `predict_pass` predicts, measured."""
+    tracker = LiveBytes(exclude=[x, *model.parameters(), *model.buffers()])
+    with torch.inference_mode(), tracker:
+        out = model.decode_latents(x, temporal_slice=temporal_slice) if decode \
+            else model.encode_moments(x, temporal_slice=temporal_slice)
+    return tracker.peak, out
