@@ -31,13 +31,14 @@ from ..vae.kernels import triton_available
 from ..vae.ops import fused_norms
 from ..vae.memory import auto_temporal_slice
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .device_peaks import DEVICE_PEAKS
 from .models import build_model
 
 SECTION = "gpu"
 log = logging.getLogger("turbovae")
 
-# Dense bf16 tensor-core peak (TFLOP/s, the vendor's figure) for the floor column.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
+# Dense bf16 tensor-core peak (TFLOP/s) for the floor column, from the one table of device peaks.
+PEAK_TFLOPS = {k: p.bf16_tflops for k, p in DEVICE_PEAKS.items()}
 
 
 @dataclass(frozen=True)
