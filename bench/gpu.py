@@ -146,6 +146,16 @@ def conv_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Op
         return None
 
 
+def step_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Optional[int], step: "Step",
+               counted: dict[bool, Optional[float]]) -> Optional[float]:
+    """The FLOPs of the pass a step runs, counted once per setting of the architecture paths (`counted`
+    caches them): the image path and the other architecture paths change the FLOPs, layout and kernels do
+    not. Called before compile is applied, so the count runs the eager pass."""
+    if step.fast not in counted:
+        counted[step.fast] = conv_flops(model, case, x, temporal_slice)
+    return counted[step.fast]
+
+
 # -- the ablation --------------------------------------------------------------------------------
 
 
@@ -254,7 +264,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
     model.to(dtype=dtype)
     x = x.to(dtype)
     temporal_slice = resolve_slice(model, case, dtype, device)
-    flops = conv_flops(model, case, x, temporal_slice) if cuda else None
+    flops_by_paths: dict[bool, Optional[float]] = {}  # the FLOPs a step runs depend on its paths (image path)
     rows: list[BenchRow] = []
     baseline_ms = None
     slice_note = f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else ""
@@ -273,6 +283,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note="skipped: Triton not installed"))
             continue
         set_arch_paths(model, fast=step.fast, channels_last=step.channels_last)
+        flops = step_flops(model, case, x, temporal_slice, step, flops_by_paths) if cuda else None
         if step.compiled:
             apply_compile(model, CompileSettings())
         fn = _call(model, case, temporal_slice)

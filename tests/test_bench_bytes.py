@@ -100,3 +100,23 @@ def test_section_quick_rows_render_as_the_bytes_table():
     table = report.format_markdown(dicts)
     assert table.splitlines()[0] == "| " + " | ".join(report.BYTES_HEADER) + " |"
     assert "seedvr2 5f decode 16² (tiny)" in table and "(H100 SXM)" in table
+
+
+def test_gpu_ablation_counts_the_flops_of_the_paths_each_step_runs():
+    """The floor column of bench/gpu.py: the image path runs fewer FLOPs than the plain path, so each step's
+    floor is from its own paths, counted once per setting."""
+    from turbovae.bench.models import build_model
+
+    opts = BenchOptions(quick=True)
+    model = build_model("qwen", opts, True)
+    case = gpu.cases(False, True)[0]  # the tiny image decode
+    x = torch.randn(case.shape)
+    counted: dict = {}
+    plain_step, fast_step = gpu.STEPS[0], gpu.STEPS[1]
+    gpu.set_arch_paths(model, fast=False, channels_last=False)
+    plain = gpu.step_flops(model, case, x, None, plain_step, counted)
+    gpu.set_arch_paths(model, fast=True, channels_last=False)
+    fast = gpu.step_flops(model, case, x, None, fast_step, counted)
+    assert 0 < fast < plain
+    gpu.set_arch_paths(model, fast=False, channels_last=False)  # cached: a later fast step reuses its count
+    assert gpu.step_flops(model, case, x, None, gpu.STEPS[2], counted) == fast and len(counted) == 2
