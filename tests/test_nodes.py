@@ -402,6 +402,33 @@ def test_loader_opts_in_to_cuda_graphs_from_compile_settings():
     assert torch.equal(vae.decode(z), plain.decode(z))  # off CUDA the runner passes straight through
 
 
+def test_compile_settings_node_says_what_compile_does_per_architecture():
+    from turbovae.vae import gpu_defaults
+
+    schema = TurboVAECompileSettings.GET_SCHEMA()
+    assert gpu_defaults.describe_compile() in schema.description
+    arch = next(i for i in schema.inputs if i.id == "architectures")
+    assert arch.tooltip == gpu_defaults.describe_compile()
+    assert "not a valid choice" in TurboVAECompileSettings.validate_inputs(architectures="some")
+    settings = TurboVAECompileSettings.execute(backend="eager", architectures=gpu_defaults.COMPILE_ALL).args[0]
+    assert settings.architectures == gpu_defaults.COMPILE_ALL
+
+
+@pytest.mark.parametrize("architectures, compiled", [("where measured faster", False), ("all", True)])
+def test_loader_leaves_seedvr2_eager_on_cuda_where_compile_measured_slower(monkeypatch, architectures, compiled):
+    """The loader only decides here (the load device is faked as CUDA; nothing runs on it)."""
+    from turbovae.vae import compile as compile_mod
+
+    calls = []
+    monkeypatch.setattr(compile_mod, "apply_compile", lambda model, settings: calls.append(model.kind))
+    monkeypatch.setattr(mm, "vae_device", lambda: torch.device("cuda"))
+    settings = TurboVAECompileSettings.execute(backend="eager", architectures=architectures).args[0]
+    TurboVAELoader.execute(vae_name="seedvr2_tiny.safetensors", dtype="fp32", compile=settings)
+    assert calls == (["seedvr2"] if compiled else [])
+    TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings)
+    assert calls[-1] == "qwen_image"
+
+
 # -- registration -----------------------------------------------------------------------------------------
 def test_extension_lists_prefixed_nodes_with_tooltips_everywhere():
     ext = TurboVAEExtension()

@@ -9,13 +9,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
+from . import fast_paths
+from .gpu_defaults import channels_last_applies
+from .ops import fused_norms_run
 from .weight_layout import conv_modules, hold_layout
 
 
@@ -203,6 +206,7 @@ class VAEModel(nn.Module, ABC):
     latent_format: LatentFormat
     memory_model: MemoryModel
     fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
+    follow_gpu_defaults: bool = True  # False: run exactly `fast` on a GPU (vae/gpu_defaults.py; the ablation)
 
     @property
     def fast(self) -> FastPaths:
@@ -229,9 +233,14 @@ class VAEModel(nn.Module, ABC):
         self.register_load_state_dict_post_hook(lambda module, _keys: module.hold_weights())
 
     def active_fast(self) -> FastPaths:
-        """The fast paths a step runs with: channels-last only where it passed its self-check (and then the
-        weights follow: a device that failed the check must not run channels-last convs through its weights)."""
+        """The fast paths a step runs with: channels-last only where it passed its self-check and, on CUDA, where
+        the architecture's measured GPU defaults keep it (vae/gpu_defaults.py: without fused norms SeedVR2 runs
+        contiguous); the weights follow (a device that failed the check must not run channels-last convs through
+        its weights). `follow_gpu_defaults = False` runs exactly `fast` (the GPU ablation measures each path)."""
         fast = active(self.fast, self.device, self.dtype)
+        if fast.channels_last and self.follow_gpu_defaults and fast_paths.applies_to(self.device) \
+                and not channels_last_applies(self.kind, True, fused_norms_run(self.device)):
+            fast = replace(fast, channels_last=False)
         if fast.channels_last != self.fast.channels_last:
             self.hold_weights(fast.channels_last)
         return fast
