@@ -1,8 +1,10 @@
 """GPU fast-path ablation: each step adds one lever on top of the previous ones, same weights, same run.
 
 Steps: eager baseline (every architecture fast path off) -> image path / architecture fast paths ->
-channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs. Engines are
-measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
+channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs; then each lever alone
+on the eager baseline (channels-last, fused norms, compile) and the architecture paths with fused norms on
+contiguous tensors, so a default can be judged by what each path does alone as well as cumulatively
+(vae/gpu_defaults.py). Engines are measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
 against the fp32 eager baseline, and (CUDA) the share of the dense-bf16 FLOP floor reached.
 
 CUDA cases: Qwen-Image 1024² and 1328² encode and decode; SeedVR2 1080p image decode and 720p×21
@@ -87,10 +89,12 @@ def cases(cuda: bool, quick: bool) -> list[Case]:
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
     """Switch the architecture's own fast paths (`model.fast`, a `FastPaths`): all on or all off, with
-    channels-last as asked."""
+    channels-last as asked, and exactly those (the per-architecture GPU defaults of vae/gpu_defaults.py
+    do not switch any off)."""
     from ..vae.fast_options import FastPaths
 
     paths = FastPaths() if fast else FastPaths.plain()
+    model.follow_gpu_defaults = False  # each step measures the paths it names, not the measured defaults
     model.fast = replace(paths, channels_last=channels_last)
 
 
@@ -177,6 +181,14 @@ STEPS = [
     Step("+ fused norms (Triton)", True, True, True, False, False, True),
     Step("+ compile (per region)", True, True, True, True, False, True),
     Step("+ CUDA graphs", True, True, True, True, True, True),
+]
+# Each path alone on the eager baseline (the cumulative steps above show it only on top of the ones before),
+# and the architecture paths with fused norms on contiguous tensors (the combination the cumulative order skips).
+ALONE_STEPS = [
+    Step("alone: channels-last", False, True, False, False, False, False),
+    Step("alone: fused norms (Triton)", False, False, True, False, False, True),
+    Step("alone: compile (per region)", False, False, False, True, False, True),
+    Step("arch fast paths + fused norms, contiguous", True, False, True, False, False, True),
 ]
 
 
@@ -272,12 +284,17 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         row = _diffusers_row(opts, model, case, x, reference, device, dtype, repeat, warmup)
         rows.append(row)
         baseline_ms = row.ms if math.isfinite(row.ms) else None
-    for step in STEPS:
+    for step in STEPS + ALONE_STEPS:
         if step.cuda_only and not cuda:
             continue
         if step.graphs and case.long:
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
                                  note="skipped: a minutes-long clip gains nothing from graph replay"))
+            continue
+        if step in ALONE_STEPS and step.compiled and case.long:
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
+                                 note="skipped: compiling the plain path again costs minutes on a long clip; "
+                                      "the image cases measure compile alone"))
             continue
         if step.fused and not triton_available():
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note="skipped: Triton not installed"))
@@ -286,6 +303,8 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         flops = step_flops(model, case, x, temporal_slice, step, flops_by_paths) if cuda else None
         if step.compiled:
             apply_compile(model, CompileSettings())
+        else:
+            remove_compile(model)  # the alone steps after the compiled ones run eager
         fn = _call(model, case, temporal_slice)
         runner = CudaGraphRunner(fn, max_graphs=1) if step.graphs else None
 
