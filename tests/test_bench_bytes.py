@@ -120,3 +120,12 @@ def test_gpu_ablation_counts_the_flops_of_the_paths_each_step_runs():
     assert 0 < fast < plain
     gpu.set_arch_paths(model, fast=False, channels_last=False)  # cached: a later fast step reuses its count
     assert gpu.step_flops(model, case, x, None, gpu.STEPS[2], counted) == fast and len(counted) == 2
+
+
+def test_parts_of_a_composite_count_as_its_kind():
+    """upsample_nearest3d decomposes into an index gather: its bytes are upsampling, not a copy."""
+    x = torch.randn(1, 2, 2, 3, 3)
+    costs = op_costs.count(lambda: torch.nn.functional.interpolate(x, scale_factor=(1, 2, 2), mode="nearest"))
+    assert costs.bytes["upsample"] >= (36 + 144) * 4 and costs.bytes["copy/pad"] == 0
+    rms = op_costs.count(lambda: torch.nn.functional.rms_norm(x.movedim(1, -1), (2,)))
+    assert rms.bytes["norm/act"] > 0 and rms.bytes["add/mul"] == 0
