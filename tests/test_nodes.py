@@ -578,10 +578,11 @@ def test_fixed_combo_options_are_the_librarys_tables():
     from turbovae.trt.buckets import MODES as ENGINE_SET_MODES
     from turbovae.vae import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
+    from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
     from turbovae.vae.tiling.api import MODES as TILE_MODES
 
     library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
-               compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC)}
+               compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC), COMPILE_ARCHITECTURES}
     _assert_no_restated_tables(library)
     file_lists = {"vae_name", "engine", "fallback_vae"}  # the model folders' contents, listed at load
     node_only = {("TurboVAELoadEngine", "scope")}  # how Load TRT VAE reads its selection: a UI choice only
