@@ -198,7 +198,7 @@ def rows_for(cases: Sequence[ByteCase], quick: bool, dtype: torch.dtype, peak: D
 # `--sections bytes` has no option of its own for the measured files: the committed H100 run is read when
 # present (docs/results), so the section's output is reproducible from the checkout alone.
 MEASURED_FILES = ("docs/results/2026-11-26-nvidia-h100-80gb-hbm3.json",
-                  "docs/results/2026-11-26-nvidia-h100-80gb-hbm3-w81.json")
+                  "docs/results/2026-11-26-h100-w81.json")
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:
