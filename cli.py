@@ -25,6 +25,7 @@ BENCH_SECTIONS = {
     "held": "held",
     "roofline": "roofline",
     "profile": "profile_layers",
+    "bytes": "bytes_roofline",
 }
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).

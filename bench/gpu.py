@@ -1,8 +1,10 @@
 """GPU fast-path ablation: each step adds one lever on top of the previous ones, same weights, same run.
 
 Steps: eager baseline (every architecture fast path off) -> image path / architecture fast paths ->
-channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs. Engines are
-measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
+channels-last -> fused Triton norms -> torch.compile (per region) -> CUDA graphs; then each lever alone
+on the eager baseline (channels-last, fused norms, compile) and the architecture paths with fused norms on
+contiguous tensors, so a default can be judged by what each path does alone as well as cumulatively
+(vae/gpu_defaults.py). Engines are measured by the `engines` section. Each row: median ms, peak CUDA memory, PSNR and max error
 against the fp32 eager baseline, and (CUDA) the share of the dense-bf16 FLOP floor reached.
 
 No case aborts the run: the fp32 reference runs in the temporal slices the public path (`TurboVAE.decode`)
@@ -41,13 +43,14 @@ from ..vae.memory_budget import choose_temporal_slice, default_budget_bytes
 from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .device_peaks import DEVICE_PEAKS
 from .models import build_model
 
 SECTION = "gpu"
 log = logging.getLogger("turbovae")
 
-# Dense bf16 tensor-core peak (TFLOP/s, the vendor's figure) for the floor column.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}
+# Dense bf16 tensor-core peak (TFLOP/s) for the floor column, from the one table of device peaks.
+PEAK_TFLOPS = {k: p.bf16_tflops for k, p in DEVICE_PEAKS.items()}
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,12 @@ def cases(cuda: bool, quick: bool) -> list[Case]:
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
     """Switch the architecture's own fast paths (`model.fast`, a `FastPaths`): all on or all off, with
-    channels-last as asked."""
+    channels-last as asked, and exactly those (the per-architecture GPU defaults of vae/gpu_defaults.py
+    do not switch any off)."""
     from ..vae.fast_options import FastPaths
 
     paths = FastPaths() if fast else FastPaths.plain()
+    model.follow_gpu_defaults = False  # each step measures the paths it names, not the measured defaults
     model.fast = replace(paths, channels_last=channels_last)
 
 
@@ -206,6 +211,18 @@ def conv_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Op
         return None
 
 
+def step_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Optional[int], step: "Step",
+               counted: dict[bool, Optional[float]]) -> Optional[float]:
+    """The FLOPs of the pass a step runs, counted once per setting of the architecture paths (`counted`
+    caches them): the image path and the other architecture paths change the FLOPs, layout and kernels do
+    not. Called before compile is applied, so the count runs the eager pass."""
+    if step.fast not in counted:
+        counted[step.fast] = conv_flops(model, case, x, temporal_slice)
+        if counted[step.fast] is None and x.device.type == "cuda":
+            release_cached(x.device)  # a counting pass that failed may have left its memory cached
+    return counted[step.fast]
+
+
 # -- the ablation --------------------------------------------------------------------------------
 
 
@@ -227,6 +244,14 @@ STEPS = [
     Step("+ fused norms (Triton)", True, True, True, False, False, True),
     Step("+ compile (per region)", True, True, True, True, False, True),
     Step("+ CUDA graphs", True, True, True, True, True, True),
+]
+# Each path alone on the eager baseline (the cumulative steps above show it only on top of the ones before),
+# and the architecture paths with fused norms on contiguous tensors (the combination the cumulative order skips).
+ALONE_STEPS = [
+    Step("alone: channels-last", False, True, False, False, False, False),
+    Step("alone: fused norms (Triton)", False, False, True, False, False, True),
+    Step("alone: compile (per region)", False, False, False, True, False, True),
+    Step("arch fast paths + fused norms, contiguous", True, False, True, False, False, True),
 ]
 
 
@@ -326,10 +351,8 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
     model.to(dtype=dtype)
     x = x.to(dtype)
     temporal_slice = resolve_slice(model, case, dtype, device)
-    flops = conv_flops(model, case, x, temporal_slice) if cuda else None
-    if cuda and flops is None:
-        release_cached(device)  # a counting pass that failed may have left its memory cached
     copies = MetaPasses(model)
+    flops_by_paths: dict[bool, Optional[float]] = {}  # the FLOPs a step runs depend on its paths (image path)
     rows: list[BenchRow] = []
     baseline_ms = None
     slice_note = "; ".join(n for n in (f"temporal_slice={temporal_slice}" if case.temporal_slice == AUTO else "",
@@ -338,19 +361,27 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
         row = _diffusers_row(opts, model, case, x, reference, device, dtype, repeat, warmup, faults)
         rows.append(row)
         baseline_ms = row.ms if math.isfinite(row.ms) else None
-    for step in STEPS:
+    for step in STEPS + ALONE_STEPS:
         if step.cuda_only and not cuda:
             continue
         if step.graphs and case.long:
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
                                  note="skipped: a minutes-long clip gains nothing from graph replay"))
             continue
+        if step in ALONE_STEPS and step.compiled and case.long:
+            rows.append(BenchRow(SECTION, case.name, step.name, float("nan"),
+                                 note="skipped: compiling the plain path again costs minutes on a long clip; "
+                                      "the image cases measure compile alone"))
+            continue
         if step.fused and not triton_available():
             rows.append(BenchRow(SECTION, case.name, step.name, float("nan"), note="skipped: Triton not installed"))
             continue
         set_arch_paths(model, fast=step.fast, channels_last=step.channels_last)
+        flops = step_flops(model, case, x, temporal_slice, step, flops_by_paths) if cuda else None
         if step.compiled:
             apply_compile(model, CompileSettings())
+        else:
+            remove_compile(model)  # the alone steps after the compiled ones run eager
         fn = _call(model, case, temporal_slice)
         runner = CudaGraphRunner(fn, max_graphs=1) if step.graphs else None
 

@@ -6,7 +6,8 @@ copies and pads, concatenation, upsampling, norms and activations, attention, el
 
 - `count(fn)` runs `fn` once under a dispatch mode and adds up, per kind, the FLOPs (torch's own formulas in
   `torch.utils.flop_counter`, read off the real shapes of the call) and the bytes of every tensor an
-  operation reads or writes (inputs + outputs; views move nothing and are skipped). The bytes are what the
+  operation reads or writes (inputs + outputs; views move nothing and are skipped). A composite operation
+  is counted through the operations it decomposes into, each under the composite's kind where it has one. The bytes are what the
   operations touch, an upper bound on memory traffic when caches hold nothing, used to say whether a pass
   could be limited by memory bandwidth rather than arithmetic.
 - `time_by_kind(fn, device)` runs `fn` once under torch.profiler and sums each operation's *self* time
@@ -83,19 +84,26 @@ class _Counter(TorchDispatchMode):
     def __init__(self, costs: Costs):
         super().__init__()
         self.costs = costs
+        self.outer: list[str] = []  # kinds of the composites being decomposed, innermost last
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func._overloadpacket
         if packet not in flop_registry:  # a composite (conv3d, group_norm, pad): count the ops it is made of
-            with self:  # the mode is off inside its own handler: re-enter it so the parts are seen
-                out = func.decompose(*args, **kwargs)
+            self.outer.append(kind_of(packet.__name__))
+            try:
+                with self:  # the mode is off inside its own handler: re-enter it so the parts are seen
+                    out = func.decompose(*args, **kwargs)
+            finally:
+                self.outer.pop()
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
         if func.is_view or torch.Tag.inplace_view in func.tags or packet.__name__ == "lift_fresh":
             return out  # a view moves no data
-        kind = kind_of(packet.__name__)
+        # The parts of a composite count as the composite's kind (upsample_nearest3d's _unsafe_index is
+        # upsampling, not a copy; rms_norm's mul is a norm); a composite of no known kind leaves them theirs.
+        kind = next((k for k in self.outer if k != OTHER), kind_of(packet.__name__))
         if packet in flop_registry:
             self.costs.flops[kind] += float(flop_registry[packet](*args, **kwargs, out_val=out))
         seen: set[int] = set()

@@ -179,9 +179,27 @@ def flops_cells(row: Row) -> list[str]:
             _num(row.get("gb_touched"), ".2f"), _num(row.get("flop_per_byte"), ".0f"), _seconds(row["ms"])]
 
 
+BYTES_HEADER = (("case", "path", "GFLOP", "GB touched") + tuple(f"{k} GB" for k in PROFILE_KINDS)
+                + ("FLOP floor", "byte floor", "bound", "measured (counted ops)", "% of floor", "best measured"))
+
+
+def bytes_cells(row: Row) -> list[str]:
+    """A byte-roofline row (bench/bytes_roofline.py): counted on meta; floors on the row's device."""
+    by_kind = row.get("gb_by_kind", {})
+    pct, best = row.get("pct_of_floor"), row.get("best_ms")
+    return ([str(row["case"]), str(row["variant"]), _num(row.get("gflop"), ".0f"), _num(row.get("gb_touched"), ".1f")]
+            + [_num(by_kind.get(k), ".1f") for k in PROFILE_KINDS]
+            + [f"{float(row['flop_floor_ms']):.1f} ms", f"{float(row['byte_floor_ms']):.1f} ms",
+               f"{row.get('bound', '')} ({row.get('device', '')})",
+               f"{float(row['measured_ms']):.1f} ms" if row.get("measured_ms") is not None else "",
+               f"{pct:.0f} %" if pct is not None else "",
+               f"{float(best):.1f} ms ({row.get('best_path', '')})" if best is not None else ""])
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
-           "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells)}
+           "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
+           "bytes": (BYTES_HEADER, bytes_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):

@@ -3,8 +3,8 @@
 ComfyUI does not check V3 combo values against their options (an out-of-list value from an API
 prompt or an old workflow reaches `execute`), so every node checks its own. The option lists are the
 library's tables (`vae.tiling.api.MODES`, `vae.dtypes.DTYPE_CHOICES`, `vae.compile.BACKENDS`/`MODES`/
-`DYNAMIC`, `trt.backend_registry.BACKEND_CHOICES`, `trt.buckets.MODES`), imported by the nodes, so a
-node offers exactly what the library accepts.
+`DYNAMIC`, `vae.gpu_defaults.COMPILE_ARCHITECTURES`, `trt.backend_registry.BACKEND_CHOICES`, `trt.buckets.MODES`),
+imported by the nodes, so a node offers exactly what the library accepts.
 """
 
 from __future__ import annotations

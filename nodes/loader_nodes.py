@@ -14,7 +14,8 @@ from ..vae.compile import BACKENDS as COMPILE_BACKENDS
 from ..vae.compile import DYNAMIC as COMPILE_DYNAMIC
 from ..vae.compile import MODES as COMPILE_MODES
 from ..vae.dtypes import DTYPE_CHOICES, parse_dtype
-from ..vae.registry import supported_text, titles
+from ..vae.registry import gpu_defaults_by_title, supported_text, titles
+from ..vae.gpu_defaults import COMPILE_ALL, COMPILE_ARCHITECTURES, COMPILE_MEASURED, compile_applies, describe_compile
 from .choices import check_choice, choice_error, first_error
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
 from .paths import VAE_KEY, list_model_files, resolve_model_file
@@ -66,7 +67,11 @@ class TurboVAELoader(io.ComfyNode):
         # parameters, which have no version counter (the SeedVR2 derived-weight caches read it).
         with torch.inference_mode(False):
             turbo = load_vae(path, dtype=target, device=mm.vae_offload_device())
-        if compile is not None:
+        if compile is not None and not compile_applies(turbo.model.gpu_defaults(), load_device, compile.architectures):
+            log.info("TurboVAE: %s stays eager on %s: compile measured slower for this architecture on GPUs "
+                     "(docs/gpu.md); set the Compile Settings node's 'architectures' to '%s' to compile it anyway",
+                     turbo.kind, load_device, COMPILE_ALL)
+        elif compile is not None:
             from ..vae.compile import apply_compile
 
             apply_compile(turbo.model, compile)
@@ -85,7 +90,7 @@ class TurboVAECompileSettings(io.ComfyNode):
             category=CATEGORY,
             description="torch.compile settings for 'Load VAE (TurboVAE)'. Regions are compiled separately and "
                         "cached; if compilation fails (e.g. no C compiler) the VAE runs eagerly and one warning "
-                        "is logged.",
+                        "is logged. " + describe_compile(gpu_defaults_by_title()),
             inputs=[
                 io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor",
                                tooltip="torch.compile backend. inductor generates fused kernels (needs a C "
@@ -113,30 +118,36 @@ class TurboVAECompileSettings(io.ComfyNode):
                                          "slice. The graphs' memory counts in the VAE's size and is freed when "
                                          "ComfyUI unloads it. A failed capture runs eagerly (out of memory: "
                                          "tried again next pass, off after 3 in a row)."),
+                io.Combo.Input("architectures", options=list(COMPILE_ARCHITECTURES), default=COMPILE_MEASURED,
+                               tooltip=describe_compile(gpu_defaults_by_title())),
             ],
             outputs=[CompileSettingsType.Output(display_name="compile",
                                                 tooltip="Connect to 'Load VAE (TurboVAE)'.")],
         )
 
     @classmethod
-    def validate_inputs(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto") -> bool | str:
+    def validate_inputs(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto",
+                        architectures: str = COMPILE_MEASURED) -> bool | str:
         return first_error(choice_error("backend", backend, COMPILE_BACKENDS),
                            choice_error("mode", mode, COMPILE_MODES),
-                           choice_error("dynamic", dynamic, COMPILE_DYNAMIC))
+                           choice_error("dynamic", dynamic, COMPILE_DYNAMIC),
+                           choice_error("architectures", architectures, COMPILE_ARCHITECTURES))
 
     @classmethod
     def execute(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto",
-                fullgraph: bool = False, cache_size_limit: int = 64, cuda_graphs: bool = False) -> io.NodeOutput:
+                fullgraph: bool = False, cache_size_limit: int = 64, cuda_graphs: bool = False,
+                architectures: str = COMPILE_MEASURED) -> io.NodeOutput:
         check_choice("backend", backend, COMPILE_BACKENDS)
         check_choice("mode", mode, COMPILE_MODES)
         check_choice("dynamic", dynamic, COMPILE_DYNAMIC)
+        check_choice("architectures", architectures, COMPILE_ARCHITECTURES)
         if int(cache_size_limit) < 1:
             raise ValueError(f"cache_size_limit must be at least 1, got {cache_size_limit}")
         from ..vae.compile import CompileSettings
 
         return io.NodeOutput(CompileSettings(backend=backend, mode=mode, dynamic=dynamic,
                                              fullgraph=bool(fullgraph), cache_size_limit=int(cache_size_limit),
-                                             cuda_graphs=bool(cuda_graphs)))
+                                             cuda_graphs=bool(cuda_graphs), architectures=architectures))
 
 
 LOADER_NODES = [TurboVAELoader, TurboVAECompileSettings]

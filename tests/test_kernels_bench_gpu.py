@@ -14,14 +14,15 @@ from turbovae.cli import BENCH_SECTIONS
 def test_gpu_section_cpu_reduced_run_is_exact_in_fp32():
     assert BENCH_SECTIONS["gpu"] == "gpu"
     rows = gpu.run(BenchOptions(device="cpu", quick=True, repeat=1, warmup=0))
-    cpu_steps = [s.name for s in gpu.STEPS if not s.cuda_only]
+    cpu_steps = [s.name for s in gpu.STEPS + gpu.ALONE_STEPS if not s.cuda_only]
     expected = [(c.name, s) for c in gpu.cases(False, True)
                 for s in (["diffusers AutoencoderKLWan eager"] if c.baseline == "diffusers" else []) + cpu_steps]
     assert [(r.case, r.variant) for r in rows] == expected
     for r in rows:
         assert math.isfinite(r.ms) and r.ms > 0 and r.baseline_ms is not None
         assert r.max_abs_err <= 1e-4, f"{r.case} / {r.variant}: fast paths must be exact in fp32"
-    assert all(s.cuda_only for s in gpu.STEPS if s.fused or s.compiled or s.graphs)
+    assert all(s.cuda_only for s in gpu.STEPS + gpu.ALONE_STEPS if s.fused or s.compiled or s.graphs)
+    assert "alone: channels-last" in cpu_steps  # the alone rows run on CPU too (channels-last is not CUDA-only)
 
 
 def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):

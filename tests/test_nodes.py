@@ -422,6 +422,34 @@ def test_loader_opts_in_to_cuda_graphs_from_compile_settings():
     assert torch.equal(vae.decode(z), plain.decode(z))  # off CUDA the runner passes straight through
 
 
+def test_compile_settings_node_says_what_compile_does_per_architecture():
+    from turbovae.vae import gpu_defaults
+    from turbovae.vae.registry import gpu_defaults_by_title
+
+    schema = TurboVAECompileSettings.GET_SCHEMA()
+    assert gpu_defaults.describe_compile(gpu_defaults_by_title()) in schema.description
+    arch = next(i for i in schema.inputs if i.id == "architectures")
+    assert arch.tooltip == gpu_defaults.describe_compile(gpu_defaults_by_title())
+    assert "not a valid choice" in TurboVAECompileSettings.validate_inputs(architectures="some")
+    settings = TurboVAECompileSettings.execute(backend="eager", architectures=gpu_defaults.COMPILE_ALL).args[0]
+    assert settings.architectures == gpu_defaults.COMPILE_ALL
+
+
+@pytest.mark.parametrize("architectures, compiled", [("where measured faster", False), ("all", True)])
+def test_loader_leaves_seedvr2_eager_on_cuda_where_compile_measured_slower(monkeypatch, architectures, compiled):
+    """The loader only decides here (the load device is faked as CUDA; nothing runs on it)."""
+    from turbovae.vae import compile as compile_mod
+
+    calls = []
+    monkeypatch.setattr(compile_mod, "apply_compile", lambda model, settings: calls.append(model.kind))
+    monkeypatch.setattr(mm, "vae_device", lambda: torch.device("cuda"))
+    settings = TurboVAECompileSettings.execute(backend="eager", architectures=architectures).args[0]
+    TurboVAELoader.execute(vae_name="seedvr2_tiny.safetensors", dtype="fp32", compile=settings)
+    assert calls == (["seedvr2"] if compiled else [])
+    TurboVAELoader.execute(vae_name="qwen_image_tiny.safetensors", dtype="fp32", compile=settings)
+    assert calls[-1] == "qwen_image"
+
+
 # -- registration -----------------------------------------------------------------------------------------
 def test_extension_lists_prefixed_nodes_with_tooltips_everywhere():
     ext = TurboVAEExtension()
@@ -571,10 +599,11 @@ def test_fixed_combo_options_are_the_librarys_tables():
     from turbovae.trt.buckets import MODES as ENGINE_SET_MODES
     from turbovae.vae import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
+    from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
     from turbovae.vae.tiling.api import MODES as TILE_MODES
 
     library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
-               compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC)}
+               compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC), COMPILE_ARCHITECTURES}
     _assert_no_restated_tables(library)
     file_lists = {"vae_name", "engine", "fallback_vae"}  # the model folders' contents, listed at load
     node_only = {("TurboVAELoadEngine", "scope")}  # how Load TRT VAE reads its selection: a UI choice only

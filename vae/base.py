@@ -9,13 +9,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from .fast_options import FastPaths, active
+from . import fast_paths
+from .gpu_defaults import UNMEASURED, GpuDefaults, channels_last_applies
+from .ops import fused_norms_run
 from .tracing import tracing
 from .weight_layout import PassScratch, conv_modules, hold_layout
 
@@ -252,6 +255,7 @@ class VAEModel(nn.Module, ABC):
     latent_format: LatentFormat
     memory_model: MemoryModel
     fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
+    follow_gpu_defaults: bool = True  # False: run exactly `fast` on a GPU (vae/gpu_defaults.py; the ablation)
 
     @property
     def fast(self) -> FastPaths:
@@ -277,12 +281,23 @@ class VAEModel(nn.Module, ABC):
         self.hold_weights()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.hold_weights())
 
+    def gpu_defaults(self) -> GpuDefaults:
+        """What the GPU ablation measured for this architecture (vae/gpu_defaults.py): whether compile and
+        channels-last without fused norms make its passes faster on a GPU. An architecture declares its own; the
+        default is `UNMEASURED` (every path on)."""
+        return UNMEASURED
+
     def active_fast(self) -> FastPaths:
-        """The fast paths a step runs with: channels-last only where it passed its self-check (and then the
-        weights follow: a device that failed the check must not run channels-last convs through its weights).
+        """The fast paths a step runs with: channels-last only where it passed its self-check and, on CUDA, where
+        the architecture's measured GPU defaults keep it (vae/gpu_defaults.py: without fused norms SeedVR2 runs
+        contiguous); the weights follow (a device that failed the check must not run channels-last convs through
+        its weights). `follow_gpu_defaults = False` runs exactly `fast` (the GPU ablation measures each path).
         Under a tracer the weights are left as they are: re-laying parameters out inside a trace would put
         fake tensors in their place, which export lifts as constants; the traced convs read either layout."""
         fast = active(self.fast, self.device, self.dtype)
+        if fast.channels_last and self.follow_gpu_defaults and fast_paths.applies_to(self.device) \
+                and not channels_last_applies(self.gpu_defaults(), True, fused_norms_run(self.device)):
+            fast = replace(fast, channels_last=False)
         if fast.channels_last != self.fast.channels_last and not tracing():
             self.hold_weights(fast.channels_last)
         return fast

@@ -35,6 +35,7 @@ from torch import nn
 
 from . import fast_paths
 from .base import CausalState
+from .gpu_defaults import COMPILE_ARCHITECTURES, COMPILE_MEASURED
 from .oom import is_out_of_memory, release_cached
 
 log = logging.getLogger("turbovae")
@@ -58,6 +59,8 @@ class CompileSettings:
     fullgraph: bool = False
     cache_size_limit: int = 64
     cuda_graphs: bool = False  # also capture whole passes as CUDA graphs (TurboVAE.use_cuda_graphs)
+    # Which architectures the loader compiles on CUDA (vae/gpu_defaults.py): where compile measured faster, or all.
+    architectures: str = COMPILE_MEASURED
 
     def __post_init__(self) -> None:
         backends = available_backends()
@@ -79,6 +82,9 @@ class CompileSettings:
             raise ValueError(f"cache_size_limit must be an integer >= 1 (got {self.cache_size_limit!r})")
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False (got {self.cuda_graphs!r})")
+        if self.architectures not in COMPILE_ARCHITECTURES:
+            raise ValueError(f"architectures must be one of {', '.join(map(repr, COMPILE_ARCHITECTURES))} "
+                             f"(got {self.architectures!r})")
 
     def torch_compile_kwargs(self) -> dict:
         """Keyword arguments for torch.compile (mode is an inductor option; other backends ignore it)."""
@@ -215,7 +221,8 @@ def apply_compile(model: nn.Module, settings: Optional[CompileSettings] = None) 
     Calling it again with the same settings is free; with other settings, the regions switch to
     that variant (variants are cached per model, so switching back does not recompile).
     """
-    settings = replace(settings or CompileSettings(), cuda_graphs=False)  # graphs do not change what compiles
+    # graphs and the loader's choice of architectures do not change what compiles
+    settings = replace(settings or CompileSettings(), cuda_graphs=False, architectures=COMPILE_MEASURED)
     _raise_recompile_limit(settings.cache_size_limit)
     variants = _CACHE.setdefault(model, {})
     if settings not in variants:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,13 @@ def meta_fused_norms(dispatch) -> Iterator[None]:
         yield
     finally:
         _META_FUSED = previous
+
+
+def fused_norms_run(device: Union[str, torch.device]) -> bool:
+    """Whether the fused Triton norms serve passes on `device`: a GPU path there, selected (installed and not
+    forced off) and not switched off by its self-check."""
+    return (fast_paths.applies_to(device) and fast_paths.enabled("triton_norms", device)
+            and fused_dispatch() is not None)
 
 
 def _fused_for(x: torch.Tensor):

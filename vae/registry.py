@@ -24,6 +24,7 @@ from . import seedvr2, wan
 from .base import ExactTiling, VAEModel
 from .checkpoint import SD_KL, Architecture, register_architecture, registered_architectures, unregister_architecture
 from .fast_options import FastPaths
+from .gpu_defaults import GpuDefaults
 from .wan.config import diffusers_kwargs as wan_diffusers_kwargs
 
 
@@ -171,6 +172,11 @@ def core_scales_latents(kind: str) -> bool:
     return fam is not None and fam.core_scales_latents
 
 
+def gpu_defaults_by_title() -> dict[str, GpuDefaults]:
+    """Each registered family's measured GPU defaults (its model's `gpu_defaults()`), by the name users read."""
+    return {fam.title: fam.meta_model().gpu_defaults() for fam in families()}
+
+
 def supported_text() -> str:
     """The supported VAEs as users read them: "SeedVR2 (ema_vae*.safetensors), …"."""
     return ", ".join(f"{f.title} ({f.files})" for f in _FAMILIES.values())
@@ -266,5 +272,5 @@ for _family in BUILTIN_FAMILIES:
 register_architecture(SD_KL)  # recognised only to say what a file is (no family: nothing to build)
 
 __all__ = ["BUILTIN_FAMILIES", "BenchCases", "Family", "UnknownFamily", "Workload", "core_scales_latents",
-           "families", "family", "family_of_kind", "register_family", "registered", "supported_text", "titles",
+           "families", "family", "family_of_kind", "gpu_defaults_by_title", "register_family", "registered", "supported_text", "titles",
            "unregister_family"]

@@ -21,6 +21,7 @@ from torch import nn
 from ..base import LatentFormat, MemoryModel, State, VAEModel, run_slices
 from ..plans import LayerwisePlan
 from ..fast_options import FastPaths
+from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
 from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
 from .layerwise import SplitPolicy, normalised_convs
@@ -153,6 +154,11 @@ class SeedVR2VAE(VAEModel):
         if clamp:
             out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
         return out, ctx.finish()
+
+    def gpu_defaults(self) -> GpuDefaults:
+        """Measured on the first H100 run (docs/gpu.md, "Defaults per architecture"): compile and channels-last
+        without the fused norms both made the 1080p decode slower."""
+        return MEASURED_SEEDVR2
 
     def meta_copy(self) -> "SeedVR2VAE":
         with torch.device("meta"):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..base import LatentFormat, MemoryModel, State, VAEModel
 from ..fast_options import FastPaths
+from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..memory_format import channels_last_format
 from ..plans import ExactPlan
 from .config import WanConfig, kind_from_channels
@@ -207,6 +208,11 @@ class WanVAE(VAEModel):
         if clamp:
             out = out.clamp_(-1.0, 1.0)
         return out, ctx.finish()
+
+    def gpu_defaults(self) -> GpuDefaults:
+        """The Wan 2.1 architecture (Qwen-Image, Wan 2.1) was measured on the first H100 run with every path
+        helping (docs/gpu.md, "Defaults per architecture"); Wan 2.2 (the residual variant) not yet."""
+        return UNMEASURED if self.config.is_residual else MEASURED_ALL_ON
 
     def meta_copy(self) -> "WanVAE":
         with torch.device("meta"):
