@@ -84,10 +84,12 @@ class FidelityResult:
     alone_vs_plain: dict[str, float] = field(default_factory=dict)
     alone_vs_fp64: dict[str, float] = field(default_factory=dict)
     # timed runs only: median seconds of the default path with the stable channels-last statistics and with
-    # PyTorch's one-pass kernel (what ran before), alternating run by run, and of the plain path
+    # PyTorch's one-pass kernel (what ran before), of the default path without channels-last, and of the plain
+    # path, alternating run by run
     default_s: Optional[float] = None
     default_native_stats_s: Optional[float] = None
     default_native_stats_vs_fp64: Optional[float] = None
+    default_without_channels_last_s: Optional[float] = None  # what channels-last gains, in the same rounds
     plain_s: Optional[float] = None
 
 
@@ -187,17 +189,21 @@ def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, t
     runs would re-lay the weights inside the timed runs."""
     plain_model = copy.deepcopy(m32)
     plain_model.fast = FastPaths.plain()
+    contiguous_model = copy.deepcopy(m32)
+    contiguous_model.fast = FastPaths().without("channels_last")
     m32.fast = FastPaths()
 
     def native_stats() -> torch.Tensor:
         with native_channels_last_group_norm():
             return run(m32, torch.float32)
 
-    fns = [lambda: run(m32, torch.float32), native_stats, lambda: run(plain_model, torch.float32)]
+    fns = [lambda: run(m32, torch.float32), native_stats, lambda: run(contiguous_model, torch.float32),
+           lambda: run(plain_model, torch.float32)]
     for fn in fns:  # warm-up
         fn()
     times, outs = interleaved_ms(fns, "cpu", repeat)
-    result.default_s, result.default_native_stats_s, result.plain_s = (statistics.median(t) / 1e3 for t in times)
+    (result.default_s, result.default_native_stats_s, result.default_without_channels_last_s,
+     result.plain_s) = (statistics.median(t) / 1e3 for t in times)
     result.default_native_stats_vs_fp64 = _error(outs[1], truth, scale)
 
 

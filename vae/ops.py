@@ -214,9 +214,10 @@ def _channels_innermost(x: torch.Tensor) -> bool:
     return x.ndim == 4 and x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
 
 
-# Elements of one statistics chunk: the chunk and its centred copy stay in a core's L2 cache, so the
-# second look at each element costs no memory traffic.
-_STATS_CHUNK_ELEMS = 1 << 18
+# Elements of one statistics chunk: the chunk and its centred copy stay in cache, so the second look at each
+# element costs no memory traffic; large enough that a frame takes few chunks (each chunk is four parallel ops, and
+# many small parallel ops stall when other processes hold the cores).
+_STATS_CHUNK_ELEMS = 1 << 20
 
 
 def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
