@@ -9,6 +9,7 @@ inputs carry a mean of `bias_shift` and more (the largest |mean| / std a norm sa
 every fast path runs alone as well as all together.
 
     python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2]
+    python -m turbovae.bench.fidelity --markdown docs/results/<date>-cpu-fidelity.json   # the docs table
 
 Errors are max abs / the float64 output's range. The float64 side runs the default paths: each is exact in
 exact arithmetic, and each is also compared alone with the plain path in fp32 (`alone_vs_plain`).
@@ -220,14 +221,42 @@ DEFAULT_CASES = (
 )
 
 
+def markdown(path: Path) -> str:
+    """The table docs show for a fidelity results file (docs/seedvr2.md renders it; a test checks they agree)."""
+    data = json.loads(Path(path).read_text())
+    lines = ["| case | largest mean/std at a norm | default vs fp64 | plain vs fp64 | worst path alone vs plain | "
+             "default with PyTorch's channels-last stats vs fp64 | default s | with PyTorch's stats s | "
+             "without channels-last s | plain s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def num(v: Optional[float], fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    for r in data["results"]:
+        worst = max(r["alone_vs_plain"].items(), key=lambda kv: kv[1]) if r["alone_vs_plain"] else None
+        lines.append(" | ".join([
+            f"| {r['case']}", f"{r['max_norm_mean_over_std']:.0f}", f"{r['default_vs_fp64']:.1e}",
+            f"{r['plain_vs_fp64']:.1e}", f"{worst[1]:.1e} ({worst[0]})" if worst else "",
+            num(r.get("default_native_stats_vs_fp64"), ".1e"), num(r.get("default_s"), ".2f"),
+            num(r.get("default_native_stats_s"), ".2f"), num(r.get("default_without_channels_last_s"), ".2f"),
+            num(r.get("plain_s"), ".2f")]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m turbovae.bench.fidelity", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write (rewritten after each case)")
+    parser.add_argument("--out", type=Path, help="JSON file to write (rewritten after each case)")
+    parser.add_argument("--markdown", type=Path, help="print the docs table of a results file written by --out")
     parser.add_argument("--cases", nargs="*", default=(), help="keep cases whose name contains one of these")
     parser.add_argument("--bias-shift", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds of the default path (0: no timing)")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(args.markdown))
+        return 0
+    if args.out is None:
+        parser.error("--out FILE is required (or --markdown FILE)")
     if args.threads:
         torch.set_num_threads(args.threads)
     env = environment()

@@ -10,6 +10,9 @@ plain path.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from turbovae.bench.fidelity import FidelityCase, run_case
@@ -37,3 +40,18 @@ def test_fp32_matches_float64_at_real_statistics(case):
     assert r.alone_vs_plain, "no fast path was run"
     for name, err in r.alone_vs_plain.items():
         assert err <= BAR, f"{name} alone vs plain {err:.2e}"
+
+
+FIDELITY_TABLE = re.compile(r"<!-- fidelity-table: (?P<file>\S+) -->\n(?P<table>.*?)\n<!-- /fidelity-table -->", re.S)
+
+
+def test_docs_fidelity_tables_are_the_renderers_output():
+    """docs/seedvr2.md shows the committed fidelity results as `python -m turbovae.bench.fidelity --markdown`
+    renders them, never typed by hand."""
+    from turbovae.bench.fidelity import markdown
+
+    root = Path(__file__).resolve().parents[1]
+    blocks = list(FIDELITY_TABLE.finditer((root / "docs" / "seedvr2.md").read_text()))
+    assert blocks, "docs/seedvr2.md has no fidelity-table block"
+    for block in blocks:
+        assert block["table"] == markdown(root / block["file"]), block["file"]
