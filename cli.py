@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(TensorRT where it can build, else AOTInductor, which needs only PyTorch), fp16 engines, encoder and decoder, on CUDA "
                                    "when available.")
     try:
-        from .trt import cli as trt_cli
+        from .engines import cli as trt_cli
     except ImportError:
         trt_cli = None
     if trt_cli is not None:
@@ -328,7 +328,7 @@ def _user_error_types() -> tuple[type, ...]:
     """Errors that mean the input or the installation needs fixing (not a bug): one message, exit code 2."""
     import torch
 
-    from .trt.backend import EngineError  # an unusable backend (TensorRT missing, wrong GPU): the user's to fix
+    from .engines.interface import EngineError  # an unusable backend (TensorRT missing, wrong GPU): the user's to fix
     from .vae.checkpoint import CheckpointError
 
     return (UsageError, CheckpointError, ValueError, OSError, ImportError, torch.OutOfMemoryError, EngineError)

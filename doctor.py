@@ -2,7 +2,7 @@
 
 What a user pastes into a bug report, and the first step of the GPU lease run (scripts/gpu_run.sh): the
 versions of everything TurboVAE may use, the devices with their free memory, each GPU fast path — available
-or why not, and its self-check result on the default device (vae/fast_paths runs the checks by calling each
+or why not, and its self-check result on the default device (vae/accel/self_checks runs the checks by calling each
 path the way a pass does) —, the conv3d route chosen for half precision, and a micro-benchmark per
 architecture (decode and encode on the default device and dtype, with the error against fp32). Seeded
 random weights: no checkpoint is needed. The JSON fields are documented in docs/gpu.md.
@@ -55,7 +55,7 @@ def comfyui_version() -> Optional[str]:
 def versions() -> dict:
     from . import __version__
     from .bench.common import gpu_driver_version
-    from .vae.kernels.conv_guard import cudnn_version_str
+    from .vae.accel.kernels.conv_guard import cudnn_version_str
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     out = {"turbovae": __version__, "python": platform.python_version(), "torch": torch.__version__,
@@ -67,7 +67,7 @@ def versions() -> dict:
 
 
 def devices() -> list[dict]:
-    from .vae.memory import free_memory_bytes, total_memory_bytes
+    from .vae.free_memory import free_memory_bytes, total_memory_bytes
 
     cpu = torch.device("cpu")
     found = [{"name": "cpu", "model": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
@@ -92,7 +92,7 @@ class _ProbeBlock(nn.Module):
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .vae.ops import group_norm_silu
+        from .vae.norms import group_norm_silu
 
         return x + self.conv2(group_norm_silu(self.conv1(x), 8, None, None, 1e-6))
 
@@ -105,16 +105,16 @@ def _probe_block(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, t
 
 
 def _run_norms(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae import ops
+    from .vae import norms
 
     x = torch.randn(1, 64, 2, 16, 16, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
     gamma = torch.ones(64, 1, 1, 1, device=device, dtype=dtype)
-    ops.group_norm_silu(x, 32, None, None, 1e-6)
-    ops.rms_norm_silu(x, gamma)
+    norms.group_norm_silu(x, 32, None, None, 1e-6)
+    norms.rms_norm_silu(x, gamma)
 
 
 def _run_conv3d(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.kernels import conv_guard
+    from .vae.accel.kernels import conv_guard
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 32, 3, 12, 12, generator=g).to(device=device, dtype=dtype)
@@ -124,7 +124,7 @@ def _run_conv3d(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_cuda_graphs(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.cuda_graphs import CudaGraphRunner
+    from .vae.accel.cuda_graphs import CudaGraphRunner
 
     block, x = _probe_block(device, dtype)
     runner = CudaGraphRunner(block[0], max_graphs=1)
@@ -135,19 +135,19 @@ def _run_cuda_graphs(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_compile(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae import fast_paths
-    from .vae.compile import CompileSettings, apply_compile
+    from .vae.accel import self_checks
+    from .vae.accel.compile import CompileSettings, apply_compile
 
     block, x = _probe_block(device, dtype)
     with torch.inference_mode():
         eager = block[0](x)
         apply_compile(block, CompileSettings())
-        fast_paths.check("compile", device, f"doctor probe block {str(dtype).removeprefix('torch.')}",
+        self_checks.check("compile", device, f"doctor probe block {str(dtype).removeprefix('torch.')}",
                          lambda: block[0](x), lambda: eager)
 
 
 def _run_channels_last(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.channels_last import channels_last_trusted
+    from .vae.accel.channels_last import channels_last_trusted
 
     channels_last_trusted(device, dtype)
 
@@ -156,10 +156,10 @@ def _availability(device: torch.device) -> dict[str, tuple[bool, str, Optional[C
     """path -> (available on `device`, why / what, the probe that exercises it here or None)."""
     import torch.distributed as dist
 
-    from .vae import fast_paths
-    from .vae.kernels import ENV_DISABLE, default_dispatch, triton_available
+    from .vae.accel import self_checks
+    from .vae.accel.kernels import ENV_DISABLE, default_dispatch, triton_available
 
-    gpu = fast_paths.applies_to(device)
+    gpu = self_checks.applies_to(device)
     not_gpu = f"GPU-only; the device is {device}"
     if not gpu:
         triton = (False, not_gpu, None)
@@ -191,7 +191,7 @@ def _availability(device: torch.device) -> dict[str, tuple[bool, str, Optional[C
 
 def fast_path_report(device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Each path: available, why, and its self-check on (device, dtype): passed / failed / skipped / not run."""
-    from .vae import fast_paths
+    from .vae.accel import self_checks
 
     rows = []
     for name, (available, why, probe) in _availability(device).items():
@@ -199,26 +199,26 @@ def fast_path_report(device: torch.device, dtype: torch.dtype) -> list[dict]:
             try:
                 probe(device, dtype)
             except Exception as exc:  # noqa: BLE001 - a probe outside the guarded calls: report it as failed
-                fast_paths.fail(name, device, exc)
-        dev = fast_paths.device_name(device)
-        mine = [r for r in fast_paths.results() if r.path == name and r.device == dev]
+                self_checks.fail(name, device, exc)
+        dev = self_checks.device_name(device)
+        mine = [r for r in self_checks.results() if r.path == name and r.device == dev]
         failed = [r for r in mine if not r.ok]
         if failed:
             check, detail = "failed", failed[0].detail
         elif mine:
             check, detail = "passed", "; ".join(f"{r.key}: {r.detail}" for r in mine)
-        elif available and probe is not None and not fast_paths.self_check_enabled():
-            check, detail = "skipped", f"{fast_paths.ENV_SELF_CHECK}=0"
+        elif available and probe is not None and not self_checks.self_check_enabled():
+            check, detail = "skipped", f"{self_checks.ENV_SELF_CHECK}=0"
         else:
             check, detail = "not run", why if not available or probe is None else "the path declined the probe"
-        rows.append({"path": name, "what": fast_paths.PATHS[name].what, "available": available, "why": why,
-                     "self_check": check, "detail": detail, "fallback": fast_paths.PATHS[name].fallback,
-                     "enabled": fast_paths.enabled(name, device)})
+        rows.append({"path": name, "what": self_checks.PATHS[name].what, "available": available, "why": why,
+                     "self_check": check, "detail": detail, "fallback": self_checks.PATHS[name].fallback,
+                     "enabled": self_checks.enabled(name, device)})
     return rows
 
 
 def conv3d_routes(device: torch.device) -> list[dict]:
-    from .vae.kernels.conv_guard import current_route
+    from .vae.accel.kernels.conv_guard import current_route
 
     return [{"dtype": str(dtype).removeprefix("torch."), "route": r.route, "reason": r.reason}
             for dtype in (torch.bfloat16, torch.float16) for r in [current_route(dtype, device.type)]]
@@ -311,7 +311,7 @@ def _finite(value: float) -> Optional[float]:
 
 def collect(device: Optional[str] = None, *, bench: bool = True, budget_s: Optional[float] = None) -> dict:
     """The whole doctor report as a JSON-ready dict (fields: docs/gpu.md)."""
-    from .vae import fast_paths
+    from .vae.accel import self_checks
     from .vae.api import resolve_device
     from .vae.dtypes import working_dtype
 
@@ -319,12 +319,12 @@ def collect(device: Optional[str] = None, *, bench: bool = True, budget_s: Optio
     dev = resolve_device(device)
     dtype = working_dtype(None, dev)
     report = {"schema": SCHEMA, "versions": versions(), "devices": devices(),
-              "default_device": fast_paths.device_name(dev), "dtype": str(dtype).removeprefix("torch."),
-              "self_check_enabled": fast_paths.self_check_enabled(),
+              "default_device": self_checks.device_name(dev), "dtype": str(dtype).removeprefix("torch."),
+              "self_check_enabled": self_checks.self_check_enabled(),
               "fast_paths": fast_path_report(dev, dtype), "conv3d_route": conv3d_routes(dev)}
     budget = BENCH_SECONDS.get(dev.type, BENCH_SECONDS["cpu"]) if budget_s is None else budget_s
     report["bench"] = micro_bench(dev, dtype, budget) if bench else []
-    report["fast_paths_off"] = [r.as_dict() for r in fast_paths.off()]  # including any the bench switched off
+    report["fast_paths_off"] = [r.as_dict() for r in self_checks.off()]  # including any the bench switched off
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report
 
@@ -366,7 +366,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .trt.fileio import atomic_write_text
+    from .engines.fileio import atomic_write_text
 
     report = collect(args.device, bench=not args.no_bench, budget_s=args.bench_seconds)
     text = json.dumps(report, indent=2)

@@ -27,9 +27,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..trt.fileio import atomic_write_text
-from ..vae.fast_options import FastPaths
-from ..vae.ops import native_channels_last_group_norm, observing_norm_inputs
+from ..engines.fileio import atomic_write_text
+from ..vae.accel.switches import FastPaths
+from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs
 from .common import environment, fan_in_weights, interleaved_ms
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
@@ -110,7 +110,7 @@ def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
 
 class NormStatsProbe:
     """Records the largest |mean| / std over (frame, group) of the inputs the norm ops see inside a `with` block
-    (`vae.ops.observing_norm_inputs`)."""
+    (`vae.norms.observing_norm_inputs`)."""
 
     def __init__(self) -> None:
         self.max_ratio = 0.0

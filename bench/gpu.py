@@ -33,12 +33,12 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..trt.video import supports_video
-from ..vae.compile import CompileSettings, apply_compile, compile_failed, remove_compile
-from ..vae.cuda_graphs import CudaGraphRunner
+from ..engines.video import supports_video
+from ..vae.accel.compile import CompileSettings, apply_compile, compile_failed, remove_compile
+from ..vae.accel.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
-from ..vae.kernels import triton_available
-from ..vae.ops import fused_norms
+from ..vae.accel.kernels import triton_available
+from ..vae.norms import fused_norms
 from ..vae.memory_budget import choose_temporal_slice, default_budget_bytes
 from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from ..vae.peak_memory import MetaPasses, PassPaths
@@ -142,7 +142,7 @@ def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None
     """Switch the architecture's own fast paths (`model.fast`, a `FastPaths`): all on or all off, with
     channels-last as asked, and exactly those (the per-architecture GPU defaults of vae/gpu_defaults.py
     do not switch any off)."""
-    from ..vae.fast_options import FastPaths
+    from ..vae.accel.switches import FastPaths
 
     paths = FastPaths() if fast else FastPaths.plain()
     model.follow_gpu_defaults = False  # each step measures the paths it names, not the measured defaults
@@ -270,7 +270,7 @@ def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, c
                      dtype: torch.dtype) -> list[BenchRow]:
     """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
     pixel size rounded up to 16 px; inputs are padded to it and outputs cropped back, as in use)."""
-    from ..trt.buckets import Bucket, static_table
+    from ..engines.buckets import Bucket, static_table
     from .engines import EngineUse, engine_rows, engine_vae
 
     kw = engine_build_kwargs(model, case)

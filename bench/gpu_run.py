@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..trt.fileio import atomic_write_text
+from ..engines.fileio import atomic_write_text
 
 # Case keys in priority order: bench/gpu.py's CUDA cases in the same order (a test checks they agree).
 CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "seedvr2-decode-720p21",
@@ -221,7 +221,7 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
     # Per-kernel profile of each clip case (bench/kernel_profile.py): top kernels by time, share of the pass.
     add("kernel-profile", py + ("turbovae.bench.kernel_profile", "--top", "15") +
         (("--device", "cpu", "--dtype", "fp32", "--quick") if dry_run else ("--device", "cuda", "--dtype", "bf16")))
-    # Slice cost (bench/slices.py): what vae/memory.py FASTEST_SLICE needs for CUDA.
+    # Slice cost (bench/slices.py): what vae/free_memory.py FASTEST_SLICE needs for CUDA.
     add("slices", py + ("turbovae", "bench", "--sections", "slices") + device)
     if engines and not dry_run:  # AOTInductor builds take minutes on CPU: not part of the dry run
         add("engines", py + ("turbovae", "bench", "--sections", "engines", "--device", "cuda", "--dtype", "bf16"))

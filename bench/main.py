@@ -156,7 +156,7 @@ def _seeded_model(fam: Family, opts: BenchOptions) -> torch.nn.Module:
 def _family_pair(fam: Family, opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> Pair:
     """Ours against the family's reference: its diffusers class on the same weights, or (no diffusers class, or
     diffusers not installed) our own plain path, labelled so."""
-    from ..vae.fast_options import FastPaths
+    from ..vae.accel.switches import FastPaths
 
     model = _seeded_model(fam, opts)
     weights = {k: v.clone() for k, v in model.state_dict().items()} if fam.diffusers_reference else {}

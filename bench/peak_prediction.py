@@ -22,8 +22,8 @@ from typing import Optional
 
 import torch
 
-from ..vae.fast_options import FastPaths
-from ..vae.memory import auto_temporal_slice
+from ..vae.accel.switches import FastPaths
+from ..vae.free_memory import auto_temporal_slice
 from ..vae.peak_memory import MetaPasses, PassPaths, measure_pass
 from .common import environment
 from .gpu import AUTO, cases as gpu_cases

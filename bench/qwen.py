@@ -16,7 +16,7 @@ import torch
 
 from ..vae.api import load_checkpoint
 from ..vae.dtypes import working_dtype
-from ..vae.fast_options import FastPaths, ablations
+from ..vae.accel.switches import FastPaths, ablations
 from ..vae.wan import WAN21, WanConfig, WanVAE, build, expected_shapes
 from ..vae.wan.config import diffusers_kwargs
 from .common import BenchOptions, BenchRow, max_abs, measure, psnr

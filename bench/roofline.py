@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from ..vae.dtypes import working_dtype
-from ..vae.ops import matmul
+from ..vae.norms import matmul
 from ..vae.registry import family
 from . import main, op_costs
 from .common import BenchOptions, BenchRow, sync
@@ -77,7 +77,7 @@ def probes(device: torch.device, quick: bool) -> tuple[PeakProbe, ...]:
         PeakProbe(f"conv3d 3×3×3 {c}→{c}, 5×{hw}²", _conv3d_inputs(c, 5, hw), torch.nn.functional.conv3d),
         PeakProbe(f"conv2d 3×3 {c}→{c}, {2 * hw}²", _conv2d_inputs(c, 2 * hw), torch.nn.functional.conv2d),
         PeakProbe(f"GEMM {n}×{n}×{n}", _gemm_inputs(n), torch.mm),
-        # The same product through `vae.ops.matmul` (a 1×1 conv on CPU): the baseline above, in the same run.
+        # The same product through `vae.norms.matmul` (a 1×1 conv on CPU): the baseline above, in the same run.
         PeakProbe(f"matmul {n}×{n}×{n} (ops.matmul)", _gemm_inputs(n), matmul),
         PeakProbe(f"copy {mib} MiB", lambda d, dt: (torch.empty(mib * 2**20 // 4, device=d),
                                                   torch.randn(mib * 2**20 // 4, device=d)),
@@ -160,7 +160,7 @@ FLOP_CASES = tuple(("SeedVR2", "seedvr2", "decode", n, hw) for hw in (128, 256) 
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
     """(reference name, fn), (ours name, fn) and the latent layout of the registered family `arch`, models built
     on the meta device: the reference is the family's diffusers class, or its plain path (as the main job)."""
-    from ..vae.fast_options import FastPaths
+    from ..vae.accel.switches import FastPaths
 
     fam = family(arch)
     cfg = fam.config(real=not quick)

@@ -14,7 +14,7 @@ import torch
 
 from ..vae.api import load_checkpoint
 from ..vae.dtypes import working_dtype
-from ..vae.fast_options import FastPaths, ablations
+from ..vae.accel.switches import FastPaths, ablations
 from ..vae.seedvr2 import SeedVR2VAE, expected_shapes
 from .common import BenchOptions, BenchRow, fan_in_weights, max_abs, measure, psnr
 

@@ -25,7 +25,7 @@ import comfy.utils
 
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
-from ..vae.tiling.api import MIN_TILE_LATENT
+from ..vae.tiling.tiler import MIN_TILE_LATENT
 from ..vae.tiling.plan import plan_tiling
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher

@@ -1,4 +1,4 @@
-"""Load VAE (TurboVAE) and Compile Settings: thin adapters over `load_vae` and `vae/compile.py`."""
+"""Load VAE (TurboVAE) and Compile Settings: thin adapters over `load_vae` and `vae/accel/compile.py`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import comfy.model_management as mm
 from comfy_api.latest import io
 
 from ..loading import load_vae
-from ..vae.compile import BACKENDS as COMPILE_BACKENDS
-from ..vae.compile import DYNAMIC as COMPILE_DYNAMIC
-from ..vae.compile import MODES as COMPILE_MODES
+from ..vae.accel.compile import BACKENDS as COMPILE_BACKENDS
+from ..vae.accel.compile import DYNAMIC as COMPILE_DYNAMIC
+from ..vae.accel.compile import MODES as COMPILE_MODES
 from ..vae.dtypes import DTYPE_CHOICES, parse_dtype
 from ..vae.registry import gpu_defaults_by_title, supported_text, titles
 from ..vae.gpu_defaults import COMPILE_ALL, COMPILE_ARCHITECTURES, COMPILE_MEASURED, compile_applies, describe_compile
@@ -72,7 +72,7 @@ class TurboVAELoader(io.ComfyNode):
                      "(docs/gpu.md); set the Compile Settings node's 'architectures' to '%s' to compile it anyway",
                      turbo.kind, load_device, COMPILE_ALL)
         elif compile is not None:
-            from ..vae.compile import apply_compile
+            from ..vae.accel.compile import apply_compile
 
             apply_compile(turbo.model, compile)
             if compile.cuda_graphs:
@@ -143,7 +143,7 @@ class TurboVAECompileSettings(io.ComfyNode):
         check_choice("architectures", architectures, COMPILE_ARCHITECTURES)
         if int(cache_size_limit) < 1:
             raise ValueError(f"cache_size_limit must be at least 1, got {cache_size_limit}")
-        from ..vae.compile import CompileSettings
+        from ..vae.accel.compile import CompileSettings
 
         return io.NodeOutput(CompileSettings(backend=backend, mode=mode, dynamic=dynamic,
                                              fullgraph=bool(fullgraph), cache_size_limit=int(cache_size_limit),

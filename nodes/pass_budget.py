@@ -16,7 +16,7 @@ import torch
 import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
-from ..vae.memory import USABLE_FRACTION
+from ..vae.free_memory import USABLE_FRACTION
 from ..vae.memory_budget import SlicePlan
 
 log = logging.getLogger("turbovae")

@@ -1,5 +1,5 @@
 """One log line per encode/decode the nodes run: what ran (untiled, exact or fast tiles, tile size,
-temporal slice), on engines or PyTorch, which GPU fast paths ran and which are switched off (vae/fast_paths),
+temporal slice), on engines or PyTorch, which GPU fast paths ran and which are switched off (vae/accel/self_checks),
 how long and the peak device memory.
 
 Why: `auto` decides at run time from free memory, and an engine VAE silently uses PyTorch for what its
@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from ..vae import fast_paths
+from ..vae.accel import self_checks as fast_paths
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ def seeded():
 
 @pytest.fixture(autouse=True)
 def fresh_fast_paths():
-    """Each test starts with every fast path on and unchecked: the registry (vae/fast_paths) is per process."""
-    from turbovae.vae import fast_paths
+    """Each test starts with every fast path on and unchecked: the registry (vae/accel/self_checks) is per process."""
+    from turbovae.vae.accel import self_checks
 
-    fast_paths.reset()
+    self_checks.reset()
     yield
-    fast_paths.reset()
+    self_checks.reset()

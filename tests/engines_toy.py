@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from turbovae.vae.base import LatentFormat, MemoryModel, VAEModel
-from turbovae.vae.fast_options import FastPaths
+from turbovae.vae.base import LatentFormat, WorkingSetModel, VAEModel
+from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.checkpoint import Architecture, register_architecture
 from turbovae.vae.registry import BenchCases, Family, Workload
 
@@ -69,7 +69,7 @@ class ToyVAE(VAEModel):
 
     kind = "toy"
     latent_format = LatentFormat(channels=4, spatial_factor=8, temporal_factor=4)
-    memory_model = MemoryModel(100.0, 100.0)
+    memory_model = WorkingSetModel(100.0, 100.0)
     fast = FastPaths.plain()  # no switchable paths
     fast_fields = ()
 
@@ -160,7 +160,7 @@ def edit_manifest(folder, file: str, *, drop: bool = False, **changes) -> dict:
 
 
 def manifest_identity(folder, file: str):
-    from turbovae.trt.manifest import read_manifest
+    from turbovae.engines.manifest import read_manifest
 
     manifest, _ = read_manifest(folder)
     return next(e.identity for e in manifest.entries if e.file == file)
@@ -173,7 +173,7 @@ def export_only():
 
     import pytest
 
-    from turbovae.trt.aoti import AOTIBackend
+    from turbovae.engines.aoti import AOTIBackend
 
     @contextlib.contextmanager
     def patched():

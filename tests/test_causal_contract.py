@@ -139,7 +139,7 @@ def test_streams_check_slice_lengths_with_one_message(model):
 
 
 def test_one_fast_paths_type_and_each_architecture_names_its_fields(model):
-    from turbovae.vae.fast_options import FastPaths, ablations
+    from turbovae.vae.accel.switches import FastPaths, ablations
 
     assert isinstance(model.fast, FastPaths)
     assert model.fast_fields and set(model.fast_fields) <= set(FastPaths.names())

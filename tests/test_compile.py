@@ -1,4 +1,4 @@
-"""Per-region compile recipes (vae/compile.py) on CPU with tiny modules."""
+"""Per-region compile recipes (vae/accel/compile.py) on CPU with tiny modules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from turbovae.vae import compile as C
+from turbovae.vae.accel import compile as C
 
 
 class Block(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turbovae.vae.cuda_graphs import CudaGraphRunner, GraphCache, _Captured, graph_key
+from turbovae.vae.accel.cuda_graphs import CudaGraphRunner, GraphCache, _Captured, graph_key
 
 
 def test_graph_key_separates_geometry_dtype_and_values():
@@ -197,7 +197,7 @@ def test_an_out_of_memory_capture_waits_for_the_next_call(seeded, caplog):
 
 
 def test_repeated_out_of_memory_captures_switch_graphs_off(seeded, caplog):
-    from turbovae.vae.cuda_graphs import OOM_FAILURES_TO_DISABLE
+    from turbovae.vae.accel.cuda_graphs import OOM_FAILURES_TO_DISABLE
 
     runner = _ScriptedCaptureRunner(lambda x: x + 1, outcomes=[CUBLAS_OOM] * 10)
     x = torch.randn(4, generator=seeded)

@@ -14,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from turbovae.vae import device_guard
-from turbovae.vae.cuda_graphs import CudaGraphRunner
+from turbovae.vae.accel.cuda_graphs import CudaGraphRunner
 
 
 class _FakeCuda:

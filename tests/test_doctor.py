@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from turbovae import cli, doctor
-from turbovae.vae import fast_paths
+from turbovae.vae.accel import self_checks
 
 ARCHITECTURES = ("seedvr2", "qwen_image", "wan2.2")
 
@@ -36,11 +36,11 @@ def test_versions_and_devices(report):
 
 def test_every_fast_path_is_listed_with_its_check(report):
     rows = {r["path"]: r for r in report["fast_paths"]}
-    assert list(rows) == list(fast_paths.PATHS)
+    assert list(rows) == list(self_checks.PATHS)
     for name, r in rows.items():
         assert set(r) == {"path", "what", "available", "why", "self_check", "detail", "fallback", "enabled"}
         assert r["self_check"] in ("passed", "failed", "skipped", "not run") and r["enabled"] is True
-        assert r["fallback"] == fast_paths.PATHS[name].fallback
+        assert r["fallback"] == self_checks.PATHS[name].fallback
     for gpu_only in ("triton_norms", "conv3d_route", "channels_last", "cuda_graphs"):
         assert rows[gpu_only]["available"] is False and "GPU-only" in rows[gpu_only]["why"]
     assert report["fast_paths_off"] == []
@@ -64,7 +64,7 @@ def test_micro_bench_runs_each_architecture_both_ways_within_fp32_tolerance(repo
 def test_text_report_and_refusal_to_replace_a_file(report, tmp_path, capsys):
     text = doctor.format_text(report)
     assert text.startswith("TurboVAE doctor") and "conv3d route: bfloat16 native" in text
-    assert all(p in text for p in fast_paths.PATHS) and "qwen_image decode tiny 64²" in text
+    assert all(p in text for p in self_checks.PATHS) and "qwen_image decode tiny 64²" in text
     existing = tmp_path / "doctor.json"
     existing.write_text("{}")
     assert cli.main(["doctor", "--no-bench", "--out", str(existing)]) == 2
@@ -76,7 +76,7 @@ def test_self_check_results_and_failures_are_reported(monkeypatch, caplog):
     the CPU (no CUDA streams) and is reported as failed and switched off; compile's probe is replaced by a
     cheap eager one (inductor on CPU takes minutes)."""
     monkeypatch.setattr(doctor, "_run_compile", lambda device, dtype: None)
-    with fast_paths.gpu_paths_on_cpu(), caplog.at_level(logging.WARNING, logger="turbovae"):
+    with self_checks.gpu_paths_on_cpu(), caplog.at_level(logging.WARNING, logger="turbovae"):
         rows = {r["path"]: r for r in doctor.fast_path_report(torch.device("cpu"), torch.float32)}
     assert rows["channels_last"]["self_check"] == "passed" and "error" in rows["channels_last"]["detail"]
     assert rows["cuda_graphs"]["self_check"] == "failed" and rows["cuda_graphs"]["enabled"] is False
@@ -87,10 +87,10 @@ def test_self_check_results_and_failures_are_reported(monkeypatch, caplog):
 
 
 def test_self_check_env_zero_is_reported(monkeypatch):
-    monkeypatch.setenv(fast_paths.ENV_SELF_CHECK, "0")
+    monkeypatch.setenv(self_checks.ENV_SELF_CHECK, "0")
     monkeypatch.setattr(doctor, "_run_compile", lambda device, dtype: None)
     monkeypatch.setattr(doctor, "_run_cuda_graphs", lambda device, dtype: None)
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         rows = {r["path"]: r for r in doctor.fast_path_report(torch.device("cpu"), torch.float32)}
     assert rows["channels_last"]["self_check"] == "skipped"
     assert rows["channels_last"]["detail"] == "TURBOVAE_SELF_CHECK=0" and rows["channels_last"]["enabled"]

@@ -1,4 +1,4 @@
-"""Self-check before trust (vae/fast_paths): a failure injected into each GPU-only path through its public
+"""Self-check before trust (vae/accel/self_checks): a failure injected into each GPU-only path through its public
 switch point gives the correct result, exactly one warning naming the path, the device and the fallback, and
 the path off for the rest of the process. The paths run on CPU tensors inside `gpu_paths_on_cpu()`."""
 
@@ -11,14 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from turbovae.vae import fast_paths, ops
-from turbovae.vae.cuda_graphs import CudaGraphRunner, _Captured
-from turbovae.vae.kernels import conv_guard as G
+from turbovae.vae.accel import self_checks
+from turbovae.vae import norms
+from turbovae.vae.accel.cuda_graphs import CudaGraphRunner, _Captured
+from turbovae.vae.accel.kernels import conv_guard as G
 
 
 @pytest.fixture
 def on_cpu():
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         yield
 
 
@@ -43,11 +44,11 @@ def test_check_runs_once_per_device_and_class_and_records_the_error():
         calls.append(1)
         return torch.ones(3) + 1e-6
 
-    assert fast_paths.check("compile", "cpu", "class A", fast, lambda: torch.ones(3))
-    assert fast_paths.check("compile", "cpu", "class A", fast, lambda: torch.ones(3))
-    assert fast_paths.check("compile", "cpu", "class B", fast, lambda: torch.ones(3))
+    assert self_checks.check("compile", "cpu", "class A", fast, lambda: torch.ones(3))
+    assert self_checks.check("compile", "cpu", "class A", fast, lambda: torch.ones(3))
+    assert self_checks.check("compile", "cpu", "class B", fast, lambda: torch.ones(3))
     assert len(calls) == 2
-    (a, _b) = fast_paths.results()
+    (a, _b) = self_checks.results()
     assert a.ok and a.key == "class A" and a.detail.startswith("error ") and "<= 1e-04" in a.detail
 
 
@@ -58,36 +59,36 @@ def test_check_runs_once_per_device_and_class_and_records_the_error():
 ])
 def test_a_failed_probe_switches_the_path_off_with_one_warning(fast, why, caplog):
     with caplog.at_level(logging.WARNING, logger="turbovae"):
-        assert not fast_paths.check("compile", "cpu", "k", fast, lambda: torch.tensor([1.0, 2.0]))
-        assert not fast_paths.check("compile", "cpu", "other class", lambda: torch.ones(2), lambda: torch.ones(2))
-        fast_paths.fail("compile", "cpu", "and a failure seen later")
+        assert not self_checks.check("compile", "cpu", "k", fast, lambda: torch.tensor([1.0, 2.0]))
+        assert not self_checks.check("compile", "cpu", "other class", lambda: torch.ones(2), lambda: torch.ones(2))
+        self_checks.fail("compile", "cpu", "and a failure seen later")
     assert why in _one_warning(caplog, "torch.compile regions", "eager")
-    assert not fast_paths.enabled("compile", "cpu") and fast_paths.enabled("compile", "cuda:1")
-    assert [r.path for r in fast_paths.off()] == ["compile"]
+    assert not self_checks.enabled("compile", "cpu") and self_checks.enabled("compile", "cuda:1")
+    assert [r.path for r in self_checks.off()] == ["compile"]
 
 
 def test_self_check_env_zero_skips_the_probes(monkeypatch):
-    monkeypatch.setenv(fast_paths.ENV_SELF_CHECK, "0")
-    assert fast_paths.check("compile", "cpu", "k", lambda: torch.tensor([9.0]), lambda: torch.tensor([1.0]))
-    assert fast_paths.results() == [] and fast_paths.enabled("compile", "cpu")
+    monkeypatch.setenv(self_checks.ENV_SELF_CHECK, "0")
+    assert self_checks.check("compile", "cpu", "k", lambda: torch.tensor([9.0]), lambda: torch.tensor([1.0]))
+    assert self_checks.results() == [] and self_checks.enabled("compile", "cpu")
 
 
 def test_gpu_paths_apply_to_cuda_only_unless_asked():
-    assert fast_paths.applies_to("cuda:0") and not fast_paths.applies_to("cpu")
-    with fast_paths.gpu_paths_on_cpu():
-        assert fast_paths.applies_to("cpu")
-    assert not fast_paths.applies_to("cpu")
+    assert self_checks.applies_to("cuda:0") and not self_checks.applies_to("cpu")
+    with self_checks.gpu_paths_on_cpu():
+        assert self_checks.applies_to("cpu")
+    assert not self_checks.applies_to("cpu")
 
 
 def test_summary_names_what_ran_and_what_is_off():
-    before = fast_paths.usage()
-    fast_paths.used("triton_norms")
-    fast_paths.fail("cuda_graphs", "cpu", "capture failed")
-    assert fast_paths.summary_since(before) == "fast paths: triton_norms; off: cuda_graphs (cpu)"
-    assert fast_paths.summary_since(fast_paths.usage()) == "fast paths: none; off: cuda_graphs (cpu)"
+    before = self_checks.usage()
+    self_checks.used("triton_norms")
+    self_checks.fail("cuda_graphs", "cpu", "capture failed")
+    assert self_checks.summary_since(before) == "fast paths: triton_norms; off: cuda_graphs (cpu)"
+    assert self_checks.summary_since(self_checks.usage()) == "fast paths: none; off: cuda_graphs (cpu)"
 
 
-# -- Triton norm kernels: the dispatcher (vae.ops.set_fused_dispatch) ----------------------------------------
+# -- Triton norm kernels: the dispatcher (vae.norms.set_fused_dispatch) ----------------------------------------
 
 class _Dispatch:
     """A fused dispatcher that is right, wrong (+0.5) or raises; counts its calls."""
@@ -102,62 +103,62 @@ class _Dispatch:
         return out + 0.5 if self.mode == "wrong" else out
 
     def group_norm_silu(self, x, num_groups, weight, bias, eps, silu):
-        return self._run(ops.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
+        return self._run(norms.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
 
     def rms_norm_silu(self, x, gamma, bias, silu, eps):
-        return self._run(ops.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
+        return self._run(norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
 
 
 @pytest.fixture
 def dispatch_slot():
     yield
-    ops.reset_fused_dispatch()
+    norms.reset_fused_dispatch()
 
 
 def _norms(x):
     gamma = torch.linspace(0.5, 1.5, x.shape[1]).view(-1, 1, 1, 1)
-    return ops.group_norm_silu(x, 4, None, None, 1e-6), ops.rms_norm_silu(x, gamma)
+    return norms.group_norm_silu(x, 4, None, None, 1e-6), norms.rms_norm_silu(x, gamma)
 
 
 @pytest.mark.parametrize("mode", ["wrong", "raise"])
 def test_triton_norms_failure_falls_back_to_pytorch(mode, on_cpu, dispatch_slot, seeded, caplog):
     x = torch.randn(2, 8, 3, 12, 10, generator=seeded)
-    want = (ops.group_norm_silu_reference(x, 4, None, None, 1e-6),
-            ops.rms_norm_silu_reference(x, torch.linspace(0.5, 1.5, 8).view(-1, 1, 1, 1)))
+    want = (norms.group_norm_silu_reference(x, 4, None, None, 1e-6),
+            norms.rms_norm_silu_reference(x, torch.linspace(0.5, 1.5, 8).view(-1, 1, 1, 1)))
     dispatch = _Dispatch(mode)
-    ops.set_fused_dispatch(dispatch)
+    norms.set_fused_dispatch(dispatch)
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         got = _norms(x) + _norms(x)
     assert all(torch.equal(g, w) for g, w in zip(got, want + want))
     message = _one_warning(caplog, "Triton GroupNorm/RMS-norm(+SiLU) kernels", "the PyTorch norm ops")
     assert ("exceeds its tolerance" if mode == "wrong" else "simulated: Triton compile error") in message
-    assert not fast_paths.enabled("triton_norms", "cpu") and dispatch.calls == 1  # the probe only
+    assert not self_checks.enabled("triton_norms", "cpu") and dispatch.calls == 1  # the probe only
 
 
 def test_triton_norms_raising_at_run_time_is_caught_without_self_check(on_cpu, dispatch_slot, seeded, caplog,
                                                                       monkeypatch):
-    monkeypatch.setenv(fast_paths.ENV_SELF_CHECK, "0")
+    monkeypatch.setenv(self_checks.ENV_SELF_CHECK, "0")
     x = torch.randn(1, 8, 2, 6, 6, generator=seeded)
-    ops.set_fused_dispatch(_Dispatch("raise"))
+    norms.set_fused_dispatch(_Dispatch("raise"))
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         got = _norms(x)
-    assert torch.equal(got[0], ops.group_norm_silu_reference(x, 4, None, None, 1e-6))
+    assert torch.equal(got[0], norms.group_norm_silu_reference(x, 4, None, None, 1e-6))
     _one_warning(caplog, "Triton", "the PyTorch norm ops")
-    assert not fast_paths.enabled("triton_norms", "cpu")
+    assert not self_checks.enabled("triton_norms", "cpu")
 
 
 def test_triton_norms_that_pass_are_checked_once_per_class_and_used(on_cpu, dispatch_slot, seeded, caplog):
     x = torch.randn(1, 8, 2, 6, 6, generator=seeded)
     dispatch = _Dispatch("right")
-    ops.set_fused_dispatch(dispatch)
-    before = fast_paths.usage()
+    norms.set_fused_dispatch(dispatch)
+    before = self_checks.usage()
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         _norms(x)
         _norms(x)
         _norms(x.contiguous(memory_format=torch.channels_last_3d))  # another layout: another check
-    assert _warnings(caplog) == [] and fast_paths.enabled("triton_norms", "cpu")
-    assert len(fast_paths.results()) == 4 and dispatch.calls == 4 + 6  # 4 probes, 6 real calls
-    assert "triton_norms" in fast_paths.summary_since(before)
+    assert _warnings(caplog) == [] and self_checks.enabled("triton_norms", "cpu")
+    assert len(self_checks.results()) == 4 and dispatch.calls == 4 + 6  # 4 probes, 6 real calls
+    assert "triton_norms" in self_checks.summary_since(before)
 
 
 # -- conv3d route guard: the `route=` argument, and the routes' implementations --------------------------------
@@ -169,7 +170,7 @@ def test_conv3d_route_that_raises_falls_back_to_fp32(seeded, caplog):
         got = [G.conv3d(x, w, b, 1, 1, route=G.Conv3dRoute("cudnn", "test")) for _ in range(2)]
     assert all((g - want).abs().max().item() <= 1e-5 * want.abs().max().item() for g in got)
     assert "NotImplementedError" in _one_warning(caplog, "conv3d regression guard", "fp32 conv3d")
-    assert not fast_paths.enabled("conv3d_route", "cpu")
+    assert not self_checks.enabled("conv3d_route", "cpu")
 
 
 def test_conv3d_route_with_wrong_values_falls_back_to_fp32(seeded, caplog, monkeypatch):
@@ -190,12 +191,12 @@ def test_conv3d_route_with_wrong_values_falls_back_to_fp32(seeded, caplog, monke
 
 def test_conv3d_route_that_passes_is_used(seeded, caplog):
     x, w = torch.randn(1, 4, 3, 8, 8, generator=seeded), torch.randn(6, 4, 3, 3, 3, generator=seeded)
-    before = fast_paths.usage()
+    before = self_checks.usage()
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         got = G.conv3d(x, w, None, 1, (0, 1, 1), route=G.Conv3dRoute("conv2d", "test"))
     want = F.conv3d(x, w, None, 1, (0, 1, 1))
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item() and _warnings(caplog) == []
-    assert "conv3d_route" in fast_paths.summary_since(before) and fast_paths.results()[0].ok
+    assert "conv3d_route" in self_checks.summary_since(before) and self_checks.results()[0].ok
 
 
 # -- channels-last: the conv the architectures and the probe call (conv_guard.conv3d) -------------------------
@@ -233,16 +234,16 @@ def test_channels_last_failure_runs_the_pass_contiguous(arch, mode, on_cpu, seed
         got = [vae.decode(z), vae.decode(z)]
     assert all((g - want).abs().max().item() <= 1e-5 for g in got)
     _one_warning(caplog, "channels-last activations", "contiguous")
-    assert not fast_paths.enabled("channels_last", "cpu")
+    assert not self_checks.enabled("channels_last", "cpu")
     assert model.active_fast().channels_last is False
     convs = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv3d)]
     assert convs and all(w.is_contiguous() for w in convs)  # a failed device runs no channels-last conv at all
 
 
 def test_channels_last_that_passes_stays_on(on_cpu):
-    from turbovae.vae.channels_last import channels_last_trusted
+    from turbovae.vae.accel.channels_last import channels_last_trusted
 
-    assert channels_last_trusted("cpu", torch.float32) and fast_paths.results()[0].ok
+    assert channels_last_trusted("cpu", torch.float32) and self_checks.results()[0].ok
 
 
 # -- CUDA graphs: the runner's capture (`_capture`) and the graph it returns ------------------------------------
@@ -255,7 +256,7 @@ def test_cuda_graph_capture_that_throws_runs_eagerly(on_cpu, seeded, caplog):
         got = [runner(x), runner(x)]
     assert all(torch.equal(g, x * 2 + 1) for g in got)
     assert "capture failed" in _one_warning(caplog, "CUDA graphs", "eager passes")
-    assert not fast_paths.enabled("cuda_graphs", "cpu")
+    assert not self_checks.enabled("cuda_graphs", "cpu")
     other = _ScriptedRunner(lambda t: t - 1, output=None)  # a later runner on the same device does not capture
     assert torch.equal(other(x), x - 1) and other.captures == 0
 
@@ -297,17 +298,17 @@ def test_cuda_graph_replay_failure_runs_eagerly(failure, on_cpu, seeded, caplog)
     assert all(torch.equal(g, x * 2 + 1) for g in got) and runner.captures == 1
     message = _one_warning(caplog, "CUDA graphs", "eager passes")
     assert ("exceeds its tolerance" if failure == "wrong replay" else "illegal memory access") in message
-    assert not fast_paths.enabled("cuda_graphs", "cpu")
+    assert not self_checks.enabled("cuda_graphs", "cpu")
 
 
 def test_cuda_graph_that_replays_right_is_checked_once_and_used(on_cpu, seeded, caplog):
     x = torch.randn(3, 4, generator=seeded)
     runner = _ScriptedRunner(lambda t: t * 2 + 1, output=None)
-    before = fast_paths.usage()
+    before = self_checks.usage()
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         assert all(torch.equal(runner(x), x * 2 + 1) for _ in range(3))
-    assert _warnings(caplog) == [] and runner.captures == 1 and len(fast_paths.results()) == 1
-    assert "cuda_graphs" in fast_paths.summary_since(before)
+    assert _warnings(caplog) == [] and runner.captures == 1 and len(self_checks.results()) == 1
+    assert "cuda_graphs" in self_checks.summary_since(before)
 
 
 # -- compiled regions: the compile backend (CompileSettings.backend) ------------------------------------------
@@ -328,7 +329,7 @@ def test_compile_failure_runs_eagerly_and_switches_compile_off(seeded, caplog):
     from torch import nn
     from torch._dynamo.backends.registry import register_backend
 
-    from turbovae.vae import compile as C
+    from turbovae.vae.accel import compile as C
 
     def broken_backend(gm, example_inputs):
         raise RuntimeError("simulated: inductor cannot compile for this GPU")
@@ -344,12 +345,12 @@ def test_compile_failure_runs_eagerly_and_switches_compile_off(seeded, caplog):
             got = [model(x), model(x)]
         assert all(torch.equal(g, want) for g in got)
         message = _one_warning(caplog, "torch.compile regions", "eager")
-        assert "simulated: inductor cannot compile" in message and not fast_paths.enabled("compile", "cpu")
+        assert "simulated: inductor cannot compile" in message and not self_checks.enabled("compile", "cpu")
         other = nn.Sequential(_Block(3)).eval()  # compile is off for the device: runs eagerly
-        before = fast_paths.usage()
+        before = self_checks.usage()
         C.apply_compile(other, C.CompileSettings(backend="eager"))
         other(x)
-    assert "compile" not in fast_paths.summary_since(before).split(";")[0]
+    assert "compile" not in self_checks.summary_since(before).split(";")[0]
 
 
 # -- the multi-GPU pass's process group: its collectives (DistCollective) -----------------------------------
@@ -388,7 +389,7 @@ def test_process_group_failure_runs_the_single_device_pass(mode, on_cpu, gloo_gr
         got = [decode_parallel(vae, z, group=gloo_group, tile_px=64) for _ in range(2)]
     assert all((g - want).abs().max().item() <= 1e-5 for g in got)
     _one_warning(caplog, "process group", "single-device exact pass")
-    assert not fast_paths.enabled("process_group", "cpu")
+    assert not self_checks.enabled("process_group", "cpu")
 
 
 def test_process_group_that_passes_is_used(on_cpu, gloo_group, seeded):
@@ -397,6 +398,6 @@ def test_process_group_that_passes_is_used(on_cpu, gloo_group, seeded):
     from parallel_worker import build
 
     vae = build("wan2.1")
-    before = fast_paths.usage()
+    before = self_checks.usage()
     decode_parallel(vae, torch.randn(1, vae.latent_channels, 1, 7, 5, generator=seeded), group=gloo_group, tile_px=64)
-    assert "process_group" in fast_paths.summary_since(before) and fast_paths.results()[0].ok
+    assert "process_group" in self_checks.summary_since(before) and self_checks.results()[0].ok

@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from turbovae.vae import cuda_graphs, fast_paths, ops
-from turbovae.vae.kernels import conv_guard as G
+from turbovae.vae.accel import cuda_graphs, self_checks
+from turbovae.vae import norms
+from turbovae.vae.accel.kernels import conv_guard as G
 from turbovae.vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak
 
 
@@ -23,12 +24,12 @@ def _oom():
 
 @pytest.fixture
 def on_cpu():
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         yield
 
 
 def test_one_rule_for_every_optional_path():
-    from turbovae.trt.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
+    from turbovae.engines.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
 
     assert cuda_graphs.OOM_FAILURES_TO_DISABLE == ENGINE_OOM_FAILURES_TO_DISABLE == OOM_FAILURES_TO_DISABLE == 3
     streak = OomStreak()
@@ -53,11 +54,11 @@ def test_probe_out_of_memory_keeps_the_path_and_checks_again(on_cpu, caplog):
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         for _ in range(2):
             with pytest.raises(torch.OutOfMemoryError):
-                fast_paths.check("channels_last", "cpu", "k", fast, lambda: torch.ones(3))
-            assert fast_paths.enabled("channels_last", "cpu") and fast_paths.results() == []
-        assert fast_paths.oom_streak("channels_last", "cpu") == 2
-        assert fast_paths.check("channels_last", "cpu", "k", fast, lambda: torch.ones(3))
-    assert fast_paths.oom_streak("channels_last", "cpu") == 0 and fast_paths.off() == []
+                self_checks.check("channels_last", "cpu", "k", fast, lambda: torch.ones(3))
+            assert self_checks.enabled("channels_last", "cpu") and self_checks.results() == []
+        assert self_checks.oom_streak("channels_last", "cpu") == 2
+        assert self_checks.check("channels_last", "cpu", "k", fast, lambda: torch.ones(3))
+    assert self_checks.oom_streak("channels_last", "cpu") == 0 and self_checks.off() == []
     messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(messages) == 1 and "ran out of memory" in messages[0] and "kept" in messages[0]
 
@@ -69,11 +70,11 @@ def test_out_of_memory_three_times_in_a_row_switches_the_path_off(on_cpu, caplog
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         for _ in range(OOM_FAILURES_TO_DISABLE):
             with pytest.raises(torch.OutOfMemoryError):
-                fast_paths.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
-    assert not fast_paths.enabled("triton_norms", "cpu")
-    assert fast_paths.off()[0].detail.startswith(f"out of memory {OOM_FAILURES_TO_DISABLE} times in a row")
+                self_checks.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
+    assert not self_checks.enabled("triton_norms", "cpu")
+    assert self_checks.off()[0].detail.startswith(f"out of memory {OOM_FAILURES_TO_DISABLE} times in a row")
     # off now: the next call takes the plain path without probing
-    assert not fast_paths.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
+    assert not self_checks.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
 
 
 class _Dispatch:
@@ -92,37 +93,37 @@ class _Dispatch:
         return out
 
     def group_norm_silu(self, x, num_groups, weight, bias, eps, silu):
-        return self._run(x, ops.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
+        return self._run(x, norms.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
 
     def rms_norm_silu(self, x, gamma, bias, silu, eps):
-        return self._run(x, ops.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
+        return self._run(x, norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
 
 
 @pytest.fixture
 def dispatch_slot():
     yield
-    ops.reset_fused_dispatch()
+    norms.reset_fused_dispatch()
 
 
 def test_triton_norm_launch_out_of_memory_keeps_the_kernels(on_cpu, dispatch_slot, seeded):
     x = torch.randn(1, 8, 2, 12, 12, generator=seeded)
-    want = ops.group_norm_silu_reference(x, 4, None, None, 1e-6)
+    want = norms.group_norm_silu_reference(x, 4, None, None, 1e-6)
     dispatch = _Dispatch(ooms=1)
-    ops.set_fused_dispatch(dispatch)
+    norms.set_fused_dispatch(dispatch)
     with pytest.raises(torch.OutOfMemoryError):  # the pass's retry (the tiler) sees it
-        ops.group_norm_silu(x, 4, None, None, 1e-6)
-    assert fast_paths.enabled("triton_norms", "cpu") and fast_paths.oom_streak("triton_norms", "cpu") == 1
-    before = fast_paths.usage()
-    assert torch.equal(ops.group_norm_silu(x, 4, None, None, 1e-6), want)  # the retry: fused again
-    assert "triton_norms" in fast_paths.summary_since(before) and dispatch.launches == 2
-    assert fast_paths.oom_streak("triton_norms", "cpu") == 0
+        norms.group_norm_silu(x, 4, None, None, 1e-6)
+    assert self_checks.enabled("triton_norms", "cpu") and self_checks.oom_streak("triton_norms", "cpu") == 1
+    before = self_checks.usage()
+    assert torch.equal(norms.group_norm_silu(x, 4, None, None, 1e-6), want)  # the retry: fused again
+    assert "triton_norms" in self_checks.summary_since(before) and dispatch.launches == 2
+    assert self_checks.oom_streak("triton_norms", "cpu") == 0
 
 
 def test_triton_norm_launch_out_of_memory_inside_a_tiled_pass_is_retried(on_cpu, dispatch_slot, seeded):
     """Through the public tiled decode: the out-of-memory reaches the tiler, which frees and retries, and the
     result equals the plain pass while the kernels stay on."""
     from turbovae.vae.api import TurboVAE
-    from turbovae.vae.tiling.api import decode_tiled
+    from turbovae.vae.tiling.tiler import decode_tiled
     from turbovae.vae.wan import TINY_WAN21, WanVAE
 
     torch.manual_seed(0)
@@ -131,11 +132,11 @@ def test_triton_norm_launch_out_of_memory_inside_a_tiled_pass_is_retried(on_cpu,
     with torch.inference_mode():
         want = vae.decode(z)
         dispatch = _Dispatch(ooms=2)
-        ops.set_fused_dispatch(dispatch)
+        norms.set_fused_dispatch(dispatch)
         got = decode_tiled(vae, z, tile_px=128, overlap_px=32, mode="exact")
     assert dispatch.ooms == 0 and dispatch.launches > 2  # both injected failures hit, later launches ran
     assert (got - want).abs().max().item() <= 1e-5
-    assert fast_paths.enabled("triton_norms", "cpu") and fast_paths.off() == []
+    assert self_checks.enabled("triton_norms", "cpu") and self_checks.off() == []
 
 
 def test_conv3d_route_launch_out_of_memory_keeps_the_route(on_cpu, seeded, monkeypatch):
@@ -153,10 +154,10 @@ def test_conv3d_route_launch_out_of_memory_keeps_the_route(on_cpu, seeded, monke
     route = G.Conv3dRoute("conv2d", "test")
     with pytest.raises(torch.OutOfMemoryError):
         G.conv3d(x, w, None, 1, (0, 1, 1), route=route)
-    assert fast_paths.enabled("conv3d_route", "cpu") and fast_paths.oom_streak("conv3d_route", "cpu") == 1
+    assert self_checks.enabled("conv3d_route", "cpu") and self_checks.oom_streak("conv3d_route", "cpu") == 1
     got = G.conv3d(x, w, None, 1, (0, 1, 1), route=route)
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
-    assert fast_paths.off() == [] and fast_paths.oom_streak("conv3d_route", "cpu") == 0
+    assert self_checks.off() == [] and self_checks.oom_streak("conv3d_route", "cpu") == 0
 
 
 def test_a_non_memory_launch_failure_still_switches_the_route_off(on_cpu, seeded, monkeypatch):
@@ -171,4 +172,4 @@ def test_a_non_memory_launch_failure_still_switches_the_route_off(on_cpu, seeded
     monkeypatch.setattr(G, "_routed", routed)
     got = G.conv3d(x, w, None, 1, (0, 1, 1), route=G.Conv3dRoute("conv2d", "test"))
     assert (got - F.conv3d(x, w, None, 1, (0, 1, 1))).abs().max().item() <= 1e-5 * 10
-    assert not fast_paths.enabled("conv3d_route", "cpu")
+    assert not self_checks.enabled("conv3d_route", "cpu")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from turbovae.vae import channels_last, fast_paths
+from turbovae.vae.accel import channels_last, self_checks
 from turbovae.vae.tracing import tracing
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -45,7 +45,7 @@ class _Checked(nn.Module):
         self.conv = nn.Conv2d(2, 2, 3, padding=1)
 
     def forward(self, x):
-        fast = fast_paths.check("channels_last", x.device, "probe class", self.recorder.probe, self.recorder.probe)
+        fast = self_checks.check("channels_last", x.device, "probe class", self.recorder.probe, self.recorder.probe)
         self.recorder.taken.append(fast)
         return self.conv(x) * 2 if fast else self.conv(x)
 
@@ -69,14 +69,14 @@ def test_export_with_a_pending_check_runs_no_probe_and_switches_nothing_off():
     rec = _Recorder()
     m = _Checked(rec).eval()
     x = torch.randn(1, 2, 4, 4)
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         ep = torch.export.export(m, (x,))
     assert rec.calls == 0 and rec.traced_calls == 0
     assert rec.taken == [False]  # undecided: the trace took the plain path
-    assert fast_paths.off() == [] and fast_paths.results() == []
+    assert self_checks.off() == [] and self_checks.results() == []
     assert torch.equal(ep.module()(x), m.conv(x))
     # eagerly the check runs once and its decision is then what a later trace uses
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         m(x)
         assert rec.calls == 2 and rec.traced_calls == 0
         ep = torch.export.export(m, (x,))
@@ -88,35 +88,35 @@ def test_compile_with_a_pending_check_runs_no_probe():
     rec = _Recorder()
     m = _Checked(rec).eval()
     x = torch.randn(1, 2, 4, 4)
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         out = torch.compile(m, backend="eager", fullgraph=False)(x)
-    assert rec.traced_calls == 0 and fast_paths.off() == []
+    assert rec.traced_calls == 0 and self_checks.off() == []
     # dynamo traces the registry call: no probe, the plain path for this trace
     assert rec.calls == 0 and rec.taken == [False] and torch.equal(out, m.conv(x))
 
 
 def test_a_failure_raised_under_a_tracer_does_not_switch_the_path_off():
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         with FakeTensorMode():
-            fast_paths.fail("channels_last", "cpu", NotImplementedError("argument of type: <class 'torch._C.Generator'>"))
-            fast_paths.fail("triton_norms", "cpu", "a launch under the tracer failed")
-            assert not fast_paths.check("conv3d_route", "cpu", "k", lambda: 1 / 0, lambda: 1 / 0)
-        assert fast_paths.off() == [] and fast_paths.results() == []
-        assert fast_paths.enabled("channels_last", "cpu") and fast_paths.enabled("triton_norms", "cpu")
+            self_checks.fail("channels_last", "cpu", NotImplementedError("argument of type: <class 'torch._C.Generator'>"))
+            self_checks.fail("triton_norms", "cpu", "a launch under the tracer failed")
+            assert not self_checks.check("conv3d_route", "cpu", "k", lambda: 1 / 0, lambda: 1 / 0)
+        assert self_checks.off() == [] and self_checks.results() == []
+        assert self_checks.enabled("channels_last", "cpu") and self_checks.enabled("triton_norms", "cpu")
         # outside the tracer the same failure still switches the path off
-        fast_paths.fail("channels_last", "cpu", "eager failure")
-        assert not fast_paths.enabled("channels_last", "cpu")
+        self_checks.fail("channels_last", "cpu", "eager failure")
+        assert not self_checks.enabled("channels_last", "cpu")
 
 
 def test_decided_state_is_used_under_a_tracer():
-    with fast_paths.gpu_paths_on_cpu():
-        assert fast_paths.decided("channels_last", "cpu", "k") is None
-        assert fast_paths.check("channels_last", "cpu", "k", lambda: torch.ones(2), lambda: torch.ones(2))
+    with self_checks.gpu_paths_on_cpu():
+        assert self_checks.decided("channels_last", "cpu", "k") is None
+        assert self_checks.check("channels_last", "cpu", "k", lambda: torch.ones(2), lambda: torch.ones(2))
         with FakeTensorMode():
-            assert fast_paths.check("channels_last", "cpu", "k", lambda: 1 / 0, lambda: 1 / 0)
-            assert not fast_paths.check("channels_last", "cpu", "other", lambda: 1 / 0, lambda: 1 / 0)
-        assert fast_paths.decided("channels_last", "cpu", "k") is True
-        assert fast_paths.decided("channels_last", "cpu", "other") is None
+            assert self_checks.check("channels_last", "cpu", "k", lambda: 1 / 0, lambda: 1 / 0)
+            assert not self_checks.check("channels_last", "cpu", "other", lambda: 1 / 0, lambda: 1 / 0)
+        assert self_checks.decided("channels_last", "cpu", "k") is True
+        assert self_checks.decided("channels_last", "cpu", "other") is None
 
 
 def _seedvr2():
@@ -133,9 +133,9 @@ def test_bf16_slice_engine_export_holds_no_fake_constant(tmp_path, monkeypatch, 
     on CPU: the slice engines exported in bf16 with the GPU-only paths live (channels-last on, its self-check
     pending, as on a fresh CUDA process). The probe must not run inside the trace, nothing may be switched
     off, and the exported programs hold no fake tensor constant."""
-    from turbovae.trt import build as build_mod
-    from turbovae.trt.aoti import AOTIBackend
-    from turbovae.trt.buckets import Bucket, static_table
+    from turbovae.engines import build as build_mod
+    from turbovae.engines.aoti import AOTIBackend
+    from turbovae.engines.buckets import Bucket, static_table
     from turbovae.vae.api import TurboVAE
 
     probes = {"eager": 0, "traced": 0}
@@ -149,7 +149,7 @@ def test_bf16_slice_engine_export_holds_no_fake_constant(tmp_path, monkeypatch, 
     if not settled:
         monkeypatch.setattr(build_mod, "settle_for_trace", lambda device, dtype: None)
     programs = []
-    with export_only(), fast_paths.gpu_paths_on_cpu():
+    with export_only(), self_checks.gpu_paths_on_cpu():
         saved = AOTIBackend.compile_package
 
         def keep(self, program, f):
@@ -166,14 +166,14 @@ def test_bf16_slice_engine_export_holds_no_fake_constant(tmp_path, monkeypatch, 
         assert fake == [], fake
     assert probes["traced"] == 0
     assert probes["eager"] == (2 if settled else 0)  # fast and reference layouts, once, before the export
-    assert fast_paths.off() == []
-    assert fast_paths.decided("channels_last", "cpu", "bfloat16 conv2d/conv3d 3x3") is (True if settled else None)
+    assert self_checks.off() == []
+    assert self_checks.decided("channels_last", "cpu", "bfloat16 conv2d/conv3d 3x3") is (True if settled else None)
 
 
 def test_conv3d_route_under_export_uses_the_decided_state(monkeypatch):
-    """The conv3d guard route (vae/kernels/conv_guard.py) inside torch.export: while its check is undecided the
+    """The conv3d guard route (vae/accel/kernels/conv_guard.py) inside torch.export: while its check is undecided the
     trace takes fp32 conv3d without probing; once an eager call checked it on the device, the trace takes it."""
-    from turbovae.vae.kernels import conv_guard as G
+    from turbovae.vae.accel.kernels import conv_guard as G
 
     calls = {"eager": 0, "traced": 0}
     real = G.conv3d_as_conv2d
@@ -192,14 +192,14 @@ def test_conv3d_route_under_export_uses_the_decided_state(monkeypatch):
 
     x = torch.randn(1, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1))  # one output frame
     want = torch.nn.functional.conv3d(x, w, None, 1, (0, 1, 1))
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         ep = torch.export.export(Conv(), (x,))
-        assert calls == {"eager": 0, "traced": 0} and fast_paths.results() == [] and fast_paths.off() == []
+        assert calls == {"eager": 0, "traced": 0} and self_checks.results() == [] and self_checks.off() == []
         assert torch.allclose(ep.module()(x), want, atol=1e-5)
         Conv()(x)  # eager: probe + routed call
-        assert calls["eager"] == 2 and fast_paths.results()[0].ok
+        assert calls["eager"] == 2 and self_checks.results()[0].ok
         torch.export.export(Conv(), (x,))
-    assert calls["traced"] == 1 and calls["eager"] == 2 and fast_paths.off() == []
+    assert calls["traced"] == 1 and calls["eager"] == 2 and self_checks.off() == []
 
 
 @pytest.mark.skipif(__import__("os").environ.get("TURBOVAE_COMPILE_TESTS") != "1",
@@ -212,6 +212,6 @@ def test_real_bf16_slice_engines_compile_and_serve_with_gpu_paths_live(tmp_path)
 
     import test_engines_video as video
 
-    with fast_paths.gpu_paths_on_cpu():
+    with self_checks.gpu_paths_on_cpu():
         out, ref, calls = video._real_compile_chain(tmp_path, "cpu", torch.bfloat16)
-    assert calls == 1 and psnr(out, ref) >= 40 and fast_paths.off() == []
+    assert calls == 1 and psnr(out, ref) >= 40 and self_checks.off() == []

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from turbovae.vae import fast_paths, gpu_defaults as gd, ops
-from turbovae.vae.compile import CompileSettings
-from turbovae.vae.fast_options import FastPaths
+from turbovae.vae.accel import self_checks
+from turbovae.vae import gpu_defaults as gd, norms
+from turbovae.vae.accel.compile import CompileSettings
+from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 from turbovae.vae.wan import TINY_WAN21, WanVAE
 
@@ -38,7 +39,7 @@ def test_compile_applies_where_measured_faster_on_cuda_only():
 
 
 def test_compile_settings_key_ignores_the_architecture_choice():
-    from turbovae.vae import compile as C
+    from turbovae.vae.accel import compile as C
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     C.apply_compile(model, CompileSettings(backend="eager"))
@@ -60,18 +61,18 @@ def test_channels_last_on_a_gpu_without_fused_norms_follows_the_table(kind_model
     model = SeedVR2VAE(SeedVR2Config.tiny(), FastPaths()) if kind_model == "seedvr2" else WanVAE(TINY_WAN21)
     assert model.fast.channels_last
     try:
-        with fast_paths.gpu_paths_on_cpu():
-            ops.set_fused_dispatch(None)  # no Triton: the unfused norms run
-            assert not ops.fused_norms_run("cpu")
+        with self_checks.gpu_paths_on_cpu():
+            norms.set_fused_dispatch(None)  # no Triton: the unfused norms run
+            assert not norms.fused_norms_run("cpu")
             assert model.active_fast().channels_last is keeps
             model.follow_gpu_defaults = False  # the ablation: exactly the paths asked for
             assert model.active_fast().channels_last
             model.follow_gpu_defaults = True
-            ops.set_fused_dispatch(object())  # a dispatcher installed: fused norms run, channels-last stays
-            assert ops.fused_norms_run("cpu") and model.active_fast().channels_last
+            norms.set_fused_dispatch(object())  # a dispatcher installed: fused norms run, channels-last stays
+            assert norms.fused_norms_run("cpu") and model.active_fast().channels_last
         assert model.active_fast().channels_last  # off the GPU paths: CPU choices are untouched
     finally:
-        ops.reset_fused_dispatch()
+        norms.reset_fused_dispatch()
         model.hold_weights()
 
 
@@ -83,12 +84,12 @@ def test_seedvr2_contiguous_fallback_is_exact():
     with torch.inference_mode():
         cl = model.decode_latents(z)
     try:
-        with fast_paths.gpu_paths_on_cpu():
-            ops.set_fused_dispatch(None)
+        with self_checks.gpu_paths_on_cpu():
+            norms.set_fused_dispatch(None)
             assert not model.active_fast().channels_last
             with torch.inference_mode():
                 contiguous = model.decode_latents(z)
     finally:
-        ops.reset_fused_dispatch()
+        norms.reset_fused_dispatch()
         model.hold_weights()
     torch.testing.assert_close(contiguous, cl, atol=1e-5, rtol=0)

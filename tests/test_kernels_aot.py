@@ -21,7 +21,7 @@ SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from turbovae.vae.kernels import triton_norms as K
+from turbovae.vae.accel.kernels import triton_norms as K
 
 def build(fn, dt, consts):
     ptr = {"n_ptr": "*fp32", "mean_ptr": "*fp32", "m2_ptr": "*fp32"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from turbovae.vae.kernels import conv_guard as G
+from turbovae.vae.accel.kernels import conv_guard as G
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

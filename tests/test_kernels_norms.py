@@ -1,4 +1,4 @@
-"""Fused Triton norm kernels ≡ the PyTorch reference ops in vae/ops.
+"""Fused Triton norm kernels ≡ the PyTorch reference ops in vae/norms.
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1) on CPU tensors, so the
 same numerics are checked in CI; shapes are deliberately odd (not multiples of any block size) and
@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from turbovae.vae import ops
+from turbovae.vae import norms
 
 _ON_GPU = torch.cuda.is_available()
 
@@ -27,7 +27,7 @@ def _load_kernels():
     """
     if _ON_GPU:
         pytest.importorskip("triton")
-        return importlib.import_module("turbovae.vae.kernels.triton_norms")
+        return importlib.import_module("turbovae.vae.accel.kernels.triton_norms")
     if "triton" in sys.modules and not _interpreting():
         pytest.skip("triton was imported before this module without TRITON_INTERPRET=1; run "
                     "`TRITON_INTERPRET=1 python -m pytest tests/test_kernels_norms.py`", allow_module_level=True)
@@ -35,7 +35,7 @@ def _load_kernels():
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         pytest.importorskip("triton")
-        return importlib.import_module("turbovae.vae.kernels.triton_norms")
+        return importlib.import_module("turbovae.vae.accel.kernels.triton_norms")
     finally:
         if previous is None:
             os.environ.pop("TRITON_INTERPRET", None)
@@ -105,10 +105,10 @@ def test_group_norm_silu_matches_reference(shape, groups, dtype, channels_last, 
     w = torch.randn(shape[1], generator=seeded).to(DEVICE, dtype)
     b = torch.randn(shape[1], generator=seeded).to(DEVICE, dtype)
     out = K.group_norm_silu(x, groups, w, b, 1e-6, True)
-    ref = ops.group_norm_silu_reference(x, groups, w, b, 1e-6, silu=True)
+    ref = norms.group_norm_silu_reference(x, groups, w, b, 1e-6, silu=True)
     assert out.shape == ref.shape and out.dtype == dtype
     assert out.stride() == x.stride(), "output must keep the input's memory format"
-    assert_matches(out, ref, ops.group_norm_silu_reference(x.float(), groups, w.float(), b.float(), 1e-6))
+    assert_matches(out, ref, norms.group_norm_silu_reference(x.float(), groups, w.float(), b.float(), 1e-6))
 
 
 def test_group_norm_large_mean_keeps_fp32_accuracy(seeded):
@@ -116,7 +116,7 @@ def test_group_norm_large_mean_keeps_fp32_accuracy(seeded):
     # Welford merge must stay at fp32 accuracy against an fp64 computation of the same input.
     x = (torch.randn(1, 4, 2, 40, 33, generator=seeded) + 300.0).to(DEVICE)
     out = K.group_norm_silu(x, 2, None, None, 1e-6, False)
-    truth = ops.group_norm_silu_reference(x.double(), 2, None, None, 1e-6, silu=False)
+    truth = norms.group_norm_silu_reference(x.double(), 2, None, None, 1e-6, silu=False)
     assert rel_err(out, truth) <= 1e-5
     frames = x.double().transpose(1, 2).reshape(2, 2, -1).float()  # (frame, group, elements)
     naive_var = frames.pow(2).mean(-1) - frames.mean(-1).pow(2)
@@ -129,7 +129,7 @@ def test_group_norm_residual_prologue(seeded):
     w, b = torch.randn(8, generator=seeded).to(DEVICE), torch.randn(8, generator=seeded).to(DEVICE)
     out, summed = K.group_norm_silu(x, 4, w, b, 1e-6, True, residual=r, return_sum=True)
     assert torch.equal(summed, x + r)
-    assert rel_err(out, ops.group_norm_silu_reference(x + r, 4, w, b, 1e-6)) <= 1e-5
+    assert rel_err(out, norms.group_norm_silu_reference(x + r, 4, w, b, 1e-6)) <= 1e-5
 
 
 RMS_CASES = [  # shape, gamma shape
@@ -149,9 +149,9 @@ def test_rms_norm_silu_matches_reference(shape, gshape, dtype, channels_last, wi
     gamma = (torch.rand(gshape, generator=seeded) + 0.5).to(DEVICE, dtype)
     bias = torch.randn(gshape, generator=seeded).to(DEVICE, dtype) if with_bias else None
     out = K.rms_norm_silu(x, gamma, bias, True, 1e-12)
-    ref = ops.rms_norm_silu_reference(x, gamma, bias, silu=True)
+    ref = norms.rms_norm_silu_reference(x, gamma, bias, silu=True)
     assert out.stride() == x.stride()
-    truth = ops.rms_norm_silu_reference(x.float(), gamma.float(), bias.float() if with_bias else None)
+    truth = norms.rms_norm_silu_reference(x.float(), gamma.float(), bias.float() if with_bias else None)
     assert_matches(out, ref, truth)
 
 
@@ -160,7 +160,7 @@ def test_rms_norm_zero_pixels_use_eps_clamp_like_reference():
     x[..., 0, 0] = 1.0
     gamma = torch.ones(8, 1, 1, 1, device=DEVICE)
     out = K.rms_norm_silu(x, gamma, None, False, 1e-12)
-    ref = ops.rms_norm_silu_reference(x, gamma, None, silu=False)
+    ref = norms.rms_norm_silu_reference(x, gamma, None, silu=False)
     assert torch.isfinite(out).all() and rel_err(out, ref) <= 1e-5
 
 
@@ -169,7 +169,7 @@ def test_rms_norm_residual_prologue(seeded):
     gamma = torch.rand(16, 1, 1, 1, generator=seeded).to(DEVICE)
     out, summed = K.rms_norm_silu(x, gamma, None, True, residual=r, return_sum=True)
     assert torch.equal(summed, x + r)
-    assert rel_err(out, ops.rms_norm_silu_reference(x + r, gamma)) <= 1e-5
+    assert rel_err(out, norms.rms_norm_silu_reference(x + r, gamma)) <= 1e-5
 
 
 def test_unsupported_layouts_return_none_for_the_reference_path(seeded):
@@ -191,8 +191,8 @@ def test_group_norm_real_sizes_on_gpu(shape, groups, channels_last, seeded):
     x = _layout(torch.randn(shape, generator=seeded).to("cuda", torch.bfloat16), channels_last)
     w = torch.randn(shape[1], generator=seeded).to("cuda", torch.bfloat16)
     out = K.group_norm_silu(x, groups, w, w, 1e-6, True)
-    ref = ops.group_norm_silu_reference(x, groups, w, w, 1e-6)
-    assert_matches(out, ref, ops.group_norm_silu_reference(x.float(), groups, w.float(), w.float(), 1e-6))
+    ref = norms.group_norm_silu_reference(x, groups, w, w, 1e-6)
+    assert_matches(out, ref, norms.group_norm_silu_reference(x.float(), groups, w.float(), w.float(), 1e-6))
 
 
 @pytest.mark.gpu
@@ -202,7 +202,7 @@ def test_rms_norm_real_sizes_on_gpu(shape, channels_last, seeded):
     x = _layout(torch.randn(shape, generator=seeded).to("cuda", torch.bfloat16), channels_last)
     gamma = torch.rand(shape[1], 1, 1, 1, generator=seeded).to("cuda", torch.bfloat16)
     out = K.rms_norm_silu(x, gamma, None, True)
-    assert_matches(out, ops.rms_norm_silu_reference(x, gamma), ops.rms_norm_silu_reference(x.float(), gamma.float()))
+    assert_matches(out, norms.rms_norm_silu_reference(x, gamma), norms.rms_norm_silu_reference(x.float(), gamma.float()))
 
 
 def test_every_launch_runs_under_the_guard_of_the_tensors_device(monkeypatch):

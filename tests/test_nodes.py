@@ -382,7 +382,7 @@ def test_compile_settings_node_validates_and_builds_settings():
     assert "not a valid choice" in TurboVAECompileSettings.validate_inputs(mode="turbo")
     with pytest.raises(ValueError, match="dynamic='maybe'"):
         TurboVAECompileSettings.execute(dynamic="maybe")
-    compile_mod = pytest.importorskip("turbovae.vae.compile", reason="vae/compile.py (kernels area) not landed yet")
+    compile_mod = pytest.importorskip("turbovae.vae.accel.compile", reason="vae/accel/compile.py (kernels area) not landed yet")
     settings = TurboVAECompileSettings.execute(backend="inductor", mode="max-autotune-no-cudagraphs",
                                                dynamic="false", fullgraph=True, cache_size_limit=16).args[0]
     assert isinstance(settings, compile_mod.CompileSettings)
@@ -438,7 +438,7 @@ def test_compile_settings_node_says_what_compile_does_per_architecture():
 @pytest.mark.parametrize("architectures, compiled", [("where measured faster", False), ("all", True)])
 def test_loader_leaves_seedvr2_eager_on_cuda_where_compile_measured_slower(monkeypatch, architectures, compiled):
     """The loader only decides here (the load device is faked as CUDA; nothing runs on it)."""
-    from turbovae.vae import compile as compile_mod
+    from turbovae.vae.accel import compile as compile_mod
 
     calls = []
     monkeypatch.setattr(compile_mod, "apply_compile", lambda model, settings: calls.append(model.kind))
@@ -595,12 +595,12 @@ def test_fixed_combo_options_are_the_librarys_tables():
     """One table per fact: every combo whose options are fixed is exactly one of the library's option tables
     (what the library accepts), never a list restated in the node; file lists and node-only UI choices are
     named here with the reason."""
-    from turbovae.trt.backend_registry import BACKEND_CHOICES
-    from turbovae.trt.buckets import MODES as ENGINE_SET_MODES
-    from turbovae.vae import compile as compile_settings
+    from turbovae.engines.backends import BACKEND_CHOICES
+    from turbovae.engines.buckets import MODES as ENGINE_SET_MODES
+    from turbovae.vae.accel import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
     from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
-    from turbovae.vae.tiling.api import MODES as TILE_MODES
+    from turbovae.vae.tiling.tiler import MODES as TILE_MODES
 
     library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
                compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC), COMPILE_ARCHITECTURES}
@@ -630,7 +630,7 @@ def _assert_no_restated_tables(library: set) -> None:
 
     root = NODES_DIR.parent
     members = {frozenset(t) for t in library}
-    for path in [*NODES_DIR.glob("*.py"), root / "cli.py", root / "cli_parallel.py", root / "trt" / "cli.py"]:
+    for path in [*NODES_DIR.glob("*.py"), root / "cli.py", root / "cli_parallel.py", root / "engines" / "cli.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1 and all(
                     isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):

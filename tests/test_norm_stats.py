@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from turbovae.vae import ops
+from turbovae.vae import norms
 from turbovae.vae.seedvr2.layerwise import SplitPolicy, norm_silu_pre
 
 MEAN, STD = 20.0, 1.0
@@ -62,9 +62,9 @@ def test_group_norm_is_stable_in_every_layout(shape, groups, silu, seeded):
     w = torch.randn(shape[1], generator=seeded)
     b = torch.randn(shape[1], generator=seeded)
     for name, xl in _layouts(x).items():
-        truth = ops.group_norm_silu_reference(xl.double().contiguous(), groups, w.double(), b.double(), 1e-6, silu=silu)
-        stable = _err(ops.group_norm_silu_reference(xl.contiguous(), groups, w, b, 1e-6, silu=silu), truth)
-        for op in (ops.group_norm_silu_reference, ops.group_norm_silu):
+        truth = norms.group_norm_silu_reference(xl.double().contiguous(), groups, w.double(), b.double(), 1e-6, silu=silu)
+        stable = _err(norms.group_norm_silu_reference(xl.contiguous(), groups, w, b, 1e-6, silu=silu), truth)
+        for op in (norms.group_norm_silu_reference, norms.group_norm_silu):
             out = op(xl, groups, w, b, 1e-6, silu=silu)
             assert out.shape == xl.shape
             err = _err(out, truth)
@@ -79,7 +79,7 @@ def test_group_norm_keeps_the_input_layout(shape, seeded):
         if xl.ndim != x.ndim or not xl.is_contiguous(memory_format=torch.channels_last_3d if xl.ndim == 5
                                                      else torch.channels_last):
             continue
-        out = ops.group_norm_silu_reference(xl, 32, None, None, 1e-6)
+        out = norms.group_norm_silu_reference(xl, 32, None, None, 1e-6)
         assert out.stride() == xl.stride(), name
 
 
@@ -87,12 +87,12 @@ def test_stable_group_norm_merges_many_chunks(seeded, monkeypatch):
     """Chunks of one row (the merge formula runs over every row) give what one chunk gives."""
     x = _shifted((2, 64, 23, 17), seeded, mean=50.0).contiguous(memory_format=torch.channels_last)
     truth = F.group_norm(x.double().contiguous(), 16, None, None, 1e-6)
-    whole = ops.group_norm_channels_last(x, 16, None, None, 1e-6)
-    monkeypatch.setattr(ops, "_STATS_CHUNK_ELEMS", 1)
-    rows = ops.group_norm_channels_last(x, 16, None, None, 1e-6)
+    whole = norms.group_norm_channels_last(x, 16, None, None, 1e-6)
+    monkeypatch.setattr(norms, "_STATS_CHUNK_ELEMS", 1)
+    rows = norms.group_norm_channels_last(x, 16, None, None, 1e-6)
     assert _err(whole, truth) <= 2e-5 and _err(rows, truth) <= 2e-5
     with pytest.raises(ValueError, match="divisible"):
-        ops.group_norm_channels_last(x, 5, None, None, 1e-6)
+        norms.group_norm_channels_last(x, 5, None, None, 1e-6)
 
 
 def test_pytorch_channels_last_cpu_group_norm_still_cancels(seeded):
@@ -115,8 +115,8 @@ def test_rms_norm_is_stable_in_every_layout(shape, with_bias, seeded):
     for name, xl in _layouts(x).items():
         g = gamma if xl.ndim == gamma.ndim + 1 else gamma.view((-1,) + (1,) * (xl.ndim - 2))
         bb = None if bias is None else bias.view(g.shape)
-        truth = ops.rms_norm_silu_reference(xl.double(), g.double(), None if bb is None else bb.double())
-        for op in (ops.rms_norm_silu_reference, ops.rms_norm_silu):
+        truth = norms.rms_norm_silu_reference(xl.double(), g.double(), None if bb is None else bb.double())
+        for op in (norms.rms_norm_silu_reference, norms.rms_norm_silu):
             err = _err(op(xl, g, bb), truth)
             assert err <= 2e-6 * truth.abs().max().item(), f"{op.__name__} {name}: {err:.2e}"
 
@@ -132,12 +132,12 @@ def test_exact_tiling_norm_statistics_are_stable(layout, seeded):
         norm.weight.copy_(torch.randn(64, generator=seeded))
         norm.bias.copy_(torch.randn(64, generator=seeded))
     apply = norm_silu_pre(norm, x, SplitPolicy(budget_elems=64 * 3 * 40 * 5))  # five rows a chunk
-    truth = ops.group_norm_silu_reference(x.double().contiguous(), 32, norm.weight.double(), norm.bias.double(),
+    truth = norms.group_norm_silu_reference(x.double().contiguous(), 32, norm.weight.double(), norm.bias.double(),
                                           1e-6)
     with torch.no_grad():
         out = apply(x)
     assert _err(out, truth) <= 1e-4 * _range(truth)
-    assert _err(out, truth) <= 4 * _err(ops.group_norm_silu_reference(x.contiguous(), 32, norm.weight,
+    assert _err(out, truth) <= 4 * _err(norms.group_norm_silu_reference(x.contiguous(), 32, norm.weight,
                                                                        norm.bias, 1e-6), truth) + 1e-6
 
 
@@ -151,9 +151,9 @@ def test_cuda_group_norm_is_stable_on_shifted_input(channels_last, fused, seeded
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last_3d)
     w = torch.randn(128, generator=seeded).cuda()
-    truth = ops.group_norm_silu_reference(x.double().contiguous(), 32, w.double(), w.double(), 1e-6)
-    with ops.fused_norms(fused):
-        out = ops.group_norm_silu(x, 32, w, w, 1e-6)
+    truth = norms.group_norm_silu_reference(x.double().contiguous(), 32, w.double(), w.double(), 1e-6)
+    with norms.fused_norms(fused):
+        out = norms.group_norm_silu(x, 32, w, w, 1e-6)
     assert _err(out, truth) <= 1e-4 * _range(truth)
 
 
@@ -165,7 +165,7 @@ def test_cuda_rms_norm_is_stable_on_shifted_input(channels_last, fused, seeded):
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last_3d)
     gamma = torch.rand(384, 1, 1, 1, generator=seeded).cuda()
-    truth = ops.rms_norm_silu_reference(x.double(), gamma.double())
-    with ops.fused_norms(fused):
-        out = ops.rms_norm_silu(x, gamma)
+    truth = norms.rms_norm_silu_reference(x.double(), gamma.double())
+    with norms.fused_norms(fused):
+        out = norms.rms_norm_silu(x, gamma)
     assert _err(out, truth) <= 2e-6 * truth.abs().max().item()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from turbovae.vae.api import TurboVAE
-from turbovae.vae.fast_options import FastPaths
+from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.memory_budget import (BudgetTooSmall, MemoryBudget, choose_temporal_slice,
                                         default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES)
 from turbovae.vae.peak_memory import LiveBytes, MetaPasses, PassPaths, _meta_steps, measure_pass, predict_pass

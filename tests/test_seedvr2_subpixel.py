@@ -124,9 +124,9 @@ def test_decoder_with_composed_upsampler_equals_plain_decoder():
 
 @pytest.mark.parametrize("transposed", [False, True])
 def test_matmul_through_a_1x1_conv_equals_mm(transposed):
-    """`ops.matmul` (the composition's GEMM) runs as a 1×1 conv on CPU: same product as `torch.mm`, any input
+    """`norms.matmul` (the composition's GEMM) runs as a 1×1 conv on CPU: same product as `torch.mm`, any input
     strides, a contiguous result; on the meta device (the FLOP counter) it stays `mm`."""
-    from turbovae.vae.ops import matmul
+    from turbovae.vae.norms import matmul
 
     g = torch.Generator().manual_seed(3)
     a = torch.randn(90, 330, generator=g).t() if transposed else torch.randn(330, 90, generator=g)

@@ -8,7 +8,7 @@ import torch
 from turbovae.bench import slices
 from turbovae.bench.common import BenchOptions
 from turbovae.vae.api import TurboVAE
-from turbovae.vae.memory import FASTEST_SLICE, auto_temporal_slice
+from turbovae.vae.free_memory import FASTEST_SLICE, auto_temporal_slice
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
 

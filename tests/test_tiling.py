@@ -10,7 +10,7 @@ import turbovae
 from turbovae import TurboVAE, decode_tiled, encode_tiled
 from turbovae.vae.seedvr2.config import SeedVR2Config
 from turbovae.vae.seedvr2.model import SeedVR2VAE
-from turbovae.vae.tiling import api as tiling_api
+from turbovae.vae.tiling import tiler as tiling_api
 from turbovae.vae.tiling import plan as tiling_plan  # the tile size is decided by the plan
 from turbovae.vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21
 from turbovae.vae.wan.model import WanVAE

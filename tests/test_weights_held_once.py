@@ -17,7 +17,7 @@ from turbovae.bench import peak_rss
 from turbovae.vae import seedvr2, wan
 from turbovae.vae.seedvr2 import SeedVR2Config
 from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
-from turbovae.vae.weight_layout import is_channels_last
+from turbovae.vae.accel.weight_layout import is_channels_last
 
 HELD_SHARE = 0.05  # of the parameters' size
 ARCHITECTURES = {  # name -> (the architecture's key -> shape table, real config, tiny config)

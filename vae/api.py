@@ -18,10 +18,10 @@ from .architectures import detect_architecture
 from .registry import supported_text
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
-from .cuda_graphs import CudaGraphRunner
+from .accel.cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype, working_dtype
-from .weight_layout import checkpoint_layout
-from .memory import check_fits
+from .accel.weight_layout import checkpoint_layout
+from .free_memory import check_fits
 from .memory_budget import MemoryBudget, SlicePlan, choose_temporal_slice, near_square_shape
 from .peak_memory import MetaPasses, PassPaths
 
@@ -183,7 +183,7 @@ class TurboVAE:
     def state_dict(self) -> StateDict:
         """The checkpoint's keys, shapes, values and layout (contiguous tensors, ready for safetensors).
 
-        The model stores some weights in another memory layout (`vae/weight_layout.py`); this returns
+        The model stores some weights in another memory layout (`vae/accel/weight_layout.py`); this returns
         contiguous copies of those, so it costs their size while the caller holds it. `model.state_dict()`
         returns the parameters themselves (same shapes and values, no copies)."""
         return checkpoint_layout(self.model.state_dict())
@@ -380,7 +380,7 @@ def load_checkpoint(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
                     config: Optional[dict] = None) -> TurboVAE:
     """Load a VAE from a checkpoint file, a diffusers folder or a state dict — checkpoints only. The public
     loader is `turbovae.load_vae` (loading.py), which also takes engine folders and calls this for
-    checkpoints; `vae/` code and the engine loader's fallback call this directly (`vae/` never imports `trt/`).
+    checkpoints; `vae/` code and the engine loader's fallback call this directly (`vae/` never imports `engines/`).
 
     The architecture is detected from the keys and checked strictly (every key, every shape, every value
     finite). `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.

@@ -15,12 +15,12 @@ from typing import Callable, ClassVar, Generic, Iterator, Optional, Protocol, Se
 import torch
 from torch import nn
 
-from .fast_options import FastPaths, active
-from . import fast_paths
+from .accel.switches import FastPaths, active
+from .accel import self_checks
 from .gpu_defaults import UNMEASURED, GpuDefaults, channels_last_applies
-from .ops import fused_norms_run
+from .norms import fused_norms_run
 from .tracing import tracing
-from .weight_layout import PassScratch, conv_modules, hold_layout
+from .accel.weight_layout import PassScratch, conv_modules, hold_layout
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class LatentFormat:
 
 
 @dataclass(frozen=True)
-class MemoryModel:
+class WorkingSetModel:
     """Working memory of one pass, used to pick temporal slices and tile sizes automatically.
 
     Bytes are per pixel of the *pixel-space* frame (output for decode, input for encode) per frame
@@ -198,16 +198,16 @@ class ExactTilingRunner(Protocol[R]):
     """What runs an exact plan, one method per way of tiling exactly (`ExactTiling.run_with` picks it)."""
 
     def staged(self, plan) -> R:
-        """A plan of local stages per tile and one global part at latent resolution (`vae.plans.ExactPlan`)."""
+        """A plan of local stages per tile and one global part at latent resolution (`vae.exact_tiling.ExactPlan`)."""
 
     def layerwise(self, plan) -> R:
-        """A plan that runs the model's own forward layer by layer (`vae.plans.LayerwisePlan`)."""
+        """A plan that runs the model's own forward layer by layer (`vae.exact_tiling.LayerwisePlan`)."""
 
 
 class ExactTiling(ABC, Generic[R]):
     """What `VAEModel.exact_plan` returns: how a model's pass is split so that tiles give the untiled result.
 
-    Two implementations (vae/plans.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
+    Two implementations (vae/exact_tiling.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
     Qwen-Image) and `LayerwisePlan` (the whole forward layer by layer with tile-bounded working memory; SeedVR2,
     whose every GroupNorm spans the frame). Callers never test which one they hold: they pass a runner with a
     method for each, and the plan calls its own (`run_with`)."""
@@ -253,7 +253,7 @@ class VAEModel(nn.Module, ABC):
 
     kind: ClassVar[str]
     latent_format: LatentFormat
-    memory_model: MemoryModel
+    memory_model: WorkingSetModel
     fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
     follow_gpu_defaults: bool = True  # False: run exactly `fast` on a GPU (vae/gpu_defaults.py; the ablation)
 
@@ -270,7 +270,7 @@ class VAEModel(nn.Module, ABC):
     def hold_weights(self, channels_last: Optional[bool] = None) -> None:
         """Lay every conv weight out, in place, in the layout this model's convs read: channels-last where that
         path is on (default: `fast.channels_last`), else the checkpoint's contiguous layout. The weights stay
-        the only copy (`vae/weight_layout.py`); a conv handed weights in the other layout would reorder them, or
+        the only copy (`vae/accel/weight_layout.py`); a conv handed weights in the other layout would reorder them, or
         its input, on every call. Architectures call it at the end of `__init__` and after every
         `load_state_dict` (`hold_weights_after_loads`); setting `fast` calls it too."""
         hold_layout(conv_modules(self), self._fast.channels_last if channels_last is None else channels_last)
@@ -295,7 +295,7 @@ class VAEModel(nn.Module, ABC):
         Under a tracer the weights are left as they are: re-laying parameters out inside a trace would put
         fake tensors in their place, which export lifts as constants; the traced convs read either layout."""
         fast = active(self.fast, self.device, self.dtype)
-        if fast.channels_last and self.follow_gpu_defaults and fast_paths.applies_to(self.device) \
+        if fast.channels_last and self.follow_gpu_defaults and self_checks.applies_to(self.device) \
                 and not channels_last_applies(self.gpu_defaults(), True, fused_norms_run(self.device)):
             fast = replace(fast, channels_last=False)
         if fast.channels_last != self.fast.channels_last and not tracing():
@@ -489,3 +489,17 @@ def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]
         out.append((start, stop))
         start = stop
     return out
+
+
+_OLD_WORKING_SET_NAME = "MemoryModel"  # turbovae-deprecated-alias
+
+
+def __getattr__(name: str) -> object:
+    """The old name of `WorkingSetModel` (a hand estimate of a pass's working set) still resolves, with a
+    DeprecationWarning."""
+    if name == _OLD_WORKING_SET_NAME:
+        import warnings
+
+        warnings.warn(f"turbovae.vae.base.{name} is now WorkingSetModel", DeprecationWarning, stacklevel=2)
+        return WorkingSetModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .base import VAEModel
-from .memory import FASTEST_SLICE, USABLE_FRACTION, free_memory_bytes
+from .free_memory import FASTEST_SLICE, USABLE_FRACTION, free_memory_bytes
 from .peak_memory import MetaPasses, PassPaths, PeakPrediction
 
 log = logging.getLogger("turbovae")

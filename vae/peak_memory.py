@@ -1,7 +1,7 @@
 """Peak memory of a pass, known before it runs: the pass itself on meta tensors, its storages counted.
 
 Why: a clip decode that runs out of memory does so after minutes of sampling, and a hand formula per model
-(what `MemoryModel` and ComfyUI core use) is off by large factors on some shapes. A pass run on the meta
+(what `WorkingSetModel` and ComfyUI core use) is off by large factors on some shapes. A pass run on the meta
 device allocates nothing and runs no arithmetic, but every op still creates its output storages with their
 real sizes and frees them when the last reference goes, exactly as the real pass would. `LiveBytes` counts
 those storages (a weakref finalizer on each one tells when it is freed) and keeps the peak; running the real
@@ -28,10 +28,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import ops
+from . import norms
 from .base import VAEModel
-from .fast_options import FastPaths, active
-from . import fast_paths
+from .accel.switches import FastPaths, active
+from .accel import self_checks
 
 
 class LiveBytes(TorchDispatchMode):
@@ -107,7 +107,7 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 class MetaFusedNorms:
-    """The fused norm kernels' allocations on meta tensors (`vae.ops.meta_fused_norms`): one output like the input,
+    """The fused norm kernels' allocations on meta tensors (`vae.norms.meta_fused_norms`): one output like the input,
     in its memory format, where the PyTorch path makes an fp32 copy, the normalised tensor and its cast."""
 
     def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool) -> torch.Tensor:
@@ -131,8 +131,8 @@ class PassPaths:
         only after its self-check), fused norms where the kernels are installed and not switched off."""
         device = torch.device(device)
         fused = False
-        if fast_paths.applies_to(device) and fast_paths.enabled("triton_norms", device):
-            fused = ops.fused_dispatch() is not None
+        if self_checks.applies_to(device) and self_checks.enabled("triton_norms", device):
+            fused = norms.fused_dispatch() is not None
         return cls(active(model.fast, device, dtype), fused)
 
     @classmethod
@@ -189,7 +189,7 @@ def _meta_steps(clone: VAEModel, shape: tuple[int, ...], decode: bool, dtype: to
     def progress(_done: int, _total: int) -> None:
         steps.append(tracker.window_peak())
 
-    with torch.inference_mode(), ops.meta_fused_norms(MetaFusedNorms() if fused_norms else None), tracker:
+    with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), tracker:
         out = _run(clone, x, decode, temporal_slice, progress)
     out_shape = out.shape
     del out

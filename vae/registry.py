@@ -23,7 +23,7 @@ import torch
 from . import seedvr2, wan
 from .base import ExactTiling, VAEModel
 from .checkpoint import SD_KL, Architecture, register_architecture, registered_architectures, unregister_architecture
-from .fast_options import FastPaths
+from .accel.switches import FastPaths
 from .gpu_defaults import GpuDefaults
 from .wan.config import diffusers_kwargs as wan_diffusers_kwargs
 

@@ -1,71 +1,7 @@
-"""Fused GPU kernels for the norm(+SiLU) ops, and the conv3d regression guard.
+"""Deprecated alias (turbovae-deprecated-alias): this package moved to `vae.accel.kernels`; import it from there.
+Importing this package or any module under it warns and gives the moved module itself
+(vae/deprecation.py)."""
 
-`vae.ops` resolves its fused dispatcher lazily, on the first CUDA tensor it sees, by calling
-`default_dispatch()` here; nothing is installed at `import turbovae` time and no torch function is
-patched. On CPU, without Triton, or with `TURBOVAE_FUSED_KERNELS=0`, the ops keep their exact
-PyTorch reference path.
-"""
+from ..deprecation import alias_package
 
-from __future__ import annotations
-
-import importlib.util
-import logging
-import os
-from typing import Optional
-
-import torch
-
-log = logging.getLogger("turbovae")
-
-ENV_DISABLE = "TURBOVAE_FUSED_KERNELS"
-
-
-def triton_available() -> bool:
-    """True when the `triton` package can be imported (it is not imported here)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-class TritonNormDispatch:
-    """What `vae.ops.set_fused_dispatch` expects: returns a tensor, or None to use the reference."""
-
-    name = "triton"
-
-    def __init__(self) -> None:
-        from . import triton_norms  # imports Triton
-
-        self._k = triton_norms
-
-    def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool):
-        if not _kernel_dtype(x) or torch.is_grad_enabled() and _needs_grad(x, weight, bias):
-            return None
-        return self._k.group_norm_silu(x, num_groups, weight, bias, eps, silu)
-
-    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float):
-        if not _kernel_dtype(x) or torch.is_grad_enabled() and _needs_grad(x, gamma, bias):
-            return None
-        return self._k.rms_norm_silu(x, gamma, bias, silu, eps)
-
-
-def _kernel_dtype(x: torch.Tensor) -> bool:
-    return x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _needs_grad(*tensors) -> bool:
-    # The kernels have no backward; training (or anything needing grads) keeps the autograd path.
-    return any(t is not None and t.requires_grad for t in tensors)
-
-
-def default_dispatch() -> Optional[TritonNormDispatch]:
-    """The dispatcher `vae.ops` installs on first CUDA use: Triton kernels if usable, else None."""
-    if os.environ.get(ENV_DISABLE, "1").strip().lower() in ("0", "false", "no", "off"):
-        log.info("turbovae: fused norm kernels disabled by %s", ENV_DISABLE)
-        return None
-    if not torch.cuda.is_available() or not triton_available():
-        return None
-    try:
-        dispatch = TritonNormDispatch()
-    except Exception as exc:  # a broken Triton install must not break decoding
-        log.warning("turbovae: Triton present but unusable (%s); using PyTorch norms", exc)
-        return None
-    log.info("turbovae: fused Triton GroupNorm/RMS-norm+SiLU kernels enabled")
-    return dispatch
+alias_package(__name__, __name__.rsplit(".", 2)[0] + ".vae.accel.kernels")

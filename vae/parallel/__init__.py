@@ -2,7 +2,7 @@
 torch.distributed process group: bands.py (geometry), collectives.py (the two transports), sharded.py
 (one rank's pass), api.py (`decode_parallel` / `encode_parallel`)."""
 
-from .api import decode_parallel, encode_parallel, parse_devices
+from .passes import decode_parallel, encode_parallel, parse_devices
 from .collectives import ParallelPassError
 
 __all__ = ["decode_parallel", "encode_parallel", "parse_devices", "ParallelPassError"]

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..plans import ExactPlan, LocalStage
+from ..exact_tiling import ExactPlan, LocalStage
 from ..tiling.exact import stage_resolutions
 from ..tiling.fast import PassGeometry
 from .bands import BandPlan

@@ -20,7 +20,8 @@ from typing import Callable, Optional, Protocol, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
-from .. import device_guard, fast_paths
+from .. import device_guard
+from ..accel import self_checks
 from ..base import Progress
 
 T = TypeVar("T")
@@ -255,19 +256,19 @@ class DistCollective:
 
 
 def process_group_trusted(comm: DistCollective) -> bool:
-    """The process group's self-check (vae/fast_paths), on GPU devices: an all_reduce of known values (rank + 1
+    """The process group's self-check (vae/accel/self_checks), on GPU devices: an all_reduce of known values (rank + 1
     on every rank) must give their exact sum, once per (device, backend, world size). Every rank sees the same
     reduced values, so the ranks decide alike; a rank whose probe raises decides alone (its peers then fail at
     their next collective, as for any failed rank)."""
-    if not fast_paths.applies_to(comm.device):
+    if not self_checks.applies_to(comm.device):
         return True
     n = comm.size
     key = f"{dist.get_backend(comm.group)} group of {n}"
     probe = lambda: comm.all_reduce_sum(torch.full((4,), float(comm.rank + 1), device=comm.device))  # noqa: E731
     want = lambda: torch.full((4,), float(n * (n + 1) // 2), device=comm.device)  # noqa: E731
-    if not fast_paths.check("process_group", comm.device, key, probe, want):
+    if not self_checks.check("process_group", comm.device, key, probe, want):
         return False
-    fast_paths.used("process_group")
+    self_checks.used("process_group")
     return True
 
 

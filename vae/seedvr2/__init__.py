@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 import torch
 
 from ..checkpoint import Architecture, CheckpointError, architecture_error, check_strict, compare_keys
-from ..fast_options import FastPaths
+from ..accel.switches import FastPaths
 from .config import SeedVR2Config
 from .keys import SIGNATURE_KEYS, expected_shapes
 from .model import SeedVR2VAE

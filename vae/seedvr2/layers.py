@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PassContext as BasePassContext
-from ..memory_format import channels_last_format, memory_format_of
-from ..ops import group_norm_silu
-from ..kernels.conv_guard import conv3d as guarded_conv3d
+from ..accel.tensor_layout import channels_last_format, memory_format_of
+from ..norms import group_norm_silu
+from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
 from .layerwise import SplitPolicy
 from .shuffle import pixel_shuffle_3d
-from ..fast_options import FastPaths
+from ..accel.switches import FastPaths
 
 
 class SeedVR2Pass(BasePassContext):
@@ -73,7 +73,7 @@ class CausalConv3d(nn.Conv3d):
         """Sum of the temporal taps (in fp32): at T=1 every window sees [f0]*k_t, so conv3d == conv2d(Σ taps).
 
         Made for this call and freed after it (a third of this layer's weight): the parameters are the
-        only resident copy of the weights (`vae/weight_layout.py` says why)."""
+        only resident copy of the weights (`vae/accel/weight_layout.py` says why)."""
         return tap_sum(self.weight)
 
     def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:

@@ -26,8 +26,8 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..kernels.conv_guard import conv3d as guarded_conv3d
-from ..plans import partition
+from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
+from ..exact_tiling import partition
 
 # `pre(crop, t0)` normalises a crop whose first frame is frame `t0` of the tensor the statistics came from.
 Pre = Optional[Callable[[torch.Tensor, int], torch.Tensor]]

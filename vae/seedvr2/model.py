@@ -18,9 +18,9 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, MemoryModel, State, VAEModel, run_slices
-from ..plans import LayerwisePlan
-from ..fast_options import FastPaths
+from ..base import LatentFormat, WorkingSetModel, State, VAEModel, run_slices
+from ..exact_tiling import LayerwisePlan
+from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
 from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
@@ -97,7 +97,7 @@ class Decoder3D(nn.Module):
         return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx)
 
 
-def _memory_model(cfg: SeedVR2Config) -> MemoryModel:
+def _memory_model(cfg: SeedVR2Config) -> WorkingSetModel:
     """Working-set estimate from the widest full-resolution stages (2-byte dtype).
 
     Decode peaks in the last up block: a 2·C0-channel input, its normalised copy, the padded conv
@@ -106,7 +106,7 @@ def _memory_model(cfg: SeedVR2Config) -> MemoryModel:
     `fixed_bytes` for a 1080p frame with a memory-efficient kernel (it does not store scores).
     """
     c0, cm = cfg.block_out_channels[0], cfg.block_out_channels[-1]
-    return MemoryModel(encode_bytes_per_pixel=9 * c0 * 2, decode_bytes_per_pixel=11 * c0 * 2,
+    return WorkingSetModel(encode_bytes_per_pixel=9 * c0 * 2, decode_bytes_per_pixel=11 * c0 * 2,
                        fixed_bytes=256 * 2**20 + 8 * cm * 2 * (1920 * 1080 // 64))
 
 

@@ -25,7 +25,7 @@ What the composition must still honour:
   reads from memory at full resolution (three frame-taps) and its own frames through the composition.
 
 The composed weights are made per call and freed after it (the parameters stay the only resident copy,
-`vae/weight_layout.py`); `worth_composing` keeps the plain path where composing would cost more than it saves.
+`vae/accel/weight_layout.py`); `worth_composing` keeps the plain path where composing would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..kernels.conv_guard import conv3d as guarded_conv3d
-from ..memory_format import memory_format_of
-from ..ops import matmul
+from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
+from ..accel.tensor_layout import memory_format_of
+from ..norms import matmul
 from .shuffle import pixel_shuffle_3d
 
 # For output phase a of a 3-tap window (offsets -1, 0, +1 at full resolution): which of the two
@@ -73,7 +73,7 @@ def composed_atoms(conv_weight: torch.Tensor, upscale_weight: torch.Tensor, zr: 
     for output row 2i + a.
 
     `conv_weight` [O, M, k_t, 3, 3] (k_t = 1 for the folded image path), `upscale_weight` [4·z_r·M, I, …] with
-    channel index ((x·2 + y)·z_r + z)·M + m. One GEMM (`ops.matmul`) forms every (tap, input sub-pixel) product in fp32;
+    channel index ((x·2 + y)·z_r + z)·M + m. One GEMM (`norms.matmul`) forms every (tap, input sub-pixel) product in fp32;
     each product belongs to exactly one (phase, low-resolution tap), where it is added."""
     o, m, kt = conv_weight.shape[:3]
     i = upscale_weight.shape[1]

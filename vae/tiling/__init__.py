@@ -1,5 +1,5 @@
 """Spatial tiling and temporal slicing over any `VAEModel` (fast, exact and auto modes)."""
 
-from .api import decode_tiled, encode_tiled
+from .tiler import decode_tiled, encode_tiled
 
 __all__ = ["decode_tiled", "encode_tiled"]

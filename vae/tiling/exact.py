@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..oom import OutOfMemory, attempt
-from ..plans import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
+from ..exact_tiling import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry

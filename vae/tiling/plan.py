@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..api import TurboVAE
 from ..base import check_temporal_slice
-from ..memory import USABLE_FRACTION, free_memory_bytes
+from ..free_memory import USABLE_FRACTION, free_memory_bytes
 from .exact import supports_exact
 from .grid import TileGrid
 from .retry import MIN_TILE_LATENT

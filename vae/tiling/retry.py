@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..base import Progress
-from ..memory import free_memory_bytes
+from ..free_memory import free_memory_bytes
 from ..oom import OutOfMemory, RetriesExhausted, release_cached
 
 log = logging.getLogger(__name__)

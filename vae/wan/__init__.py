@@ -19,7 +19,7 @@ from ..checkpoint import Architecture, CheckpointError, check_strict
 from .config import (QWEN_IMAGE_LAYERED, RELEASED_IMAGE_CHANNELS, TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanConfig,
                      config_from_diffusers, kind_from_channels)
 from .keys import diffusers_to_original, is_wan22, key_format, original_to_diffusers, pixel_conv_channels
-from ..fast_options import FastPaths
+from ..accel.switches import FastPaths
 from .layers import WAN_FAST
 from .model import WanVAE
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..base import CausalStream
-from ..plans import ExactPlan, LocalStage
+from ..exact_tiling import ExactPlan, LocalStage
 from .layers import StreamContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
 

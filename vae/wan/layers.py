@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PassContext
-from ..fast_options import FastPaths
-from ..ops import rms_norm_silu
-from ..memory_format import channels_last_format, memory_format_of
-from ..kernels.conv_guard import conv3d as guarded_conv3d
+from ..accel.switches import FastPaths
+from ..norms import rms_norm_silu
+from ..accel.tensor_layout import channels_last_format, memory_format_of
+from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 

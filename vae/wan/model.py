@@ -18,11 +18,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, MemoryModel, State, VAEModel
-from ..fast_options import FastPaths
+from ..base import LatentFormat, WorkingSetModel, State, VAEModel
+from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
-from ..memory_format import channels_last_format
-from ..plans import ExactPlan
+from ..accel.tensor_layout import channels_last_format
+from ..exact_tiling import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
@@ -233,7 +233,7 @@ class WanVAE(VAEModel):
                               prepare=self.to_memory_format, image_path=self.fast.image_path)
 
 
-def memory_model(cfg: WanConfig) -> MemoryModel:
+def memory_model(cfg: WanConfig) -> WorkingSetModel:
     """Working-set estimate (2-byte dtype) per pixel-space pixel and frame in flight.
 
     Derived from the widest full-resolution stage: the decoder's last upsample materialises the
@@ -246,4 +246,4 @@ def memory_model(cfg: WanConfig) -> MemoryModel:
     up_in = (dec_dims[-2] if cfg.is_residual else dec_dims[-2] // 2) / cfg.patch_size ** 2
     decode = 2 * (8 * full_res_dec + 2 * up_in)
     encode = 2 * 6 * cfg.base_dim / cfg.patch_size ** 2
-    return MemoryModel(encode_bytes_per_pixel=encode, decode_bytes_per_pixel=decode)
+    return WorkingSetModel(encode_bytes_per_pixel=encode, decode_bytes_per_pixel=decode)

@@ -20,8 +20,18 @@ from torch import nn
 
 from ..vae.device_guard import on_device
 from . import trt_logic as L
-from .backend import (Backend, BackendUnavailable, BuildCancelled, BuildProgress, BuildSpec, EngineError,
-                      EngineLoadError, EngineRunError, LoadedEngine, ShapeRange)
+from .interface import (
+    Backend,
+    BackendUnavailable,
+    BuildCancelled,
+    BuildProgress,
+    BuildSpec,
+    EngineError,
+    EngineLoadError,
+    EngineRunError,
+    LoadedEngine,
+    ShapeRange,
+)
 from .fileio import atomic_write_bytes
 
 log = logging.getLogger(__name__)

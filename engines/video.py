@@ -25,8 +25,8 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..vae.memory import FASTEST_SLICE
-from .backend import EngineRunError, LoadedEngine
+from ..vae.free_memory import FASTEST_SLICE
+from .interface import EngineRunError, LoadedEngine
 from .export import DecodeSliceGraph, slice_graph_names
 
 SLICE_FIRST = "decode_slice_first"
@@ -37,7 +37,7 @@ MAX_SLICE_LATENTS = 16  # a static next slice longer than this holds a clip's wo
 
 def default_slice_latents(device: torch.device) -> int:
     """Latents per next-slice engine call when the build does not say: the slice the eager decode measured
-    fastest on this device type (`vae.memory.FASTEST_SLICE`), else 1 (the smallest static working set)."""
+    fastest on this device type (`vae.free_memory.FASTEST_SLICE`), else 1 (the smallest static working set)."""
     return FASTEST_SLICE.get(torch.device(device).type, 1)
 
 

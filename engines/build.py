@@ -18,17 +18,24 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..vae.channels_last import settle_for_trace
+from ..vae.accel.channels_last import settle_for_trace
 from ..vae.dtypes import dtype_name
-from .backend import BuildProgress, BuildSpec
-from .backend_registry import get_backend
+from .interface import BuildProgress, BuildSpec
+from .backends import get_backend
 from .buckets import BucketTable
 from .engine_set import IO_NAMES, component_profiles
 from .fileio import file_sha256, publish, refuse_existing, temporary_name
 from .identity import COMPONENTS, EngineIdentity, device_facts, model_hash
 from .manifest import MANIFEST_NAME, Manifest, ManifestEntry
-from .video import (VIDEO_COMPONENTS, check_slice_latents, check_video_model, default_slice_latents, example_inputs,
-                    slice_io, slice_module)
+from .video import (
+    VIDEO_COMPONENTS,
+    check_slice_latents,
+    check_video_model,
+    default_slice_latents,
+    example_inputs,
+    slice_io,
+    slice_module,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +171,7 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
     identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
     `video=True` also builds the video slice engines (decode_slice_first/next, one pair per static
-    bucket; any model with the causal-step contract, see trt/video.py); `components` may then be empty.
+    bucket; any model with the causal-step contract, see engines/video.py); `components` may then be empty.
     `slice_latents` is k, the latents per next-slice call (the first slice takes 1 + k; default:
     `video.default_slice_latents(device)`). Every input is validated and
     existing files are refused before any work unless `overwrite=True`. `pad_to_bucket` records in the

@@ -1,6 +1,6 @@
 """One interface for engine backends (build, load, describe, run) and the errors the fallback catches.
 
-The backends themselves and the choice between them live in `backend_registry.py`, which imports them;
+The backends themselves and the choice between them live in `backends.py`, which imports them;
 this module imports none of them, so each backend can import the interface without a cycle."""
 
 from __future__ import annotations

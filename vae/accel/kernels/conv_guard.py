@@ -26,9 +26,9 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .. import fast_paths
-from ..oom import is_out_of_memory
-from ..tracing import tracing
+from .. import self_checks
+from ...oom import is_out_of_memory
+from ...tracing import tracing
 
 log = logging.getLogger("turbovae")
 
@@ -151,11 +151,11 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
                 out = _routed(route, x, weight, bias, *args)
             except Exception as exc:  # noqa: BLE001 - the route is switched off; fp32 conv3d is always right
                 if is_out_of_memory(exc):  # transient: the route is kept, the pass retries by the tiler's rule
-                    fast_paths.out_of_memory("conv3d_route", x.device, exc)
+                    self_checks.out_of_memory("conv3d_route", x.device, exc)
                     raise
-                fast_paths.fail("conv3d_route", x.device, exc)
+                self_checks.fail("conv3d_route", x.device, exc)
             else:
-                fast_paths.used("conv3d_route", x.device)
+                self_checks.used("conv3d_route", x.device)
                 return out
     return _fp32_conv3d(x, weight, bias, stride, padding, dilation, groups)
 
@@ -181,7 +181,7 @@ def _fp32_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 def _route_trusted(route: Conv3dRoute, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                    stride: IntOr3, padding: IntOr3, dilation: IntOr3, groups: int) -> bool:
-    """The route's self-check (vae/fast_paths): the routed conv against fp32 conv3d on a few pixels of `x`,
+    """The route's self-check (vae/accel/self_checks): the routed conv against fp32 conv3d on a few pixels of `x`,
     once per (device, dtype, route, single-frame or not, kernel, stride)."""
     single = _single_output_frame(x, weight, stride, padding, dilation)
     kt, kh, kw = weight.shape[2:]
@@ -192,7 +192,7 @@ def _route_trusted(route: Conv3dRoute, x: torch.Tensor, weight: torch.Tensor, bi
     args = (stride, padding, dilation, groups)
     key = (f"{str(x.dtype).removeprefix('torch.')} route={route.route} single_frame={single} "
            f"kernel={tuple(weight.shape[2:])} stride={_triple(stride)}")
-    return fast_paths.check("conv3d_route", x.device, key, lambda: _routed(route, probe(), weight, bias, *args),
+    return self_checks.check("conv3d_route", x.device, key, lambda: _routed(route, probe(), weight, bias, *args),
                             lambda: _fp32_conv3d(probe(), weight, bias, *args))
 
 

@@ -22,7 +22,7 @@ import torch
 from ..vae.api import TurboVAE, check_temporal_slice, load_checkpoint, resolve_device
 from ..vae.base import Progress, VAEModel
 from ..vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
-from .backend import EngineError
+from .interface import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
 from .identity import IdentityError, model_hash

@@ -18,8 +18,17 @@ import torch
 from torch import nn
 
 from ..vae.device_guard import on_device
-from .backend import (Backend, BackendUnavailable, BuildProgress, BuildSpec, EngineLoadError, EngineRunError,
-                      LoadedEngine, ShapeRange, shape_in_range)
+from .interface import (
+    Backend,
+    BackendUnavailable,
+    BuildProgress,
+    BuildSpec,
+    EngineLoadError,
+    EngineRunError,
+    LoadedEngine,
+    ShapeRange,
+    shape_in_range,
+)
 from .fileio import atomic_file
 
 log = logging.getLogger(__name__)

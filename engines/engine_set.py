@@ -17,8 +17,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .backend import EngineRunError, LoadedEngine, ShapeRange
-from .backend_registry import get_backend
+from .interface import EngineRunError, LoadedEngine, ShapeRange
+from .backends import get_backend
 from .buckets import BucketTable, Selection, crop_to, pad_to
 from .identity import COMPONENTS, EngineIdentity, IdentityError, mismatches, verify_file
 from .manifest import Manifest, read_manifest

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .backend import EngineError, EngineLoadError, EngineRunError, ShapeRange, shape_in_range
+from .interface import EngineError, EngineLoadError, EngineRunError, ShapeRange, shape_in_range
 
 MIN_VERSION = (10, 12)
 

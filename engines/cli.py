@@ -7,7 +7,7 @@ import sys
 
 from ..vae.dtypes import DTYPE_NAMES
 from ..vae.registry import titles
-from .backend_registry import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
+from .backends import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
 from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
 from .identity import COMPONENTS
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..vae.api import load_checkpoint, resolve_device
     from ..vae.dtypes import parse_dtype
-    from .backend import EngineError
+    from .interface import EngineError
     from .build import build_engine_set, preflight
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]

@@ -1,6 +1,6 @@
 """Which engine backends exist and which one a build uses: the one table of backend names (CLI, nodes and
 manifests read it) and `auto`'s rule. It imports the backends; they import only the interface in
-`backend.py`, so the two never import each other."""
+`interface.py`, so the two never import each other."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from .aoti import AOTIBackend
-from .backend import Backend, BackendUnavailable
+from .interface import Backend, BackendUnavailable
 from .tensorrt_backend import TensorRTBackend
 
 # Backend name -> its class. `tensorrt` is imported by the TensorRT backend only when it builds or loads.

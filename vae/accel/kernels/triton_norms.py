@@ -9,7 +9,7 @@ covers contiguous NC(T)HW and channels_last / channels_last_3d storage without c
 keeps the input's memory format. Tensors whose spatial dims cannot be flattened into one stride
 are not handled here (the caller falls back to the PyTorch reference).
 
-This module imports Triton; import it only through `vae.kernels` (which checks availability). The
+This module imports Triton; import it only through `vae.accel.kernels` (which checks availability). The
 kernels are decorated at import time, so `TRITON_INTERPRET=1` must be set before the first import
 to run them on CPU tensors (the tests do this).
 """
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import device_guard
+from ... import device_guard
 
 # GroupNorm partial statistics: each (frame, group) is split into at most this many chunks of pixels,
 # so a single 1080p image (32 groups) still fills the GPU. A power of two (the apply kernel combines

@@ -1,5 +1,5 @@
 """Engine identity: what one engine was built from and for (one record per engine in the folder's
-manifest, trt/manifest.py).
+manifest, engines/manifest.py).
 
 Standard TensorRT cannot tell whether a plan fits this GPU/version before deserialising it, and an
 AOTInductor package for one device cannot run on another, so every engine carries this record and
@@ -17,8 +17,8 @@ from typing import Mapping, Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
-from .backend import EngineLoadError
-from .backend_registry import BACKEND_NAMES
+from .interface import EngineLoadError
+from .backends import BACKEND_NAMES
 from .buckets import BucketTable
 from .fileio import file_sha256
 from .video import VIDEO_COMPONENTS

@@ -1,0 +1,145 @@
+"""`decode_parallel` / `encode_parallel`: the exact pass with its frame split across devices or ranks.
+
+Two ways to supply the devices, one code path (`sharded.sharded_pass`):
+- `devices=[...]`: this process drives every listed device, one thread per device (what ComfyUI needs; CPU
+  entries work too, which is how the tests run it). The model is copied once per extra device.
+- `group=` (or the default process group when initialised, e.g. under torchrun): every rank calls with the
+  same full input and gets the whole result; the model runs on each rank's `vae.device`.
+The result equals the single-device exact tiled pass (`decode_tiled(..., mode="exact")`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import weakref
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from ..base import Progress
+from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
+from ..tiling.tiler import resolve_tile_latent
+from ..tiling.exact import supports_exact
+from .collectives import DistCollective, process_group_trusted, run_on_devices
+from .sharded import sharded_pass
+
+log = logging.getLogger(__name__)
+
+DeviceList = Optional[Sequence[Union[str, torch.device]]]
+
+_replicas: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, torch.nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def parse_devices(devices: Union[str, Sequence[Union[str, torch.device]]]) -> list[torch.device]:
+    """`"all"` (every visible CUDA device, else the CPU), `"cuda:0,cuda:1"`, or a list of names/devices."""
+    if isinstance(devices, str):
+        if devices.strip().lower() == "all":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            return [torch.device("cuda", i) for i in range(n)] or [torch.device("cpu")]
+        devices = [d for d in (p.strip() for p in devices.split(",")) if d]
+    try:
+        out = [resolve_device(d) for d in devices]
+    except DeviceUnavailable as e:
+        raise ValueError(f"devices must name torch devices that exist here, like 'cuda:0,cuda:1' or 'cpu'; got "
+                         f"{devices!r}: {e}") from None
+    if not out:
+        raise ValueError("devices is empty; list at least one device (e.g. ['cuda:0', 'cuda:1'] or 'all')")
+    for d in out:
+        if d.type not in ("cuda", "cpu"):
+            raise ValueError(f"device {d}: only CUDA and CPU devices are supported for parallel passes")
+    return [torch.device("cuda", d.index or 0) if d.type == "cuda" else d for d in out]
+
+
+def _replica(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The model on `device`: itself when already there, else a copy made once and kept with the model."""
+    here = next(model.parameters()).device
+    if here == device or (here.type == device.type == "cpu"):
+        return model
+    copies = _replicas.setdefault(model, {})
+    key = str(device)
+    if key not in copies:
+        log.info("TurboVAE: copying the VAE to %s for the parallel pass", device)
+        copies[key] = copy.deepcopy(model).to(device)
+    return copies[key]
+
+
+def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceList, group,
+              tile_px: Optional[int], temporal_slice: Optional[int], progress: Progress,
+              output_device: Optional[torch.device]) -> torch.Tensor:
+    what = "decode" if decode else "encode"
+    if not supports_exact(vae.model, decode=decode):
+        raise ValueError(f"a {vae.kind} VAE has no exact plan, so it cannot {what} in parallel; use decode_tiled")
+    if devices is not None and group is not None:
+        raise ValueError("pass devices= (one process, several devices) or group= (one process per rank), not both")
+    use_dist = group is not None or (devices is None and dist.is_available() and dist.is_initialized())
+    if tile_px is not None and tile_px < 0:
+        raise ValueError(f"tile_px must be ≥ 0 px (0 = from free memory), got {tile_px}")
+    f = vae.spatial_factor
+    in_scale = 1 if decode else f
+    h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
+    latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
+    pixel_frames = vae.latent_format.pixel_frames(latent_frames)
+    tile_lat = resolve_tile_latent(vae, tile_px, "exact", h_lat, w_lat, pixel_frames, decode=decode)
+    if temporal_slice is None:
+        px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
+        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
+    out_device = torch.device(output_device) if output_device is not None else vae.device
+    # a given (or default) tile is shared by the bands; tile_px=0 sized it from each device's own free memory
+    kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
+                  share_tile=tile_px != 0)
+    if use_dist and not process_group_trusted(DistCollective(group, vae.device)):
+        use_dist, devices = False, [vae.device]  # the group failed its self-check: this rank runs the whole pass
+    if use_dist:
+        comm = DistCollective(group, vae.device)
+        # sizes picked from this rank's free memory: every rank takes the smallest (None = whole clip)
+        tile_lat, ts = comm.agree_min([tile_lat, temporal_slice or latent_frames])
+        kwargs.update(tile_latent=tile_lat, temporal_slice=None if ts >= latent_frames else ts)
+        with torch.inference_mode():
+            out = sharded_pass(vae.model, x, comm, progress=progress, **kwargs)
+        return out.to(vae.dtype)
+    devs = parse_devices(devices) if devices is not None else parse_devices("all")
+    if devs == [torch.device("cpu")] and devices is None:
+        devs = [vae.device]
+    if len(devs) == 1:
+        log.info("TurboVAE: one device (%s) for the parallel %s; it runs as the single-device exact pass",
+                 devs[0], what)
+    models = [_replica(vae.model, d) for d in devs]
+    out = run_on_devices(devs, lambda comm: sharded_pass(models[comm.rank], x, comm,
+                                                         progress=progress if comm.rank == 0 else None, **kwargs))
+    return out.to(vae.dtype)
+
+
+def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList = None, group=None,
+                    tile_px: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
+                    output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Exact decode with the frame split into row bands over `devices` (this process) or the ranks of `group`.
+
+    `tile_px` (pixels; None = 512) is the single-device tile whose working memory the bands share: each band's
+    tiles hold 1/N of its area, so a device needs about 1/N of what `decode_tiled(mode="exact", tile_px=tile_px)`
+    needs (plus halos), and the result equals that pass. `tile_px=0`: each device sizes its tiles from its own
+    free memory. `temporal_slice` bounds the frames per step, as there. `progress(done, total)` runs on rank 0 with
+    `devices=`, on every rank with a process group; raising from it (a cancel) stops every rank. With
+    `devices=None` and no process group: every visible CUDA device, else the VAE's device.
+    Returns pixels in [-1, 1], model dtype, on `output_device` (default: the VAE's device).
+    """
+    squeeze = isinstance(latents, torch.Tensor) and latents.ndim == 4
+    z = vae.check_latents(latents).to(device=vae.device, dtype=vae.dtype)
+    out = _parallel(vae, z, decode=True, devices=devices, group=group, tile_px=tile_px,
+                    temporal_slice=temporal_slice, progress=progress, output_device=output_device)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def encode_parallel(vae: TurboVAE, pixels: torch.Tensor, *, devices: DeviceList = None, group=None,
+                    tile_px: Optional[int] = None, temporal_slice: Optional[int] = None, progress: Progress = None,
+                    sample: bool = False, generator: Optional[torch.Generator] = None,
+                    output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """Exact encode split like `decode_parallel`; returns raw latents (posterior mean, or a sample) as
+    `encode_tiled(mode="exact")` does. Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does."""
+    squeeze = isinstance(pixels, torch.Tensor) and pixels.ndim == 4
+    x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
+    moments = _parallel(vae, x, decode=False, devices=devices, group=group, tile_px=tile_px,
+                        temporal_slice=temporal_slice, progress=progress, output_device=output_device)
+    out = moments_to_latents(moments, sample=sample, generator=generator)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
