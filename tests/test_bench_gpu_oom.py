@@ -22,7 +22,7 @@ def _rows(*inject: str, cases=(KEY,)):
 
 def test_a_step_out_of_memory_is_a_row_and_the_case_goes_on():
     rows = _rows(f"{KEY}:+ channels-last", f"{KEY}:eager baseline")
-    cpu_steps = [s.name for s in gpu.STEPS if not s.cuda_only]
+    cpu_steps = [s.name for s in gpu.STEPS + gpu.ALONE_STEPS if not s.cuda_only]
     assert [r.variant for r in rows] == cpu_steps  # every step has its row, in order
     by = {r.variant: r for r in rows}
     for failed in ("eager baseline", "+ channels-last"):

@@ -22,7 +22,7 @@ BAR = 3e-5
 CASES = [
     FidelityCase("seedvr2", "decode", 1, 256, 256),
     FidelityCase("seedvr2", "decode", 5, 64, 64),
-    FidelityCase("seedvr2", "encode", 1, 256, 256),
+    FidelityCase("seedvr2", "encode", 1, 128, 128),
     FidelityCase("qwen", "decode", 1, 256, 256),
     FidelityCase("qwen", "decode", 5, 64, 64),
     FidelityCase("wan2.2", "decode", 1, 256, 256),
