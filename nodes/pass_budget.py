@@ -46,9 +46,12 @@ def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device,
 def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log_it: bool = True) -> SlicePlan:
     """`plan_in_comfy` for one batch item of `shape` ([B, C, T, ...] or [B, C, H, W]) as the pass sees it: latents
     decode one item at a time; pixels encode as one clip, padded to 1+4n frames as the public path pads."""
-    # the pass's own input checks first (typed errors naming the fix): a meta pass over a wrong shape would only
-    # fail inside a layer
-    (turbo.check_latents if decode else turbo.check_pixels)(torch.empty(tuple(shape), device="meta"))
+    # a wrong channel count is the caller's error, said as the pass itself says it: a meta pass over that shape
+    # would only fail inside a layer
+    channels = turbo.latent_channels if decode else turbo.image_channels
+    if len(shape) < 4 or shape[1] != channels:
+        what = "latents" if decode else "pixels"
+        raise ValueError(f"{what} must have {channels} channels for a {turbo.kind} VAE; got shape {tuple(shape)}")
     t = shape[2] if len(shape) == 5 else 1
     if not decode:
         t += (-(t - 1)) % turbo.temporal_factor
