@@ -47,6 +47,18 @@ def fused_dispatch():
 
 
 @contextmanager
+def _module_setting(name: str, value) -> Iterator[None]:
+    """This module's global `name` set to `value` inside a block and restored after it: the one mechanism of the
+    switches below (each a process-wide choice that the norm functions read)."""
+    previous = globals()[name]
+    globals()[name] = value
+    try:
+        yield
+    finally:
+        globals()[name] = previous
+
+
+@contextmanager
 def fused_norms(enabled: bool) -> Iterator[None]:
     """Force the fused kernels on (if usable) or off inside a block, restoring the previous choice.
 
@@ -54,13 +66,8 @@ def fused_norms(enabled: bool) -> Iterator[None]:
     """
     from .accel.kernels import default_dispatch
 
-    global _FUSED_DISPATCH
-    previous = _FUSED_DISPATCH
-    _FUSED_DISPATCH = default_dispatch() if enabled else None
-    try:
+    with _module_setting("_FUSED_DISPATCH", default_dispatch() if enabled else None):
         yield
-    finally:
-        _FUSED_DISPATCH = previous
 
 
 _META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `meta_fused_norms` only
@@ -70,12 +77,8 @@ _META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `me
 def meta_fused_norms(dispatch) -> Iterator[None]:
     """Inside the block, norms of meta tensors go to `dispatch` (same methods as a fused dispatcher): a meta
     pass then allocates what the fused kernels allocate, so vae/peak_memory.py predicts the GPU path's memory."""
-    global _META_FUSED
-    previous, _META_FUSED = _META_FUSED, dispatch
-    try:
+    with _module_setting("_META_FUSED", dispatch):
         yield
-    finally:
-        _META_FUSED = previous
 
 
 def fused_norms_run(device: Union[str, torch.device]) -> bool:
@@ -135,13 +138,8 @@ def observing_norm_inputs(observer: Callable[[torch.Tensor, int], None]) -> Iter
     """Inside the block, `observer(x, groups)` sees every input of `group_norm_silu` (its group count) and
     `rms_norm_silu` (1 group: the norm is over all channels) before it is normalised. For measurements of the
     activation statistics a pass really has (bench/fidelity.py); it must not modify `x`."""
-    global _NORM_INPUT_OBSERVER
-    previous = _NORM_INPUT_OBSERVER
-    _NORM_INPUT_OBSERVER = observer
-    try:
+    with _module_setting("_NORM_INPUT_OBSERVER", observer):
         yield
-    finally:
-        _NORM_INPUT_OBSERVER = previous
 
 
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -199,13 +197,8 @@ def native_channels_last_group_norm() -> Iterator[None]:
     """Inside the block, channels-last CPU GroupNorm runs PyTorch's own kernel (one-pass statistics) instead
     of `group_norm_channels_last`. For benchmarks that time what the stable statistics cost; never for results
     anyone keeps."""
-    global _STABLE_CHANNELS_LAST_STATS
-    previous = _STABLE_CHANNELS_LAST_STATS
-    _STABLE_CHANNELS_LAST_STATS = False
-    try:
+    with _module_setting("_STABLE_CHANNELS_LAST_STATS", False):
         yield
-    finally:
-        _STABLE_CHANNELS_LAST_STATS = previous
 
 
 def _channels_innermost(x: torch.Tensor) -> bool:
