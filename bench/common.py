@@ -98,14 +98,19 @@ def fan_in_weights(shapes: dict, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def interleaved_ms(fns: Sequence[Callable[[], object]], device, repeat: int,
-                   tick: Callable[[], None] = lambda: None) -> tuple[list[list[float]], list[object]]:
+                   tick: Callable[[], None] = lambda: None, *,
+                   rotate: bool = False) -> tuple[list[list[float]], list[object]]:
     """Each fn's wall times in ms over `repeat` round-robin rounds (the caller warms up first), and its last
     output. Why alternate: machine load and clock drift then hit every variant alike, instead of whichever
-    ran in a block after the others. A fn's previous output is freed before its next run allocates."""
+    ran in a block after the others. A fn's previous output is freed before its next run allocates.
+    `rotate`: round r starts with fn r (mod n), so no variant always runs right after the same other one (a run
+    inherits its predecessor's cache and allocator state)."""
     times: list[list[float]] = [[] for _ in fns]
     outs: list[object] = [None] * len(fns)
-    for _ in range(max(repeat, 1)):
-        for i, fn in enumerate(fns):
+    for r in range(max(repeat, 1)):
+        first = r % len(fns) if rotate and fns else 0
+        for i in [*range(first, len(fns)), *range(first)]:
+            fn = fns[i]
             outs[i] = None
             t0 = time.perf_counter()
             outs[i] = fn()

@@ -29,7 +29,7 @@ import torch
 
 from ..engines.fileio import atomic_write_text
 from ..vae.accel.switches import FastPaths
-from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs
+from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
 from .common import environment, fan_in_weights, interleaved_ms
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
@@ -92,6 +92,11 @@ class FidelityResult:
     default_native_stats_vs_fp64: Optional[float] = None
     default_without_channels_last_s: Optional[float] = None  # what channels-last gains, in the same rounds
     plain_s: Optional[float] = None
+    # seconds inside the GroupNorm calls of one pass (median over the rounds), default path with the stable
+    # statistics and with PyTorch's: the norms' own cost, less exposed to machine noise than a whole pass
+    default_group_norm_s: Optional[float] = None
+    default_native_stats_group_norm_s: Optional[float] = None
+    rounds_s: dict[str, list[float]] = field(default_factory=dict)  # every timed run, by variant
 
 
 def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -185,26 +190,44 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
 
 def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, truth: torch.Tensor, scale: float,
                   repeat: int) -> None:
-    """Median times of the default path with stable and with one-pass channels-last statistics, and of the
-    plain path. The plain path needs its own model (weights laid out contiguous): switching `fast` between
-    runs would re-lay the weights inside the timed runs."""
+    """Median times of the default path with stable and with one-pass channels-last statistics, of the default
+    path without channels-last and of the plain path, in rounds whose order rotates; and the time the two
+    default variants spend inside GroupNorm. The plain path needs its own model (weights laid out
+    contiguous): switching `fast` between runs would re-lay the weights inside the timed runs."""
     plain_model = copy.deepcopy(m32)
     plain_model.fast = FastPaths.plain()
     contiguous_model = copy.deepcopy(m32)
     contiguous_model.fast = FastPaths().without("channels_last")
     m32.fast = FastPaths()
+    norm_s: dict[str, list[float]] = {"default": [], "native": []}
+
+    def timed_norms(variant: str, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            spent = []
+            with timing_group_norms(spent.append):
+                out = fn()
+            norm_s[variant].append(sum(spent))
+            return out
+        return call
 
     def native_stats() -> torch.Tensor:
         with native_channels_last_group_norm():
             return run(m32, torch.float32)
 
-    fns = [lambda: run(m32, torch.float32), native_stats, lambda: run(contiguous_model, torch.float32),
-           lambda: run(plain_model, torch.float32)]
-    for fn in fns:  # warm-up
+    variants = {"default": timed_norms("default", lambda: run(m32, torch.float32)),
+                "default_native_stats": timed_norms("native", native_stats),
+                "default_without_channels_last": lambda: run(contiguous_model, torch.float32),
+                "plain": lambda: run(plain_model, torch.float32)}
+    for fn in variants.values():  # warm-up
         fn()
-    times, outs = interleaved_ms(fns, "cpu", repeat)
+    for series in norm_s.values():
+        series.clear()
+    times, outs = interleaved_ms(list(variants.values()), "cpu", repeat, rotate=True)
+    result.rounds_s = {name: [round(t / 1e3, 3) for t in ts] for name, ts in zip(variants, times)}
     (result.default_s, result.default_native_stats_s, result.default_without_channels_last_s,
      result.plain_s) = (statistics.median(t) / 1e3 for t in times)
+    result.default_group_norm_s = statistics.median(norm_s["default"])
+    result.default_native_stats_group_norm_s = statistics.median(norm_s["native"])
     result.default_native_stats_vs_fp64 = _error(outs[1], truth, scale)
 
 
@@ -226,8 +249,8 @@ def markdown(path: Path) -> str:
     data = json.loads(Path(path).read_text())
     lines = ["| case | largest mean/std at a norm | default vs fp64 | plain vs fp64 | worst path alone vs plain | "
              "default with PyTorch's channels-last stats vs fp64 | default s | with PyTorch's stats s | "
-             "without channels-last s | plain s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "without channels-last s | plain s | GroupNorm s, default | GroupNorm s, PyTorch's stats |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def num(v: Optional[float], fmt: str) -> str:
         return "" if v is None else format(v, fmt)
@@ -239,7 +262,8 @@ def markdown(path: Path) -> str:
             f"{r['plain_vs_fp64']:.1e}", f"{worst[1]:.1e} ({worst[0]})" if worst else "",
             num(r.get("default_native_stats_vs_fp64"), ".1e"), num(r.get("default_s"), ".2f"),
             num(r.get("default_native_stats_s"), ".2f"), num(r.get("default_without_channels_last_s"), ".2f"),
-            num(r.get("plain_s"), ".2f")]) + " |")
+            num(r.get("plain_s"), ".2f"), num(r.get("default_group_norm_s"), ".3f"),
+            num(r.get("default_native_stats_group_norm_s"), ".3f")]) + " |")
     return "\n".join(lines)
 
 

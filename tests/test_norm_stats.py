@@ -84,7 +84,7 @@ def test_group_norm_keeps_the_input_layout(shape, seeded):
 
 
 def test_stable_group_norm_merges_many_chunks(seeded, monkeypatch):
-    """Chunks of one row (the merge formula runs over every row) give what one chunk gives."""
+    """Chunks of one row (a sum of squared deviations per row) give what one chunk gives."""
     x = _shifted((2, 64, 23, 17), seeded, mean=50.0).contiguous(memory_format=torch.channels_last)
     truth = F.group_norm(x.double().contiguous(), 16, None, None, 1e-6)
     whole = norms.group_norm_channels_last(x, 16, None, None, 1e-6)
@@ -93,6 +93,38 @@ def test_stable_group_norm_merges_many_chunks(seeded, monkeypatch):
     assert _err(whole, truth) <= 2e-5 and _err(rows, truth) <= 2e-5
     with pytest.raises(ValueError, match="divisible"):
         norms.group_norm_channels_last(x, 5, None, None, 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 12, 20), (1, 64, 1, 12, 20), (1, 64, 3, 12, 20)])
+def test_group_norm_in_place_writes_into_its_input_and_equals_the_new_tensor(shape, seeded):
+    """`inplace=True` on the CPU channels-last path: the result is in x's storage and equals, bit for bit, what a
+    new tensor gets; on a contiguous input (PyTorch's kernel) x is left as it was."""
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = _shifted(shape, seeded).contiguous(memory_format=fmt)
+    w, b = torch.randn(shape[1], generator=seeded), torch.randn(shape[1], generator=seeded)
+    fresh = norms.group_norm_silu(x, 16, w, b, 1e-6)
+    target = x.clone()
+    out = norms.group_norm_silu(target, 16, w, b, 1e-6, inplace=True)
+    assert out.data_ptr() == target.data_ptr() and torch.equal(out, fresh) and torch.equal(target, fresh)
+    contiguous = x.contiguous()
+    before = contiguous.clone()
+    out = norms.group_norm_silu(contiguous, 16, w, b, 1e-6, inplace=True)
+    assert torch.equal(contiguous, before) and torch.allclose(out, fresh, atol=1e-5)
+
+
+def test_stable_group_norm_when_the_channel_means_carry_the_variance(seeded):
+    """Channels of one group far apart (means ±30 around 100) with little spread each (std 0.05): the group's
+    variance is almost all the spread of its channel means, the term the stable path adds to the channels' own
+    sums of squared deviations."""
+    c = 64
+    offsets = 100.0 + 30.0 * torch.tensor([(-1.0) ** i for i in range(c)]) + torch.randn(c, generator=seeded)
+    x = (torch.randn(2, c, 17, 29, generator=seeded) * 0.05 + offsets.view(1, c, 1, 1))
+    x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(c, generator=seeded), torch.randn(c, generator=seeded)
+    truth = F.group_norm(x.double().contiguous(), 16, w.double(), b.double(), 1e-6)
+    stable = _err(F.group_norm(x.contiguous(), 16, w, b, 1e-6), truth)
+    err = _err(norms.group_norm_channels_last(x, 16, w, b, 1e-6), truth)
+    assert err <= 4 * stable + 1e-6 and err <= 1e-5 * _range(truth), (err, stable)
 
 
 def test_pytorch_channels_last_cpu_group_norm_still_cancels(seeded):

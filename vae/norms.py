@@ -9,6 +9,7 @@ dtype, result cast back to the input dtype.
 from __future__ import annotations
 
 import math
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Union
 
@@ -131,6 +132,7 @@ def _run_fused(x: torch.Tensor, key: str, fused, reference):
 
 
 _NORM_INPUT_OBSERVER: Optional[Callable[[torch.Tensor, int], None]] = None
+_GROUP_NORM_TIMER: Optional[Callable[[float], None]] = None
 
 
 @contextmanager
@@ -142,12 +144,34 @@ def observing_norm_inputs(observer: Callable[[torch.Tensor, int], None]) -> Iter
         yield
 
 
+@contextmanager
+def timing_group_norms(sink: Callable[[float], None]) -> Iterator[None]:
+    """Inside the block, `sink(seconds)` gets the wall time of every `group_norm_silu` call (CPU passes: the
+    call returns when the work is done). For benchmarks that time the norms inside a real pass, where their
+    inputs and caches are what the pass makes them (bench/fidelity.py)."""
+    with _module_setting("_GROUP_NORM_TIMER", sink):
+        yield
+
+
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                    eps: float, *, silu: bool = True) -> torch.Tensor:
+                    eps: float, *, silu: bool = True, inplace: bool = False) -> torch.Tensor:
     """GroupNorm with statistics per frame (over C/G × H × W, never across time), then optional SiLU.
 
     Accepts [N, C, H, W] or [B, C, T, H, W]. SeedVR2's `causal_norm_wrapper` semantics.
+    `inplace`: the caller never reads `x` again, so the result may be written into its storage. Only the CPU
+    channels-last path does (its scale-and-shift is ours; writing into memory the process already holds
+    spares the page faults of a fresh activation-sized output); every other path returns a new tensor.
     """
+    if _GROUP_NORM_TIMER is None or tracing():
+        return _group_norm_silu(x, num_groups, weight, bias, eps, silu, inplace)
+    start = time.perf_counter()
+    out = _group_norm_silu(x, num_groups, weight, bias, eps, silu, inplace)
+    _GROUP_NORM_TIMER(time.perf_counter() - start)
+    return out
+
+
+def _group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                     eps: float, silu: bool, inplace: bool) -> torch.Tensor:
     if _NORM_INPUT_OBSERVER is not None:
         _NORM_INPUT_OBSERVER(x, num_groups)
     if _META_FUSED is not None and x.device.type == "meta":
@@ -159,33 +183,34 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
                          lambda t: group_norm_silu_reference(t, num_groups, weight, bias, eps, silu=silu))
         if out is not None:
             return out
-    return group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu)
+    return group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu, inplace=inplace)
 
 
 def group_norm_silu_reference(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
-                              bias: Optional[torch.Tensor], eps: float, *, silu: bool = True) -> torch.Tensor:
+                              bias: Optional[torch.Tensor], eps: float, *, silu: bool = True,
+                              inplace: bool = False) -> torch.Tensor:
     dtype = x.dtype
     if x.ndim == 5:
         b, c, t, h, w = x.shape
         if t == 1:
-            y = _gn2d(x[:, :, 0], num_groups, weight, bias, eps).unsqueeze(2)
+            y = _gn2d(x[:, :, 0], num_groups, weight, bias, eps, inplace).unsqueeze(2)
         else:
             x4 = x.transpose(1, 2).reshape(b * t, c, h, w)
-            y = _gn2d(x4, num_groups, weight, bias, eps).view(b, t, c, h, w).transpose(1, 2)
+            y = _gn2d(x4, num_groups, weight, bias, eps, inplace).view(b, t, c, h, w).transpose(1, 2)
     else:
-        y = _gn2d(x, num_groups, weight, bias, eps)
+        y = _gn2d(x, num_groups, weight, bias, eps, inplace)
     if silu:
         y = F.silu(y, inplace=True)
     return y.to(dtype)
 
 
-def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
+def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: bool = False) -> torch.Tensor:
     if x.dtype in (torch.float16, torch.bfloat16):
         w = weight.float() if weight is not None else None
         b = bias.float() if bias is not None else None
-        return _gn2d(x.float(), num_groups, w, b, eps).to(x.dtype)
+        return _gn2d(x.float(), num_groups, w, b, eps, inplace=True).to(x.dtype)  # the fp32 copy is ours
     if _STABLE_CHANNELS_LAST_STATS and x.device.type == "cpu" and _channels_innermost(x) and not tracing():
-        return group_norm_channels_last(x, num_groups, weight, bias, eps)
+        return group_norm_channels_last(x, num_groups, weight, bias, eps, out=x if inplace else None)
     return F.group_norm(x, num_groups, weight, bias, eps)
 
 
@@ -207,58 +232,63 @@ def _channels_innermost(x: torch.Tensor) -> bool:
     return x.ndim == 4 and x.shape[1] > 1 and x.stride(1) == 1 and not x.is_contiguous()
 
 
-# Elements of one statistics chunk: the chunk and its centred copy stay in cache, so the second look at each
-# element costs no memory traffic; large enough that a frame takes few chunks (each chunk is four parallel ops, and
-# many small parallel ops stall when other processes hold the cores).
-_STATS_CHUNK_ELEMS = 1 << 20
+# Elements of one chunk of squared deviations: the chunk's centred copy is written, squared and summed while it
+# is in the core's L2 cache, so the second look at each element costs no memory traffic; large enough that a
+# frame takes few chunks (each chunk is three parallel ops, and many small parallel ops stall when other
+# processes hold the cores). Chosen by timing 2^17..2^20 at the SeedVR2 decoder's norm shapes.
+_STATS_CHUNK_ELEMS = 1 << 19
 
 
 def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
-                             bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+                             bias: Optional[torch.Tensor], eps: float, *,
+                             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`F.group_norm` of a channels-last [N, C, H, W] CPU tensor with numerically stable statistics; the
-    result stays channels-last.
+    result stays channels-last. `out` (x itself, or a tensor of x's shape and strides) receives the result.
 
     Why not `F.group_norm`: PyTorch's CPU kernel for channels-last input (aten/src/ATen/native/cpu/
     group_norm_kernel.cpp) sums x and x² per channel in one pass and takes E[x²] - E[x]², which cancels
     catastrophically when a group's mean is large against its spread (a mean of 10 std loses ~3 digits;
     docs/seedvr2.md, "Norm statistics"). The contiguous CPU kernel and CUDA's (which makes the input
-    contiguous and uses Welford) do not. Here each chunk of rows gives an exact two-pass (mean, sum of
-    squared deviations) while it is in cache, and chunks are merged with Chan's pairwise formula, so the
-    statistics are as accurate as the contiguous kernel's while x is read from memory twice (statistics,
-    then the scale-and-shift), as the native kernel reads it.
+    contiguous and uses Welford) do not.
+
+    Here: per-channel means from one `sum` (PyTorch's reduction sums in a cascade, so a mean is good to a few
+    ulps of itself), then per-channel sums of squared deviations from those means, chunk by chunk while the
+    centred chunk is in cache (nothing cancels: every term is ≥ 0 and the means are accurate), then each group's
+    sum of squared deviations is its channels' sums plus the spread of the channel means around the group mean
+    (the exact decomposition of a group's variance). x is read from memory about twice, as the native kernel
+    reads it, and the result is one per-channel scale-and-shift.
     """
     n, c, h, w = x.shape
     if c % num_groups:
         raise ValueError(f"group_norm: {c} channels are not divisible into {num_groups} groups")
     per_group = c // num_groups
+    per_channel = h * w
+    channel_means = x.sum(dim=(2, 3)).div_(per_channel)  # [N, C]
+    centre = channel_means.view(n, c, 1, 1)
     rows = max(1, min(h, _STATS_CHUNK_ELEMS // max(1, n * c * w)))
-    counts, means, sq_devs = [], [], []
+    starts = range(0, h, rows)
+    sq_devs = x.new_empty((len(starts), n, c))
     centred = None
-    for r0 in range(0, h, rows):
+    for i, r0 in enumerate(starts):
         chunk = x[:, :, r0:r0 + rows]
-        count = chunk.shape[2] * w * per_group
-        mean = chunk.sum(dim=(2, 3)).view(n, num_groups, per_group).sum(2).div_(count)  # [N, G]
         if centred is None or centred.shape != chunk.shape:
             centred = torch.empty_like(chunk)
-        torch.sub(chunk, mean.repeat_interleave(per_group, 1).view(n, c, 1, 1), out=centred)
+        torch.sub(chunk, centre, out=centred)
         centred.mul_(centred)
-        counts.append(count)
-        means.append(mean)
-        sq_devs.append(centred.sum(dim=(2, 3)).view(n, num_groups, per_group).sum(2))
+        torch.sum(centred, dim=(2, 3), out=sq_devs[i])
     del centred
-    count_t = torch.tensor(counts, dtype=x.dtype).view(-1, 1, 1)
-    chunk_means = torch.stack(means)
-    total = float(sum(counts))
-    mean = (chunk_means * count_t).sum(0).div_(total)
-    sq_dev = torch.stack(sq_devs).sum(0) + ((chunk_means - mean).square_() * count_t).sum(0)
-    rstd = sq_dev.div_(total).add_(eps).rsqrt_()
+    grouped_means = channel_means.view(n, num_groups, per_group)
+    mean = grouped_means.mean(2, keepdim=True)  # [N, G, 1]
+    sq_dev = sq_devs.sum(0).view(n, num_groups, per_group).sum(2)
+    sq_dev += (grouped_means - mean).square_().sum(2).mul_(per_channel)
+    rstd = sq_dev.div_(per_channel * per_group).add_(eps).rsqrt_()  # [N, G]
     scale = rstd.repeat_interleave(per_group, 1)  # [N, C]
     if weight is not None:
         scale = scale * weight
-    shift = -mean.repeat_interleave(per_group, 1) * scale
+    shift = -mean.view(n, num_groups).repeat_interleave(per_group, 1) * scale
     if bias is not None:
         shift = shift + bias
-    return torch.addcmul(shift.view(n, c, 1, 1), x, scale.view(n, c, 1, 1))
+    return torch.addcmul(shift.view(n, c, 1, 1), x, scale.view(n, c, 1, 1), out=out)
 
 
 def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, *,

@@ -8,7 +8,8 @@ ablation toggles only those (`ablations`).
 - native_shuffle: view/permute pixel shuffle written straight into the output (no einops, no remove-head copy).
 - single_buffer: a causal conv writes its temporally padded input once; its memory is a compact copy.
 - sdpa: mid-block attention through `scaled_dot_product_attention` instead of an explicit softmax.
-- inplace_residual: residual adds (and SiLU) in place when no autograd graph is being recorded.
+- inplace_residual: residual adds (and SiLU) in place when no autograd graph is being recorded; a norm whose
+  input is dropped after it may write its result into that input (the CPU channels-last GroupNorm does).
 - image_path: a lone first frame (T = 1) runs 2-D convs with the folded temporal taps (summed for replicate
   padding, the last tap for zero padding), and only the kept half of a temporal upsampler.
 - head_taps: on the first slice of a clip (T >= 2), the two head outputs of each 3-frame causal conv skip the

@@ -185,15 +185,18 @@ def tap_sum(weight: torch.Tensor) -> torch.Tensor:
     return total.to(weight.dtype)
 
 
-def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
-    return group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu)
+def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True, inplace: bool = False) -> torch.Tensor:
+    return group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu, inplace=inplace)
 
 
-def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
-    """conv(SiLU(GroupNorm(x))); under exact tiling the normalisation is fused into the conv's input tiles."""
+def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: PassContext, *,
+                   last_use: bool = False) -> torch.Tensor:
+    """conv(SiLU(GroupNorm(x))); under exact tiling the normalisation is fused into the conv's input tiles.
+    `last_use`: the caller drops `x` after this, so with in-place ops on (`ctx.inplace`) the norm may write
+    its result into `x`."""
     if ctx.split is not None:
         return layerwise.norm_silu_conv(norm, conv, x, ctx, ctx.split)
-    return conv(norm_silu(norm, x), ctx)
+    return conv(norm_silu(norm, x, inplace=last_use and ctx.inplace), ctx)
 
 
 class ResnetBlock3D(nn.Module):
@@ -211,7 +214,7 @@ class ResnetBlock3D(nn.Module):
         if ctx.split is not None:
             return layerwise.resnet(self, x, ctx, ctx.split)
         h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
-        h = norm_silu_conv(self.norm2, self.conv2, h, ctx)
+        h = norm_silu_conv(self.norm2, self.conv2, h, ctx, last_use=True)
         skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         return h.add_(skip) if ctx.inplace else skip + h
 

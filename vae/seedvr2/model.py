@@ -74,7 +74,7 @@ class Encoder3D(nn.Module):
         for block in self.down_blocks:
             x = block(x, ctx)
         x = self.mid_block(x, ctx)
-        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx)
+        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx, last_use=True)
 
 
 class Decoder3D(nn.Module):
@@ -94,7 +94,7 @@ class Decoder3D(nn.Module):
         x = self.mid_block(self.conv_in(z, ctx), ctx)
         for block in self.up_blocks:
             x = block(x, ctx)
-        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx)
+        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx, last_use=True)
 
 
 def _memory_model(cfg: SeedVR2Config) -> WorkingSetModel:
