@@ -26,6 +26,7 @@ BENCH_SECTIONS = {
     "roofline": "roofline",
     "profile": "profile_layers",
     "bytes": "bytes_roofline",
+    "cuts": "byte_cuts",
 }
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).

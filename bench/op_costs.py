@@ -76,6 +76,10 @@ class Costs:
         return sum(self.bytes.values())
 
 
+# Operations that move no data: an allocation returns memory nobody has written yet (the op that fills it counts).
+_NO_DATA = frozenset({"lift_fresh", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -99,8 +103,8 @@ class _Counter(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
-        if func.is_view or torch.Tag.inplace_view in func.tags or packet.__name__ == "lift_fresh":
-            return out  # a view moves no data
+        if func.is_view or torch.Tag.inplace_view in func.tags or packet.__name__ in _NO_DATA:
+            return out  # a view moves no data, nor does an allocation
         # The parts of a composite count as the composite's kind (upsample_nearest3d's _unsafe_index is
         # upsampling, not a copy; rms_norm's mul is a norm); a composite of no known kind leaves them theirs.
         kind = next((k for k in self.outer if k != OTHER), kind_of(packet.__name__))

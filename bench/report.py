@@ -196,10 +196,22 @@ def bytes_cells(row: Row) -> list[str]:
                f"{float(best):.1f} ms ({row.get('best_path', '')})" if best is not None else ""])
 
 
+CUTS_HEADER = ("case", "path", "GB touched (GPU size)", "GB removed", "CPU time (CPU size)", "speed vs without",
+               "max abs diff vs without", "CPU size")
+
+
+def cuts_cells(row: Row) -> list[str]:
+    """A byte-cut row (bench/byte_cuts.py): bytes counted at the GPU size, time measured at the CPU size."""
+    base, ms = row.get("baseline_ms"), float(row["ms"])
+    return [str(row["case"]), str(row["variant"]), _num(row.get("gb_touched"), ".1f"), _num(row.get("gb_removed"), ".1f"),
+            _seconds(ms), f"{float(base) / ms:.3f}x" if base and not row.get("reference") else "",
+            _num(row.get("max_abs_err"), ".1e"), "×".join(str(d) for d in row.get("cpu_shape", ()))]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
-           "bytes": (BYTES_HEADER, bytes_cells)}
+           "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):

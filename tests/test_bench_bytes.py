@@ -129,3 +129,26 @@ def test_parts_of_a_composite_count_as_its_kind():
     assert costs.bytes["upsample"] >= (36 + 144) * 4 and costs.bytes["copy/pad"] == 0
     rms = op_costs.count(lambda: torch.nn.functional.rms_norm(x.movedim(1, -1), (2,)))
     assert rms.bytes["norm/act"] > 0 and rms.bytes["add/mul"] == 0
+
+
+def test_single_buffer_removes_the_causal_concatenation_and_changes_nothing():
+    """The byte-cut section at its tiny size: with `single_buffer` the Wan clip pass touches fewer bytes (the concat
+    in front of each later slice's norm → conv is gone, bench/byte_cuts.py), its output is the same, and the rows
+    render as the cuts table."""
+    from turbovae.bench import byte_cuts
+
+    rows = byte_cuts.run(BenchOptions(quick=True, repeat=1))
+    on, off = (next(r for r in rows if r.variant == f"{side} single_buffer") for side in ("with", "without"))
+    assert off.reference and not on.reference
+    assert on.gb_removed == pytest.approx(off.gb_touched - on.gb_touched) and on.gb_removed > 0
+    assert on.gb_by_kind["concat"] < off.gb_by_kind["concat"]
+    assert on.max_abs_err <= 1e-6
+    table = report.format_markdown([dict(vars(r)) for r in rows])
+    assert table.splitlines()[0] == "| " + " | ".join(report.CUTS_HEADER) + " |"
+
+
+def test_an_allocation_moves_no_bytes():
+    """`empty` hands out memory nobody has written: only the op that fills it counts (a padded buffer written in
+    place must not count twice)."""
+    costs = op_costs.count(lambda: torch.empty(1000, device="meta").fill_(1.0))
+    assert costs.total_bytes == 4000

@@ -105,7 +105,7 @@ class _Dispatch:
     def group_norm_silu(self, x, num_groups, weight, bias, eps, silu):
         return self._run(norms.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
 
-    def rms_norm_silu(self, x, gamma, bias, silu, eps):
+    def rms_norm_silu(self, x, gamma, bias, silu, eps, out=None):
         return self._run(norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
 
 

@@ -95,8 +95,8 @@ class _Dispatch:
     def group_norm_silu(self, x, num_groups, weight, bias, eps, silu):
         return self._run(x, norms.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu))
 
-    def rms_norm_silu(self, x, gamma, bias, silu, eps):
-        return self._run(x, norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps))
+    def rms_norm_silu(self, x, gamma, bias, silu, eps, out=None):
+        return self._run(x, norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps, out=out))
 
 
 @pytest.fixture

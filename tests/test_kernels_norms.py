@@ -164,6 +164,18 @@ def test_rms_norm_zero_pixels_use_eps_clamp_like_reference():
     assert torch.isfinite(out).all() and rel_err(out, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_rms_norm_writes_into_the_frames_slot_of_a_padded_buffer(channels_last, seeded):
+    """`out=`: the kernel fills a strided view (frames 2.. of a causal conv's padded input) and nothing else."""
+    x = _layout(torch.randn(1, 16, 3, 5, 6, generator=seeded).to(DEVICE), channels_last)
+    gamma = (torch.rand(16, 1, 1, 1, generator=seeded) + 0.5).to(DEVICE)
+    padded = _layout(torch.full((1, 16, 5, 5, 6), 7.0, device=DEVICE), channels_last)
+    out = K.rms_norm_silu(x, gamma, None, True, 1e-12, out=padded[:, :, 2:])
+    assert out.data_ptr() == padded[:, :, 2:].data_ptr()
+    assert rel_err(padded[:, :, 2:], norms.rms_norm_silu_reference(x, gamma)) <= 1e-5
+    assert torch.equal(padded[:, :, :2], torch.full_like(padded[:, :, :2], 7.0))
+
+
 def test_rms_norm_residual_prologue(seeded):
     x, r = (torch.randn(2, 16, 2, 3, 4, generator=seeded).to(DEVICE) for _ in range(2))
     gamma = torch.rand(16, 1, 1, 1, generator=seeded).to(DEVICE)

@@ -112,6 +112,23 @@ def test_group_norm_in_place_writes_into_its_input_and_equals_the_new_tensor(sha
     assert torch.equal(contiguous, before) and torch.allclose(out, fresh, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last_3d])
+def test_rms_norm_into_a_slot_equals_the_new_tensor(dtype, fmt, seeded):
+    """`rms_norm_silu(out=)` (a causal conv's padded input, frames 2..): the slot gets what a new tensor gets (to
+    the last bit or two: a strided output takes PyTorch's unvectorised SiLU loop) and the history is untouched."""
+    x = _shifted((1, 24, 3, 6, 7), seeded).to(dtype).contiguous(memory_format=fmt)
+    g = (torch.rand(24, 1, 1, 1, generator=seeded) + 0.5).to(dtype)
+    padded = torch.full((1, 24, 5, 6, 7), 3.0, dtype=dtype).contiguous(memory_format=fmt)
+    out = norms.rms_norm_silu(x, g, out=padded[:, :, 2:])
+    assert out.data_ptr() == padded[:, :, 2:].data_ptr()
+    fresh = norms.rms_norm_silu(x, g).float()
+    assert (padded[:, :, 2:].float() - fresh).abs().max() <= 2 * torch.finfo(dtype).eps * fresh.abs().max()
+    assert torch.equal(padded[:, :, :2], torch.full_like(padded[:, :, :2], 3.0))
+    with pytest.raises(ValueError, match="out is"):
+        norms.rms_norm_silu(x, g, out=padded)
+
+
 def test_stable_group_norm_when_the_channel_means_carry_the_variance(seeded):
     """Channels of one group far apart (means ±30 around 100) with little spread each (std 0.05): the group's
     variance is almost all the spread of its channel means, the term the stable path adds to the channels' own

@@ -113,8 +113,9 @@ class MetaFusedNorms:
     def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool) -> torch.Tensor:
         return torch.empty_like(x)
 
-    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float) -> torch.Tensor:
-        return torch.empty_like(x)
+    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float,
+                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.empty_like(x) if out is None else out
 
 
 @dataclass(frozen=True)

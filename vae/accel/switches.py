@@ -6,7 +6,8 @@ reads it; each architecture lists the fields it reads (`VAEModel.fast_fields`) a
 ablation toggles only those (`ablations`).
 
 - native_shuffle: view/permute pixel shuffle written straight into the output (no einops, no remove-head copy).
-- single_buffer: a causal conv writes its temporally padded input once; its memory is a compact copy.
+- single_buffer: a causal conv writes its temporally padded input once; its memory is a compact copy. On Wan
+  clips after the first slice the norm before a conv writes its result into that padded input.
 - sdpa: mid-block attention through `scaled_dot_product_attention` instead of an explicit softmax.
 - inplace_residual: residual adds (and SiLU) in place when no autograd graph is being recorded; a norm whose
   input is dropped after it may write its result into that input (the CPU channels-last GroupNorm does).

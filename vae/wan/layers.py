@@ -27,7 +27,7 @@ CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 WAN_FAST = FastPaths()
 """The Wan family's default fast paths (channels-last pays on CPU oneDNN and GPUs alike)."""
 
-WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_residual")
+WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_residual", "single_buffer")
 """The `FastPaths` fields the Wan blocks read."""
 
 
@@ -54,9 +54,21 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.gamma = nn.Parameter(torch.ones(dim, *([1] * gamma_dims)))
 
-    def forward(self, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, silu: bool = True, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         gamma = self.gamma.reshape(-1, *([1] * (x.ndim - 2)))
-        return rms_norm_silu(x, gamma, silu=silu)
+        return rms_norm_silu(x, gamma, silu=silu, out=out)
+
+
+def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
+    """conv(SiLU(norm(x))). After the first slice, with `single_buffer`, the norm writes its result straight into
+    the conv's padded input (the causal history in front, `CausalConv3d.padded_input`), instead of the conv
+    concatenating history and a normalised copy: one activation-sized write and read fewer per conv."""
+    if ctx is not None and x.ndim == 5:
+        padded = conv.padded_input(x, ctx)
+        if padded is not None:
+            norm(x, out=padded[:, :, conv.time_history:])
+            return conv.video_padded(padded, ctx)
+    return conv(norm(x), ctx)
 
 
 def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_format:
@@ -125,6 +137,31 @@ class CausalConv3d(nn.Conv3d):
             ctx.put(tail.clone(), self)
         return out
 
+    def padded_input(self, x: torch.Tensor, ctx: StreamContext) -> Optional[torch.Tensor]:
+        """After the first slice (`single_buffer` on): this conv's padded input for `x`, [B, C, history + T, H, W]
+        in the pass's layout, with the causal history (taken from the memory now) written in front and the
+        frames slot (`[:, :, time_history:]`) left for the producer to fill; run it with `video_padded`.
+        None where `video` would not concatenate (first slice, no history)."""
+        if ctx.first or not ctx.fast.single_buffer or self.time_history == 0:
+            return None
+        hist = ctx.take()
+        fmt = pass_format(x, ctx)
+        b, c, t, h, w = x.shape
+        padded = torch.empty((b, c, self.time_history + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
+        n_hist = hist.shape[2]
+        if n_hist < self.time_history:
+            padded[:, :, :self.time_history - n_hist].zero_()
+        padded[:, :, self.time_history - n_hist:self.time_history] = hist
+        return padded
+
+    def video_padded(self, padded: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        """The causal conv of a `padded_input` whose frames slot is filled: `video` without its concatenation."""
+        out = guarded_conv3d(padded, packed(self.weight, pass_format(padded, ctx), ctx), self.bias, self.stride,
+                             (0, *self.pad_hw))
+        if ctx.collect:
+            ctx.put(padded[:, :, -self.time_history:].clone(), self)
+        return out
+
     def _head_taps_apply(self, x: torch.Tensor) -> bool:
         return (x.shape[2] >= 2 and self.time_history == 2 and self.kernel_size[0] == 3 and self.stride[0] == 1
                 and self.dilation[0] == 1)
@@ -187,8 +224,8 @@ class ResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
-        y = self.conv1(self.norm1(x), ctx)
-        y = self.conv2(self.norm2(y), ctx)
+        y = norm_conv(self.norm1, self.conv1, x, ctx)
+        y = norm_conv(self.norm2, self.conv2, y, ctx)
         return add_residual(y, h, ctx.fast)
 
 

@@ -26,7 +26,7 @@ from ..exact_tiling import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
-                     UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS)
+                     UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
@@ -75,7 +75,7 @@ class Encoder(nn.Module):
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
         ctx = ctx or StreamContext(WAN_FAST)
         h = self.mid_block(h, ctx)
-        h = self.conv_out(self.norm_out(h), ctx)
+        h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return self._quant[0](h, ctx)
 
     def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
@@ -123,7 +123,7 @@ class Decoder(nn.Module):
         ctx = ctx or StreamContext(WAN_FAST)
         for block in self.up_blocks:
             h = block(h, ctx)
-        h = self.conv_out(self.norm_out(h), ctx)
+        h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return unpatchify(h, self.patch_size)
 
     def forward(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:

@@ -40,10 +40,11 @@ class TritonNormDispatch:
             return None
         return self._k.group_norm_silu(x, num_groups, weight, bias, eps, silu)
 
-    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float):
+    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float,
+                      out: Optional[torch.Tensor] = None):
         if not _kernel_dtype(x) or torch.is_grad_enabled() and _needs_grad(x, gamma, bias):
             return None
-        return self._k.rms_norm_silu(x, gamma, bias, silu, eps)
+        return self._k.rms_norm_silu(x, gamma, bias, silu, eps, out=out)
 
 
 def _kernel_dtype(x: torch.Tensor) -> bool:

@@ -281,8 +281,10 @@ def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Ten
 
 
 def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Tensor] = None, silu: bool = True,
-                  eps: float = 1e-12, *, residual: Optional[torch.Tensor] = None, return_sum: bool = False):
-    """Fused Wan RMS_norm(+SiLU) of `x` (+ `residual`, added before the norm); None if not handled."""
+                  eps: float = 1e-12, *, residual: Optional[torch.Tensor] = None, return_sum: bool = False,
+                  out: Optional[torch.Tensor] = None):
+    """Fused Wan RMS_norm(+SiLU) of `x` (+ `residual`, added before the norm); None if not handled.
+    `out`: written instead of a new tensor (x's shape and dtype; any strides the pixel view can address)."""
     view = _pixels_view(x)
     if view is None or x.numel() == 0 or x.shape[1] > RMS_MAX_CHANNELS:
         return None
@@ -293,7 +295,10 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
     bsz, _, p, (sb, sc, sp) = view
     gamma = gamma.reshape(-1)
     bias = bias.reshape(-1) if bias is not None else None
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype:
+        return None
     oview = _pixels_view(out)
     if oview is None:
         return None

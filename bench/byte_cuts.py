@@ -1,0 +1,143 @@
+"""Byte cuts (`--sections cuts`): each removal of non-convolution bytes, counted and timed against its absence.
+
+A byte cut is a fast path that makes a pass move fewer bytes without changing its result (a norm writing straight
+into the padded input a causal conv reads, instead of the conv concatenating history and input). For every cut and
+every clip case it serves, in one run:
+
+- the bytes the pass touches at the GPU case's size (bench/bytes_roofline.py's counter on the meta device, the
+  counted eager pass with unfused norms), with the cut and without it, and so the bytes it removes;
+- the pass timed on this machine at a CPU size (seeded real-config weights, several slices so the cut's later
+  slices run), with and without the cut, alternating in rounds whose order rotates, and the largest difference
+  between the two outputs (a cut is exact: it must be 0 up to fp32 summation order).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import op_costs
+from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms
+from ..vae.accel.switches import FastPaths
+
+SECTION = "cuts"
+TABLE = "cuts"
+
+
+@dataclass(frozen=True)
+class CutCase:
+    """One pass a cut serves: `family` (registry name), "decode" | "encode", its input shape at the GPU size
+    (counted) and at the CPU size (timed), and the temporal slice both use."""
+
+    name: str
+    family: str
+    kind: str
+    gpu_shape: tuple[int, ...]
+    cpu_shape: tuple[int, ...]
+    temporal_slice: int
+
+
+# The fast paths that are byte cuts, with the cases each serves.
+CUTS: dict[str, tuple[CutCase, ...]] = {
+    "single_buffer": (
+        CutCase("wan2.1 decode 720p×81", "wan2.1", "decode", (1, 16, 21, 90, 160), (1, 16, 5, 24, 24), 1),
+        CutCase("wan2.1 encode 720p×81", "wan2.1", "encode", (1, 3, 81, 720, 1280), (1, 3, 17, 192, 192), 1),
+        CutCase("wan2.2 decode 704×1280×41", "wan2.2", "decode", (1, 48, 11, 44, 80), (1, 48, 5, 12, 12), 1),
+    ),
+}
+QUICK_CUTS: dict[str, tuple[CutCase, ...]] = {
+    "single_buffer": (
+        CutCase("wan2.1 decode 9f 16² (tiny)", "wan2.1", "decode", (1, 16, 3, 2, 2), (1, 16, 3, 2, 2), 1),
+    ),
+}
+
+
+@dataclass
+class CutRow(BenchRow):
+    """One side of a cut on one case: `ms` is the CPU time at `cpu_shape`; `gb_touched` the bytes counted at the
+    GPU size; on the side with the cut, `gb_removed` and `max_abs_err` (against the side without it)."""
+
+    table: str = TABLE
+    cut: str = ""
+    gpu_shape: tuple = ()
+    cpu_shape: tuple = ()
+    gb_touched: Optional[float] = None
+    gb_by_kind: Optional[dict] = None
+    gb_removed: Optional[float] = None
+    rounds_ms: Optional[list] = None
+
+
+def _pass_of(model, case: CutCase) -> Callable[[torch.Tensor], torch.Tensor]:
+    if case.kind == "decode":
+        return lambda x: model.decode_latents(x, temporal_slice=case.temporal_slice)
+    return lambda x: model.encode_moments(x, temporal_slice=case.temporal_slice)
+
+
+def counted_gb(model, case: CutCase, fast: FastPaths, dtype: torch.dtype) -> op_costs.Costs:
+    """The counted pass at the GPU size on a meta `model` running `fast`."""
+    model.fast = fast
+    x = torch.empty(case.gpu_shape, device="meta", dtype=dtype)
+    run = _pass_of(model, case)
+    return op_costs.count(lambda: run(x))
+
+
+def _cpu_model(family: str):
+    from ..vae.api import load_checkpoint
+    from ..vae.registry import family as registry_family
+
+    shapes = {k: tuple(v.shape) for k, v in registry_family(family).meta_model(real=True).state_dict().items()}
+    return load_checkpoint(fan_in_weights(shapes, 0), dtype=torch.float32, device="cpu").model
+
+
+def rows_for(cuts: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype = torch.bfloat16) -> list[CutRow]:
+    from ..vae.registry import family as registry_family
+
+    rows: list[CutRow] = []
+    for cut, cases in cuts.items():
+        for case in cases:
+            with_cut, without = FastPaths(), FastPaths().without(cut)
+            meta = registry_family(case.family).meta_model(real=True).to(dtype)
+            if cut not in meta.fast_fields:
+                raise ValueError(f"{cut} is not a fast path of {case.family} ({meta.fast_fields})")
+            costs = {name: counted_gb(meta, case, fast, dtype) for name, fast in (("on", with_cut), ("off", without))}
+            del meta
+            model = _cpu_model(case.family)
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(case.cpu_shape, generator=g).clamp_(-1, 1)
+            run = _pass_of(model, case)
+
+            def side(fast: FastPaths) -> Callable[[], torch.Tensor]:
+                def call() -> torch.Tensor:
+                    model.fast = fast
+                    with torch.inference_mode():
+                        return run(x)
+                return call
+
+            fns = [side(with_cut), side(without)]
+            for fn in fns:  # warm-up
+                fn()
+            times, outs = interleaved_ms(fns, "cpu", repeat, rotate=True)
+            err = (outs[0].double() - outs[1].double()).abs().max().item()
+            off_gb = costs["off"].total_bytes / 1e9
+            for label, ts, cost, is_ref in ((f"with {cut}", times[0], costs["on"], False),
+                                            (f"without {cut}", times[1], costs["off"], True)):
+                gb = cost.total_bytes / 1e9
+                rows.append(CutRow(SECTION, case.name, label, statistics.median(ts),
+                                   baseline_ms=statistics.median(times[1]), reference=is_ref,
+                                   max_abs_err=None if is_ref else err, note=str(dtype).replace("torch.", "") +
+                                   " bytes; fp32 CPU time", cut=cut, gpu_shape=case.gpu_shape,
+                                   cpu_shape=case.cpu_shape, gb_touched=gb,
+                                   gb_by_kind={k: cost.bytes.get(k, 0.0) / 1e9 for k in op_costs.KINDS},
+                                   gb_removed=None if is_ref else off_gb - gb,
+                                   rounds_ms=[round(t, 1) for t in ts]))
+    return rows
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    cuts = QUICK_CUTS if opts.quick else CUTS
+    cuts = {cut: tuple(c for c in cases if not opts.cases or any(s in c.name for s in opts.cases))
+            for cut, cases in cuts.items()}
+    return rows_for({k: v for k, v in cuts.items() if v}, opts.repeat)
