@@ -67,17 +67,23 @@ def versions() -> dict:
 
 
 def devices() -> list[dict]:
+    """Each device with its memory and the default budget of a pass's own tensors there (`turbovae.MemoryBudget`
+    outside ComfyUI: what automatic slices and tiles are sized against, docs/memory.md)."""
     from .vae.free_memory import free_memory_bytes, total_memory_bytes
+    from .vae.memory_budget import default_budget_bytes
+
+    def memory(dev: torch.device) -> dict:
+        return {"total_mb": round(total_memory_bytes(dev) / 2**20), "free_mb": round(free_memory_bytes(dev) / 2**20),
+                "pass_budget_mb": round(default_budget_bytes(dev) / 2**20)}
 
     cpu = torch.device("cpu")
     found = [{"name": "cpu", "model": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-              "total_mb": round(total_memory_bytes(cpu) / 2**20), "free_mb": round(free_memory_bytes(cpu) / 2**20)}]
+              **memory(cpu)}]
     for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         dev = torch.device("cuda", i)
         props = torch.cuda.get_device_properties(dev)
         found.append({"name": str(dev), "model": props.name, "capability": f"{props.major}.{props.minor}",
-                      "total_mb": round(total_memory_bytes(dev) / 2**20),
-                      "free_mb": round(free_memory_bytes(dev) / 2**20)})
+                      **memory(dev)})
     return found
 
 
@@ -333,7 +339,8 @@ def format_text(report: dict) -> str:
     v = report["versions"]
     lines = ["TurboVAE doctor", "versions: " + ", ".join(f"{k} {v[k] or '-'}" for k in v), "devices:"]
     for d in report["devices"]:
-        lines.append(f"  {d['name']}: {d['model']}, {d['free_mb']} MB free of {d['total_mb']} MB")
+        lines.append(f"  {d['name']}: {d['model']}, {d['free_mb']} MB free of {d['total_mb']} MB; a pass's default "
+                     f"budget {d['pass_budget_mb']} MB")
     lines.append(f"default device {report['default_device']} ({report['dtype']}); self-checks "
                  + ("on" if report["self_check_enabled"] else "off (TURBOVAE_SELF_CHECK=0)"))
     lines.append("fast paths:")

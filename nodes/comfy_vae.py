@@ -30,13 +30,10 @@ from ..vae.tiling.plan import plan_tiling
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
-from .pass_budget import plan_item
+from .pass_budget import comfy_budget_bytes, plan_item
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_callback, progress_slice
 
-# Latent frames per slice whose working set we ask model management to free before a pass. Our passes stream
-# longer clips in slices sized to what is free at run time: reserving the whole clip would evict every model.
-RESERVED_LATENT_FRAMES = 4
 # Missing alpha when an RGBA VAE encodes RGB: opaque, in 0..1 (core's Qwen/Wan 2.1 `pad_channel_value`).
 ALPHA_PAD_VALUE = 1.0
 WORKING_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -113,12 +110,16 @@ class ComfyTurboVAE:
         return self.turbo.temporal_factor
 
     # -- memory ---------------------------------------------------------------------------
-    def _bytes(self, pixels_per_frame: int, frames: int, dtype: torch.dtype, decode: bool) -> int:
-        mem = self.turbo.model.memory_model
-        return int(mem.bytes_needed(pixels_per_frame, frames, dtype, decode=decode))
-
-    def _reserved_frames(self, frames: int) -> int:
-        return min(frames, 1 + RESERVED_LATENT_FRAMES * self.turbo.temporal_factor)
+    def _tile_pass_bytes(self, side_px: int, frames: int, temporal_slice: Optional[int], decode: bool) -> int:
+        """Predicted peak (vae/peak_memory.py) of one pass over a `side_px`² tile of a clip of `frames` pixel frames
+        run `temporal_slice` latents per step (None: the budget's choice for one latent, the least it runs)."""
+        fmt, f = self.turbo.latent_format, self.turbo.spatial_factor
+        side = max(1, side_px // f)
+        latents = fmt.latent_frames(frames)
+        shape = ((1, fmt.channels, latents, side, side) if decode
+                 else (1, fmt.image_channels, fmt.pixel_frames(latents), side * f, side * f))
+        per_step = temporal_slice if temporal_slice else (1 if latents > 1 else None)
+        return self.turbo.predict_peak(shape, decode=decode, temporal_slice=per_step, device=self.device).pass_bytes
 
     def memory_used_decode(self, shape, dtype) -> int:
         """Predicted peak of decoding one batch item of latents `shape` (items decode one at a time) with the
@@ -233,7 +234,7 @@ class ComfyTurboVAE:
         """Our tiled decode (sizes in output pixels); its UI progress bar is also the cancel point."""
         z = self.latents_for_pass(samples, tile_px, temporal_slice)
         plan = plan_tiling(self.turbo, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
-                           temporal_slice=temporal_slice)
+                           temporal_slice=temporal_slice, budget_bytes=comfy_budget_bytes(self.turbo, self.device))
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "decode", how, temporal_slice, self._keep):  # the plan logged is the plan run
             out = _decode_tiled(self.turbo, z, plan=plan, progress=progress_callback(node_id),
@@ -245,7 +246,8 @@ class ComfyTurboVAE:
         """Our tiled encode (tile and overlap in input pixels), with progress and cancel as decode."""
         clip = self.clip_for_pass(pixels, tile_px, temporal_slice)
         plan = plan_tiling(self.turbo, tuple(clip.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                           decode=False, temporal_slice=temporal_slice)
+                           decode=False, temporal_slice=temporal_slice,
+                           budget_bytes=comfy_budget_bytes(self.turbo, self.device))
         how = f"{mode}: {plan.describe()}"
         with reported(self.turbo, "encode", how, temporal_slice, self._keep):  # the plan logged is the plan run
             out = _encode_tiled(self.turbo, clip, plan=plan, progress=progress_callback(node_id),
@@ -259,8 +261,8 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         z = self._check_latents(samples)
         side = tile_px if tile_px else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
-        frames = self.turbo.latent_format.pixel_frames(temporal_slice or z.shape[2])
-        self._load(z.shape[0] * self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, True))
+        frames = self.turbo.latent_format.pixel_frames(z.shape[2])
+        self._load(z.shape[0] * self._tile_pass_bytes(side, frames, temporal_slice, True))
         mm.throw_exception_if_processing_interrupted()
         return z
 
@@ -270,8 +272,7 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixels)
         side = tile_px if tile_px else max(clip.shape[-1], clip.shape[-2])
-        frames = self.turbo.latent_format.pixel_frames(temporal_slice) if temporal_slice else clip.shape[2]
-        self._load(self._bytes(side * side, self._reserved_frames(frames), self.vae_dtype, False))
+        self._load(self._tile_pass_bytes(side, clip.shape[2], temporal_slice, False))
         mm.throw_exception_if_processing_interrupted()
         return clip
 

@@ -23,14 +23,16 @@ MIN_TILE = 64  # pixels: the tiling engine's floor of 8 latents at 8x (128 px fo
 def _tile_inputs(what: str, default_tile: int) -> list:
     return [
         io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
-                     tooltip=f"Tile side in pixels for {what}; 0 = choose from free memory. Smaller tiles use "
-                             f"less memory and run slower. Minimum {MIN_TILE} px ({2 * MIN_TILE} px for Wan 2.2)."),
+                     tooltip=f"Tile side in pixels for {what}; 0 = the largest whose predicted peak fits "
+                             f"ComfyUI's free memory. Smaller tiles use less memory and run slower. "
+                             f"Minimum {MIN_TILE} px ({2 * MIN_TILE} px for Wan 2.2)."),
         io.Int.Input("overlap", default=64, min=0, max=1024, step=8,
                      tooltip="Overlap between neighbouring tiles in pixels (fast mode blends across it; "
                              "exact mode uses it as extra context)."),
         io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
-                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = choose from "
-                             "free memory. Slices carry the causal cache, so slicing never changes the result."),
+                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = the largest "
+                             "whose predicted peak fits. Slices carry the causal cache, so slicing never changes "
+                             "the result."),
         io.Combo.Input("mode", options=list(TILE_MODES), default="auto", tooltip=TILE_MODE_HELP),
     ]
 
@@ -50,7 +52,7 @@ def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
         raise ValueError("overlap and temporal_slice must be 0 or more")
     if tile_size and overlap * 2 >= tile_size:
         raise ValueError(f"overlap={overlap} must be less than half of tile_size={tile_size}")
-    return tile_size, (temporal_slice or None)  # tile_size 0 = sized from free memory
+    return tile_size, (temporal_slice or None)  # tile_size 0 = sized from the memory budget
 
 
 class TurboVAETiledDecode(io.ComfyNode):

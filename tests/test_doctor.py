@@ -30,6 +30,7 @@ def test_versions_and_devices(report):
     assert v["onnx"] is not None and v["comfyui"] is None  # the test extra has onnx; ComfyUI is not importable
     cpu = report["devices"][0]
     assert cpu["name"] == "cpu" and 0 < cpu["free_mb"] <= cpu["total_mb"] and cpu["threads"] >= 1
+    assert 0 < cpu["pass_budget_mb"] <= cpu["free_mb"]
     assert report["default_device"] == "cpu" and report["dtype"] == "float32"
     assert report["self_check_enabled"] is True and report["seconds"] > 0
 

@@ -8,10 +8,10 @@ import torch
 
 import turbovae
 from turbovae import TurboVAE, decode_tiled, encode_tiled
+from turbovae.vae.memory_budget import MemoryBudget
 from turbovae.vae.seedvr2.config import SeedVR2Config
 from turbovae.vae.seedvr2.model import SeedVR2VAE
 from turbovae.vae.tiling import tiler as tiling_api
-from turbovae.vae.tiling import plan as tiling_plan  # the tile size is decided by the plan
 from turbovae.vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21
 from turbovae.vae.wan.model import WanVAE
 
@@ -111,11 +111,12 @@ def test_auto_uses_untiled_when_it_fits_and_tiles_when_not(vae, monkeypatch):
     ref = vae.decode(z)
     calls, seen = [], []
     monkeypatch.setattr(tiling_api, "run_exact", _spy(tiling_api.run_exact, calls))
-    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 64 * 2**30)
+    monkeypatch.setattr(vae, "budget", MemoryBudget(64 * 2**30))
     out = decode_tiled(vae, z, mode="auto", progress=lambda d, t: seen.append((d, t)))
     assert torch.equal(out, ref)  # untiled: the plain pass itself
     assert calls == [] and seen == [(1, 1)]
-    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 4 * 2**20)
+    whole = vae.predict_peak(tuple(z.shape), decode=True).pass_bytes  # what the untiled pass is predicted to need
+    monkeypatch.setattr(vae, "budget", MemoryBudget(whole - 1))
     out = decode_tiled(vae, z, mode="auto")
     assert (out - ref).abs().max() <= 1e-4
     assert calls[-1] > 1  # several tiles under a small budget
@@ -210,8 +211,8 @@ def test_default_tile_is_512_px_in_fast_and_exact(vae, monkeypatch):
     monkeypatch.setattr(tiling_api, "run_exact", _spy_grid(tiling_api.run_exact, tiles))
     decode_tiled(vae, z, mode="exact")
     assert tiles[-1] == 512 // vae.spatial_factor
-    monkeypatch.setattr(tiling_plan, "free_memory_bytes", lambda device: 64 * 2**30)
-    decode_tiled(vae, z, mode="exact", tile_px=0)  # 0 = from free memory: plenty here, one tile
+    monkeypatch.setattr(vae, "budget", MemoryBudget(64 * 2**30))
+    decode_tiled(vae, z, mode="exact", tile_px=0)  # 0 = from the memory budget: plenty here, one tile
     assert tiles[-1] == 72
 
 
@@ -220,3 +221,19 @@ def _spy_grid(fn, tiles):
         tiles.append(grid.rows.tile)
         return fn(model, x, grid, **kw)
     return wrapped
+
+
+def test_auto_tile_is_the_largest_whose_predicted_peak_fits_the_budget(vae):
+    """`auto` sizes tiles by the same prediction the temporal slices use (vae/peak_memory.py), against the budget
+    it is handed: the whole frame when its predicted peak fits, else a smaller tile whose prediction fits."""
+    from turbovae.vae.tiling.plan import auto_tile_latent, plan_tiling
+
+    c = vae.latent_channels
+    whole = vae.predict_peak((1, c, 1, 24, 24), decode=True).pass_bytes
+    assert auto_tile_latent(vae, 24, 24, 1, decode=True, budget=whole) == 24
+    tile = auto_tile_latent(vae, 24, 24, 1, decode=True, budget=whole - 1)
+    assert tile < 24
+    assert vae.predict_peak((1, c, 1, tile, tile), decode=True).pass_bytes <= whole - 1
+    plan = plan_tiling(vae, (1, c, 1, 24, 24), tile_px=None, overlap_px=None, mode="auto", decode=True,
+                       budget_bytes=whole - 1)
+    assert plan.tile_latent == tile and plan.mode != "untiled"

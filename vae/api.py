@@ -23,7 +23,7 @@ from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
 from .free_memory import check_fits
 from .memory_budget import MemoryBudget, SlicePlan, choose_temporal_slice, near_square_shape
-from .peak_memory import MetaPasses, PassPaths
+from .peak_memory import MetaPasses, PassPaths, PeakPrediction
 
 log = logging.getLogger("turbovae")
 
@@ -261,22 +261,39 @@ class TurboVAE:
         encode): the largest whose predicted peak fits `budget_bytes` (default `self.budget` on the pass's
         device), with the prediction. `device`: where the pass will run (default the model's; the nodes plan
         before ComfyUI loads the weights there). Predictions are cached per shape."""
-        if self._meta_passes is None:
-            self._meta_passes = MetaPasses(self.model)
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
-        paths = None if dev == self.device else PassPaths.for_device_type(self.model, dev.type)
-        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, paths=paths,
-                                     copies=self._meta_passes, device_type=dev.type)
+        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, paths=self._paths(dev),
+                                     copies=self._meta(), device_type=dev.type)
 
-    def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool) -> Optional[int]:
-        """Latent frames per step within the memory budget when each frame has `pixels_per_frame` pixels (the
-        output's for decode, the input's for encode); None = the whole clip in one step."""
+    def predict_peak(self, shape: tuple[int, ...], *, decode: bool, temporal_slice: Optional[int] = None,
+                     device: Union[None, str, torch.device] = None) -> PeakPrediction:
+        """The predicted peak of a pass over validated input `shape` run `temporal_slice` latents per step (None:
+        the whole clip) on `device` (default the model's): the model's own pass on meta tensors
+        (vae/peak_memory.py), cached per shape. What the tile chooser and the nodes' memory requests use."""
+        dev = self.device if device is None else torch.device(device)
+        return self._meta().predict(tuple(int(d) for d in shape), decode=decode, dtype=self.dtype,
+                                    temporal_slice=temporal_slice, paths=self._paths(dev))
+
+    def _meta(self) -> MetaPasses:
+        if self._meta_passes is None:
+            self._meta_passes = MetaPasses(self.model)
+        return self._meta_passes
+
+    def _paths(self, device: torch.device) -> PassPaths:
+        return (PassPaths.of(self.model, self.device, self.dtype) if device == self.device
+                else PassPaths.for_device_type(self.model, device.type))
+
+    def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool,
+                           budget_bytes: Optional[int] = None) -> Optional[int]:
+        """Latent frames per step within the memory budget (`budget_bytes`, default `self.budget`) when each frame
+        has `pixels_per_frame` pixels (the output's for decode, the input's for encode); None = the whole clip in
+        one step."""
         shape = near_square_shape(self.model, latent_frames, pixels_per_frame, decode=decode)
-        return self._auto_slice(shape, decode=decode)
+        return self._auto_slice(shape, decode=decode, budget_bytes=budget_bytes)
 
-    def _auto_slice(self, shape: tuple[int, ...], *, decode: bool) -> Optional[int]:
-        plan = self.plan_temporal_slice(tuple(shape), decode=decode)
+    def _auto_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None) -> Optional[int]:
+        plan = self.plan_temporal_slice(tuple(shape), decode=decode, budget_bytes=budget_bytes)
         if not plan.fits:
             log.warning("turbovae: %s; running one latent per step anyway (tile the frame to need less)",
                         plan.describe())

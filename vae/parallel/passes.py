@@ -75,7 +75,7 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
         raise ValueError("pass devices= (one process, several devices) or group= (one process per rank), not both")
     use_dist = group is not None or (devices is None and dist.is_available() and dist.is_initialized())
     if tile_px is not None and tile_px < 0:
-        raise ValueError(f"tile_px must be ≥ 0 px (0 = from free memory), got {tile_px}")
+        raise ValueError(f"tile_px must be ≥ 0 px (0 = from the memory budget), got {tile_px}")
     f = vae.spatial_factor
     in_scale = 1 if decode else f
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
@@ -86,14 +86,14 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
         px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
         temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
     out_device = torch.device(output_device) if output_device is not None else vae.device
-    # a given (or default) tile is shared by the bands; tile_px=0 sized it from each device's own free memory
+    # a given (or default) tile is shared by the bands; tile_px=0 sized it from the budget on each rank's device
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
                   share_tile=tile_px != 0)
     if use_dist and not process_group_trusted(DistCollective(group, vae.device)):
         use_dist, devices = False, [vae.device]  # the group failed its self-check: this rank runs the whole pass
     if use_dist:
         comm = DistCollective(group, vae.device)
-        # sizes picked from this rank's free memory: every rank takes the smallest (None = whole clip)
+        # sizes picked from this rank's budget: every rank takes the smallest (None = whole clip)
         tile_lat, ts = comm.agree_min([tile_lat, temporal_slice or latent_frames])
         kwargs.update(tile_latent=tile_lat, temporal_slice=None if ts >= latent_frames else ts)
         with torch.inference_mode():

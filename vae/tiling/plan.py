@@ -13,13 +13,12 @@ from typing import Optional
 
 from ..api import TurboVAE
 from ..base import check_temporal_slice
-from ..free_memory import USABLE_FRACTION, free_memory_bytes
 from .exact import supports_exact
 from .grid import TileGrid
 from .retry import MIN_TILE_LATENT
 
 MODES = ("auto", "fast", "exact")  # the default first: what the nodes offer, in this order
-DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from free memory
+DEFAULT_TILE_PX = 512  # fast/exact with tile=None (ComfyUI's default too); "auto" sizes from the memory budget
 DEFAULT_OVERLAP_PX = 64
 
 
@@ -70,30 +69,47 @@ def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
 
 def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
                      budget: Optional[int] = None) -> int:
-    """Largest square latent tile whose working set (one frame slice) fits the memory budget."""
-    f = vae.spatial_factor
-    budget = int(free_memory_bytes(vae.device) * USABLE_FRACTION) if budget is None else budget
-    mm = vae.model.memory_model
-    slice_frames = min(frames, 1 + vae.temporal_factor)  # auto slicing goes down to 1 latent per step
-    tile = max(h_lat, w_lat)
-    while tile > MIN_TILE_LATENT:
-        px = min(tile, h_lat) * f * min(tile, w_lat) * f
-        if mm.bytes_needed(px, slice_frames, vae.dtype, decode=decode) <= budget:
-            return tile
-        tile = max(MIN_TILE_LATENT, (tile * 3) // 4)
-    return MIN_TILE_LATENT
+    """Largest square latent tile whose pass, one latent per step (what automatic slicing goes down to), has a
+    predicted peak (`TurboVAE.predict_peak`: the model's pass on meta tensors) within `budget` (default
+    `vae.budget`, the budget automatic temporal slices use). `frames`: the clip's pixel frames."""
+    f, fmt = vae.spatial_factor, vae.latent_format
+    budget = vae.budget.resolve(vae.device) if budget is None else budget
+    latent_frames = fmt.latent_frames(frames)
+    per_step = 1 if latent_frames > 1 else None
+
+    def fits(tile: int) -> bool:
+        th, tw = min(tile, h_lat), min(tile, w_lat)
+        shape = ((1, fmt.channels, latent_frames, th, tw) if decode
+                 else (1, fmt.image_channels, fmt.pixel_frames(latent_frames), th * f, tw * f))
+        return vae.predict_peak(shape, decode=decode, temporal_slice=per_step).pass_bytes <= budget
+
+    candidates = [max(h_lat, w_lat)]  # each a quarter smaller than the last, down to the floor
+    while candidates[-1] > MIN_TILE_LATENT:
+        candidates.append(max(MIN_TILE_LATENT, (candidates[-1] * 3) // 4))
+    if candidates[-1] != MIN_TILE_LATENT:
+        return MIN_TILE_LATENT  # a frame below the floor: one tile of the floor's size
+    # the peak grows with the tile: the first (largest) candidate that fits, by bisection (a meta pass each)
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(candidates[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return candidates[lo]
 
 
 def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], mode: str, h_lat: int, w_lat: int, frames: int, *,
-                        decode: bool) -> int:
+                        decode: bool, budget_bytes: Optional[int] = None) -> int:
     """Tile side in latent pixels for a tile side `tile_px` in pixels: as asked; 512 px for fast/exact when
-    None; from free memory for auto or 0. The tiled passes, their plan and the parallel passes share it."""
+    None; from the memory budget (`budget_bytes`, default `vae.budget`) for auto or 0. The tiled passes, their
+    plan and the parallel passes share it."""
     f = vae.spatial_factor
     if tile_px:
         return max(MIN_TILE_LATENT, tile_px // f)
     if tile_px is None and mode != "auto":
         return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)
-    return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode)
+    return auto_tile_latent(vae, h_lat, w_lat, frames, decode=decode, budget=budget_bytes)
 
 
 def _check_mode(mode: str) -> str:
@@ -118,10 +134,10 @@ def _check_sizes(tile_px: Optional[int], overlap_px: int, f: int, temporal_slice
             raise ValueError(f"{name} must be an integer, got {value!r}")
     if tile_px is not None and tile_px < 0:
         raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
-                         "from free memory")
+                         "from the memory budget")
     if tile_px and tile_px < MIN_TILE_LATENT * f:
         raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
-                         "(or 0 to size tiles from free memory)")
+                         "(or 0 to size tiles from the memory budget)")
     if overlap_px < 0:
         raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
     if tile_px and 2 * overlap_px >= tile_px:
@@ -140,10 +156,12 @@ def check_tiling(tile_px: Optional[int], overlap_px: Optional[int], mode: str, s
 
 
 def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int], overlap_px: Optional[int],
-                mode: str, decode: bool, temporal_slice: Optional[int] = None) -> TilingPlan:
+                mode: str, decode: bool, temporal_slice: Optional[int] = None,
+                budget_bytes: Optional[int] = None) -> TilingPlan:
     """The plan for input `shape` ([B, C, T, H, W] latents for decode, pixels for encode, whose clip the encode
     pads to 1 + 4n frames; 4-D images too). Arguments as `decode_tiled` takes them (checked the same way);
-    `temporal_slice` None: chosen from free memory for the first tile."""
+    `temporal_slice` None: the largest whose predicted peak for one tile fits the memory budget (`budget_bytes`,
+    default `vae.budget`; the nodes pass ComfyUI's), which also sizes auto tiles."""
     overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
     f, lf = vae.spatial_factor, vae.latent_format
     in_scale = 1 if decode else f
@@ -154,10 +172,11 @@ def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int]
     else:  # the clip the pass encodes: padded up to 1 + tf·n frames
         latent_frames = -(-(t_in - 1) // lf.temporal_factor) + 1
         pixel_frames = lf.pixel_frames(latent_frames)
-    tile_lat = resolve_tile_latent(vae, tile_px, mode, h_lat, w_lat, pixel_frames, decode=decode)
+    tile_lat = resolve_tile_latent(vae, tile_px, mode, h_lat, w_lat, pixel_frames, decode=decode,
+                                   budget_bytes=budget_bytes)
     if temporal_slice is None:
         px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
+        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode, budget_bytes=budget_bytes)
     has_exact = supports_exact(vae.model, decode=decode)
     grid = TileGrid.build(h_lat, w_lat, tile_lat, overlap_px // f)
     kind = pass_kind(mode, len(grid), has_exact)

@@ -4,8 +4,8 @@ Modes:
 - "fast": independent tiles blended with raised-cosine ramps (not exact; PSNR reported in the docs).
 - "exact": equal to the untiled pass (fp32 ≤ 1e-4) with working memory bounded by the tile; global
   operations (norm statistics, mid-block attention) run over the whole frame (see exact.py).
-- "auto": untiled when the estimated working set fits free memory, else exact tiles (fast tiles for
-  a model without an exact plan) sized from the model's memory model.
+- "auto": untiled when the predicted peak fits the memory budget, else exact tiles (fast tiles for
+  a model without an exact plan) sized by the same prediction (vae/peak_memory.py).
 On out-of-memory (any allocation failure `vae.oom` recognises) the tile that failed is redone at half the
 size and the finished tiles are kept (retry.py); at the floor the temporal slice is halved; then a clear
 MemoryError states the numbers.
@@ -124,8 +124,8 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int]
     """Decode raw latents in spatial tiles (output pixels) and temporal slices (latent frames).
 
     `mode` defaults to "auto" like the nodes: untiled when it fits, else exact tiles (never seams by default).
-    `tile_px=None`: 512 px in fast/exact mode, sized from free memory in auto mode (untiled if it fits);
-    `tile_px=0`: sized from free memory in any mode. `overlap_px` must be below half the tile;
+    `tile_px=None`: 512 px in fast/exact mode, sized from the memory budget in auto mode (untiled if it fits);
+    `tile_px=0`: sized from the memory budget in any mode. `overlap_px` must be below half the tile;
     None: 64 px, or a quarter of a smaller tile. Both are in pixels (output pixels for decode, input pixels
     for encode), whatever the VAE's spatial factor.
 
