@@ -20,6 +20,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import op_costs
+from .bytes_roofline import pass_of
+from .fidelity import model_shapes
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms
 from ..vae.accel.switches import FastPaths
 
@@ -70,26 +72,18 @@ class CutRow(BenchRow):
     rounds_ms: Optional[list] = None
 
 
-def _pass_of(model, case: CutCase) -> Callable[[torch.Tensor], torch.Tensor]:
-    if case.kind == "decode":
-        return lambda x: model.decode_latents(x, temporal_slice=case.temporal_slice)
-    return lambda x: model.encode_moments(x, temporal_slice=case.temporal_slice)
-
-
 def counted_gb(model, case: CutCase, fast: FastPaths, dtype: torch.dtype) -> op_costs.Costs:
     """The counted pass at the GPU size on a meta `model` running `fast`."""
     model.fast = fast
     x = torch.empty(case.gpu_shape, device="meta", dtype=dtype)
-    run = _pass_of(model, case)
+    run = pass_of(model, case)
     return op_costs.count(lambda: run(x))
 
 
 def _cpu_model(family: str):
     from ..vae.api import load_checkpoint
-    from ..vae.registry import family as registry_family
 
-    shapes = {k: tuple(v.shape) for k, v in registry_family(family).meta_model(real=True).state_dict().items()}
-    return load_checkpoint(fan_in_weights(shapes, 0), dtype=torch.float32, device="cpu").model
+    return load_checkpoint(fan_in_weights(model_shapes(family), 0), dtype=torch.float32, device="cpu").model
 
 
 def rows_for(cuts: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype = torch.bfloat16) -> list[CutRow]:
@@ -107,7 +101,7 @@ def rows_for(cuts: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype
             model = _cpu_model(case.family)
             g = torch.Generator().manual_seed(0)
             x = torch.randn(case.cpu_shape, generator=g).clamp_(-1, 1)
-            run = _pass_of(model, case)
+            run = pass_of(model, case)
 
             def side(fast: FastPaths) -> Callable[[], torch.Tensor]:
                 def call() -> torch.Tensor:

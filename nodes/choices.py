@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 TILE_MODE_HELP = ("auto: no tiling when the whole pass's predicted peak fits in ComfyUI's free memory, otherwise "
-                  "exact tiles sized by the same prediction. exact: tiles whose result equals the untiled pass (frame-wide statistics and "
-                  "attention are computed once at latent resolution); memory bounded by the tile. fast: "
+                  "exact tiles sized by the same prediction. exact: tiles whose result equals the untiled pass "
+                  "(frame-wide statistics and attention are computed once at latent resolution); memory bounded by the tile. fast: "
                   "independent tiles blended across the overlap; least memory and time, small differences "
                   "from the untiled result are possible near seams. With Load TRT VAE, fast tiles of an engine's size "
                   "(set tile_size to it) and auto's untiled pass run on the engines.")

@@ -26,7 +26,7 @@ import comfy.utils
 from ..vae.api import TurboVAE
 from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from ..vae.tiling.tiler import MIN_TILE_LATENT
-from ..vae.tiling.plan import plan_tiling
+from ..vae.tiling.plan import plan_tiling, tile_peak_bytes
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
@@ -110,16 +110,11 @@ class ComfyTurboVAE:
         return self.turbo.temporal_factor
 
     # -- memory ---------------------------------------------------------------------------
-    def _tile_pass_bytes(self, side_px: int, frames: int, temporal_slice: Optional[int], decode: bool) -> int:
-        """Predicted peak (vae/peak_memory.py) of one pass over a `side_px`² tile of a clip of `frames` pixel frames
-        run `temporal_slice` latents per step (None: the budget's choice for one latent, the least it runs)."""
-        fmt, f = self.turbo.latent_format, self.turbo.spatial_factor
-        side = max(1, side_px // f)
-        latents = fmt.latent_frames(frames)
-        shape = ((1, fmt.channels, latents, side, side) if decode
-                 else (1, fmt.image_channels, fmt.pixel_frames(latents), side * f, side * f))
-        per_step = temporal_slice if temporal_slice else (1 if latents > 1 else None)
-        return self.turbo.predict_peak(shape, decode=decode, temporal_slice=per_step, device=self.device).pass_bytes
+    def _tile_pass_bytes(self, side_px: int, latent_frames: int, temporal_slice: Optional[int], decode: bool) -> int:
+        """Predicted peak of one pass over a `side_px`² tile on this VAE's device (vae/tiling/plan.py)."""
+        side = max(1, side_px // self.turbo.spatial_factor)
+        return tile_peak_bytes(self.turbo, side, side, latent_frames, decode=decode, temporal_slice=temporal_slice,
+                               device=self.device)
 
     def memory_used_decode(self, shape, dtype) -> int:
         """Predicted peak of decoding one batch item of latents `shape` (items decode one at a time) with the
@@ -261,8 +256,7 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         z = self._check_latents(samples)
         side = tile_px if tile_px else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
-        frames = self.turbo.latent_format.pixel_frames(z.shape[2])
-        self._load(z.shape[0] * self._tile_pass_bytes(side, frames, temporal_slice, True))
+        self._load(z.shape[0] * self._tile_pass_bytes(side, z.shape[2], temporal_slice, True))
         mm.throw_exception_if_processing_interrupted()
         return z
 
@@ -272,7 +266,8 @@ class ComfyTurboVAE:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixels)
         side = tile_px if tile_px else max(clip.shape[-1], clip.shape[-2])
-        self._load(self._tile_pass_bytes(side, clip.shape[2], temporal_slice, False))
+        self._load(self._tile_pass_bytes(side, self.turbo.latent_format.latent_frames(clip.shape[2]), temporal_slice,
+                                         False))
         mm.throw_exception_if_processing_interrupted()
         return clip
 

@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .base import VAEModel
+from .base import LatentFormat, VAEModel
 from .free_memory import FASTEST_SLICE, USABLE_FRACTION, free_memory_bytes
 from .peak_memory import MetaPasses, PassPaths, PeakPrediction
 
@@ -150,11 +150,18 @@ def near_square_shape(model: VAEModel, latent_frames: int, pixels_per_frame: int
     """An input shape of `latent_frames` latents and about `pixels_per_frame` pixels per frame (the output's for
     decode, the input's for encode), as near square as the spatial factor allows: for callers that know only the
     pixel count."""
-    fmt = model.latent_format
-    f = fmt.spatial_factor
+    f = model.latent_format.spatial_factor
     lat_px = max(1, round(pixels_per_frame / (f * f)))
     h = max(1, math.isqrt(lat_px))
     w = max(1, math.ceil(lat_px / h))
+    return pass_input_shape(model.latent_format, latent_frames, h, w, decode=decode, batch=batch)
+
+
+def pass_input_shape(fmt: LatentFormat, latent_frames: int, h_lat: int, w_lat: int, *, decode: bool,
+                     batch: int = 1) -> tuple[int, ...]:
+    """The input of a pass over `latent_frames` latents of `h_lat`×`w_lat`: the latents for decode, the (1 + 4n
+    frame) pixels for encode."""
     if decode:
-        return batch, fmt.channels, latent_frames, h, w
-    return batch, fmt.image_channels, fmt.pixel_frames(latent_frames), h * f, w * f
+        return batch, fmt.channels, latent_frames, h_lat, w_lat
+    f = fmt.spatial_factor
+    return batch, fmt.image_channels, fmt.pixel_frames(latent_frames), h_lat * f, w_lat * f

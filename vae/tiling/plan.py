@@ -13,6 +13,7 @@ from typing import Optional
 
 from ..api import TurboVAE
 from ..base import check_temporal_slice
+from ..memory_budget import pass_input_shape
 from .exact import supports_exact
 from .grid import TileGrid
 from .retry import MIN_TILE_LATENT
@@ -67,21 +68,26 @@ def pass_kind(mode: str, tiles: int, has_exact: bool) -> str:
     return "exact" if has_exact and mode in ("exact", "auto") else "fast"
 
 
+def tile_peak_bytes(vae: TurboVAE, h_lat: int, w_lat: int, latent_frames: int, *, decode: bool,
+                    temporal_slice: Optional[int] = None, device=None) -> int:
+    """Predicted peak bytes (`TurboVAE.predict_peak`) of one pass over an `h_lat`×`w_lat` tile of a clip of
+    `latent_frames` latents, `temporal_slice` latents per step (None: one, the least an automatic slice takes), on
+    `device` (default the model's)."""
+    per_step = temporal_slice or (1 if latent_frames > 1 else None)
+    shape = pass_input_shape(vae.latent_format, latent_frames, h_lat, w_lat, decode=decode)
+    return vae.predict_peak(shape, decode=decode, temporal_slice=per_step, device=device).pass_bytes
+
+
 def auto_tile_latent(vae: TurboVAE, h_lat: int, w_lat: int, frames: int, *, decode: bool,
                      budget: Optional[int] = None) -> int:
     """Largest square latent tile whose pass, one latent per step (what automatic slicing goes down to), has a
     predicted peak (`TurboVAE.predict_peak`: the model's pass on meta tensors) within `budget` (default
     `vae.budget`, the budget automatic temporal slices use). `frames`: the clip's pixel frames."""
-    f, fmt = vae.spatial_factor, vae.latent_format
     budget = vae.budget.resolve(vae.device) if budget is None else budget
-    latent_frames = fmt.latent_frames(frames)
-    per_step = 1 if latent_frames > 1 else None
+    latent_frames = vae.latent_format.latent_frames(frames)
 
     def fits(tile: int) -> bool:
-        th, tw = min(tile, h_lat), min(tile, w_lat)
-        shape = ((1, fmt.channels, latent_frames, th, tw) if decode
-                 else (1, fmt.image_channels, fmt.pixel_frames(latent_frames), th * f, tw * f))
-        return vae.predict_peak(shape, decode=decode, temporal_slice=per_step).pass_bytes <= budget
+        return tile_peak_bytes(vae, min(tile, h_lat), min(tile, w_lat), latent_frames, decode=decode) <= budget
 
     candidates = [max(h_lat, w_lat)]  # each a quarter smaller than the last, down to the floor
     while candidates[-1] > MIN_TILE_LATENT:
