@@ -37,6 +37,11 @@ def reset_fused_dispatch() -> None:
     _FUSED_DISPATCH = _AUTO
 
 
+def fused_dispatch_forced_off() -> bool:
+    """True when `set_fused_dispatch(None)` forced the PyTorch reference (not the automatic choice)."""
+    return _FUSED_DISPATCH is None
+
+
 def fused_dispatch():
     """The active dispatcher (resolving the automatic choice now), or None."""
     global _FUSED_DISPATCH

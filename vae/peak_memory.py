@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -32,18 +32,41 @@ from . import norms
 from .base import VAEModel
 from .accel.switches import FastPaths, active
 from .accel import self_checks
+from .attention import meta_attention_for
+from .op_memory import op_memory_for
+from .accel.kernels import fused_norms_possible
+from .gpu_defaults import channels_last_applies
+
+
+class OpMemory(Protocol):
+    """What the real kernels of one device type do that their meta kernels do not show (vae/op_memory.py): memory
+    alive only inside an op (workspaces, layout copies, im2col buffers) and outputs laid out otherwise than the
+    meta kernel lays them out (which changes the copies the code after them makes)."""
+
+    def real_output(self, func, args: tuple, kwargs: dict, out):
+        """`out` (a meta op's result) as the real kernel would lay it out: itself, or a restrided meta tensor."""
+
+    def transient_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
+        """Bytes the real kernel holds while it runs beyond its inputs and outputs."""
 
 
 class LiveBytes(TorchDispatchMode):
     """Counts the bytes of every storage an op creates while the mode is on, until the storage is freed; `peak`
     is the most that were alive at once. Storages that existed before (`exclude`: inputs, weights) are never
     counted, also when an op returns a view of them. Works on meta tensors (prediction) and on real ones
-    (measurement of the same quantity on the CPU)."""
+    (measurement of the same quantity on the CPU).
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+    `op_memory` adds what the real kernels allocate inside an op (vae/op_memory.py) to the peak while that op
+    runs. Storages handed to `hold_on_host` are held in host memory by the pass (vae/placement.py): they count in
+    `host_live` / `host_peak`, never in the device count."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), op_memory: Optional[OpMemory] = None):
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.host_live = 0
+        self.host_peak = 0
+        self.op_memory = op_memory
         self._window = 0
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         for t in exclude:
@@ -63,6 +86,20 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, nbytes: int) -> None:
         self.live -= nbytes
 
+    def hold_on_host(self, t: torch.Tensor) -> None:
+        """`t`'s storage lives in host memory: out of the device count (now, if it was counted), into the host's."""
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if storage in self._seen:
+            raise ValueError("hold_on_host takes a storage the pass has not used yet (a fresh host buffer)")
+        self._seen[storage] = True
+        self.host_live += nbytes
+        self.host_peak = max(self.host_peak, self.host_live)
+        weakref.finalize(storage, self._free_host, nbytes)
+
+    def _free_host(self, nbytes: int) -> None:
+        self.host_live -= nbytes
+
     def window_peak(self) -> int:
         """The most alive at once since the last call (or the start); the next window starts from what is
         alive now."""
@@ -70,10 +107,18 @@ class LiveBytes(TorchDispatchMode):
         return peak
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        extra = 0
+        if self.op_memory is not None:
+            out = self.op_memory.real_output(func, args, kwargs, out)
+            extra = self.op_memory.transient_bytes(func, args, kwargs, out)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t)
+        if extra:
+            self.peak = max(self.peak, self.live + extra)
+            self._window = max(self._window, self.live + extra)
         return out
 
 
@@ -125,6 +170,7 @@ class PassPaths:
 
     fast: FastPaths
     fused_norms: bool = False
+    device_type: str = "cpu"  # whose kernels run the pass (what vae/op_memory.py models inside ops)
 
     @classmethod
     def of(cls, model: VAEModel, device: Union[str, torch.device], dtype: torch.dtype) -> "PassPaths":
@@ -134,13 +180,18 @@ class PassPaths:
         fused = False
         if self_checks.applies_to(device) and self_checks.enabled("triton_norms", device):
             fused = norms.fused_dispatch() is not None
-        return cls(active(model.fast, device, dtype), fused)
+        return cls(active(model.fast, device, dtype), fused, device.type)
 
     @classmethod
     def for_device_type(cls, model: VAEModel, device_type: str) -> "PassPaths":
         """The default paths on a device type without asking the device (planning for a GPU from a machine
-        without one): on CUDA fused norms and channels-last as the model has them; elsewhere no fused norms."""
-        return cls(model.fast, fused_norms=device_type == "cuda")
+        without one): channels-last as the model has it; fused norms only on CUDA and only where they would run
+        there (Triton installed, the kernels not switched off: `vae.accel.kernels.fused_norms_possible`)."""
+        fused = device_type == "cuda" and fused_norms_possible()
+        fast = model.fast
+        if fast.channels_last and not channels_last_applies(model.gpu_defaults(), device_type == "cuda", fused):
+            fast = replace(fast, channels_last=False)  # what `VAEModel.active_fast` runs there
+        return cls(fast, fused_norms=fused, device_type=device_type)
 
 
 class MetaPasses:
@@ -169,7 +220,7 @@ class MetaPasses:
         if found is None:
             found = self._predicted[key] = _predict(self.copy(dtype, paths.fast), key[0], decode=decode,
                                                     dtype=dtype, temporal_slice=temporal_slice,
-                                                    fused_norms=paths.fused_norms)
+                                                    fused_norms=paths.fused_norms, device_type=paths.device_type)
         return found
 
 
@@ -181,16 +232,18 @@ def _run(model: VAEModel, x: torch.Tensor, decode: bool, temporal_slice: Optiona
 
 
 def _meta_steps(clone: VAEModel, shape: tuple[int, ...], decode: bool, dtype: torch.dtype,
-                temporal_slice: Optional[int], fused_norms: bool) -> tuple[list[int], int, torch.Size]:
+                temporal_slice: Optional[int], fused_norms: bool,
+                device_type: str = "cpu") -> tuple[list[int], int, torch.Size]:
     """(peak of each temporal step, peak of the final concatenation and after, output shape) of a meta pass."""
     x = torch.empty(shape, device="meta", dtype=dtype)
-    tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()])
+    tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()], op_memory=op_memory_for(device_type))
     steps: list[int] = []
 
     def progress(_done: int, _total: int) -> None:
         steps.append(tracker.window_peak())
 
-    with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), tracker:
+    with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), \
+            meta_attention_for(device_type), tracker:
         out = _run(clone, x, decode, temporal_slice, progress)
     out_shape = out.shape
     del out
@@ -202,7 +255,7 @@ MAX_SLICES_RUN = 3
 
 
 def _predict(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
-             temporal_slice: Optional[int], fused_norms: bool) -> PeakPrediction:
+             temporal_slice: Optional[int], fused_norms: bool, device_type: str = "cpu") -> PeakPrediction:
     """Peak of the pass on `shape`. A clip of more than MAX_SLICES_RUN slices runs as a clip of MAX_SLICES_RUN:
     its first step, a middle step and its last step; every middle step of the long clip repeats the short
     clip's middle step on the same causal memory, only with more finished outputs held (one slice's output per
@@ -216,12 +269,12 @@ def _predict(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: to
     k = temporal_slice
     slices = 1 if k is None else 1 + max(0, math.ceil((latents - 1 - k) / k))
     if slices <= MAX_SLICES_RUN:
-        steps, final, _ = _meta_steps(clone, shape, decode, dtype, k, fused_norms)
+        steps, final, _ = _meta_steps(clone, shape, decode, dtype, k, fused_norms, device_type)
         peak = max([*steps, final])
     else:
         short_latents = 1 + k * MAX_SLICES_RUN
         short = (*shape[:2], short_latents if decode else fmt.pixel_frames(short_latents), *shape[3:])
-        steps, final, out_shape = _meta_steps(clone, short, decode, dtype, k, fused_norms)
+        steps, final, out_shape = _meta_steps(clone, short, decode, dtype, k, fused_norms, device_type)
         frame_bytes = _numel(out_shape) // out_shape[2] * esize  # one output frame
         frames_per_slice = k * fmt.temporal_factor if decode else k
         total_frames = fmt.pixel_frames(latents) if decode else latents

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..base import PassContext as BasePassContext
 from ..accel.tensor_layout import channels_last_format, memory_format_of
+from ..attention import attention
 from ..norms import group_norm_silu
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
@@ -246,7 +247,7 @@ class MidAttention(nn.Module):
             queries = tokens[:, lo * w:hi * w]
         q, k, v = self.to_q(queries), self.to_k(tokens), self.to_v(tokens)
         if ctx.fast.sdpa:
-            o = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+            o = attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
         else:  # explicit attention, softmax in fp32 (the reference's upcast_softmax)
             scores = torch.bmm(q, k.transpose(1, 2)).mul_(c ** -0.5)
             o = torch.bmm(scores.float().softmax(dim=-1).to(v.dtype), v)

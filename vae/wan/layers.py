@@ -17,6 +17,7 @@ from torch import nn
 
 from ..base import PassContext
 from ..accel.switches import FastPaths
+from ..attention import attention
 from ..norms import rms_norm_silu
 from ..accel.tensor_layout import channels_last_format, memory_format_of
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
@@ -253,7 +254,7 @@ class AttentionBlock(nn.Module):
         qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
         q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
         if ctx.fast.sdpa:
-            a = F.scaled_dot_product_attention(q, k, v)
+            a = attention(q, k, v)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c))
             a = torch.matmul(scores.softmax(dim=-1), v)
@@ -274,7 +275,7 @@ class AttentionBlock(nn.Module):
         q = F.linear(tokens[:, lo * w:hi * w], weight[:c], bias[:c]).unsqueeze(1)
         k, v = F.linear(tokens, weight[c:], bias[c:]).unsqueeze(1).chunk(2, dim=-1)
         if ctx.fast.sdpa:
-            a = F.scaled_dot_product_attention(q, k, v)
+            a = attention(q, k, v)
         else:
             a = torch.matmul(torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c)).softmax(dim=-1), v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, band HW, C]

@@ -1,0 +1,75 @@
+"""What real kernels allocate that their meta kernels do not show, per device type (`LiveBytes.op_memory`).
+
+Why: a pass's peak is predicted by running its code on meta tensors (vae/peak_memory.py), which sees every
+tensor an op returns but nothing an op allocates inside itself, and lays outputs out as the meta kernel says,
+which is not always what the real kernel returns. Both change the allocator's peak. Each rule here is read off a
+measurement, named where it is used:
+
+- CUDA (docs/results/2026-11-27-h200-memory-probe.json, one H200, torch 2.11, cuDNN 9.19): a half-precision
+  conv3d on contiguous tensors holds a transposed copy of its input and of its output while it runs
+  (extra = input + output); channels-last convs hold nothing measurable; scaled-dot-product attention holds twice
+  its output.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+aten = torch.ops.aten
+
+_CONVS = {aten.convolution.default}
+_ATTENTION = {aten._scaled_dot_product_efficient_attention.default,
+              aten._scaled_dot_product_flash_attention.default,
+              aten._scaled_dot_product_cudnn_attention.default}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _first_tensor(out) -> Optional[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+class CudaOpMemory:
+    """The CUDA kernels' memory inside ops (module docstring: the measurement)."""
+
+    def real_output(self, func, args: tuple, kwargs: dict, out):
+        return out
+
+    def transient_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
+        if func in _CONVS:
+            x, y = args[0], _first_tensor(out)
+            if x.dtype in (torch.float16, torch.bfloat16) and x.ndim == 5 and y is not None \
+                    and not x.is_contiguous(memory_format=torch.channels_last_3d):
+                return _nbytes(x) + _nbytes(y)
+            return 0
+        if func in _ATTENTION:
+            y = _first_tensor(out)
+            return 2 * _nbytes(y) if y is not None else 0
+        return 0
+
+
+class CpuOpMemory:
+    """The CPU kernels' memory inside ops: none modelled yet."""
+
+    def real_output(self, func, args: tuple, kwargs: dict, out):
+        return out
+
+    def transient_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
+        return 0
+
+
+def op_memory_for(device_type: str):
+    """The model of `device_type`'s kernels (None where nothing is known: the count of op outputs alone)."""
+    if device_type == "cuda":
+        return CudaOpMemory()
+    if device_type == "cpu":
+        return CpuOpMemory()
+    return None
