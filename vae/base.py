@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -19,7 +19,11 @@ from .accel.switches import FastPaths, active
 from .accel import self_checks
 from .gpu_defaults import UNMEASURED, GpuDefaults, channels_last_applies
 from .norms import fused_norms_run
+from .placement import Placement, cache_placement
 from .tracing import tracing
+
+if TYPE_CHECKING:
+    from .frame_stages import FrameStages
 from .accel.weight_layout import PassScratch, conv_modules, hold_layout
 
 
@@ -137,6 +141,8 @@ class CausalMemory(CausalState):
     """
 
     def __init__(self, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True):
+        # where the memory written is kept (vae/placement.py: device, or host memory); None: where it is made
+        self.placement: Optional[Placement] = cache_placement()
         self.start(memory_in, collect)
 
     def start(self, memory_in: Optional[Sequence[torch.Tensor]], collect: bool) -> None:
@@ -149,8 +155,10 @@ class CausalMemory(CausalState):
         self.collect = collect
         self.memory_out: list[torch.Tensor] = []
 
-    def take(self) -> Optional[torch.Tensor]:
-        """The next memory tensor (None on the first slice)."""
+    def take(self, fetch: bool = True) -> Optional[torch.Tensor]:
+        """The next memory tensor (None on the first slice), where the pass computes; `fetch=False`: as it is
+        held (in host memory under a host placement), for a caller that copies in only the parts it reads
+        (`fetch_held` then copies those)."""
         if self.first:
             return None
         if self._pos >= len(self._memory_in):
@@ -160,13 +168,17 @@ class CausalMemory(CausalState):
         if self._release:
             self._memory_in[self._pos] = None  # the caller's conv holds it while it needs it
         self._pos += 1
-        return t
+        return self.fetch_held(t) if fetch else t
+
+    def fetch_held(self, t: torch.Tensor) -> torch.Tensor:
+        """A held memory tensor (or a part of one) where the pass computes."""
+        return t if self.placement is None else self.placement.fetch(t)
 
     def put(self, t: torch.Tensor, owner: Optional[nn.Module] = None) -> None:
         """Record the next memory tensor (dropped when not collecting); `owner`: the module it belongs to
         (named by `VAEModel.memory_layout`)."""
         if self.collect:
-            self.memory_out.append(t)
+            self.memory_out.append(t if self.placement is None else self.placement.hold(t))
             owners = _memory_owners.get()
             if owners is not None:
                 owners.append(owner)
@@ -333,7 +345,8 @@ class VAEModel(nn.Module, ABC):
         if (pixels.shape[2] - 1) % tf:
             raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
         bounds = self.slice_bounds(pixels.shape[2], temporal_slice, decode=False)
-        return run_slices(self.encode_step, pixels, bounds, {}, progress)
+        return run_slices(self.encode_step, pixels, bounds, {}, progress,
+                          out_frames=self.latent_format.latent_frames(pixels.shape[2]))
 
     def decode_latents(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
                        clamp: bool = True, progress: Progress = None) -> torch.Tensor:
@@ -341,7 +354,8 @@ class VAEModel(nn.Module, ABC):
         `temporal_slice` and `progress` as for `encode_moments`."""
         check_temporal_slice(temporal_slice)
         bounds = self.slice_bounds(latents.shape[2], temporal_slice, decode=True)
-        return run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress)
+        return run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress,
+                          out_frames=self.latent_format.pixel_frames(latents.shape[2]))
 
     def slice_bounds(self, frames: int, temporal_slice: Optional[int], *, decode: bool) -> list[tuple[int, int]]:
         """Whole clip, or slices of 1+k then k latent frames (1+tf·k then tf·k pixel frames for encode)."""
@@ -387,6 +401,13 @@ class VAEModel(nn.Module, ABC):
         overriding it, as it supplies `decode_step`."""
         return None
 
+    # -- frame streaming ---------------------------------------------------------------------
+    def frame_stages(self, *, decode: bool) -> Optional["FrameStages"]:
+        """This model's decode (or encode) as stages streamed frame by frame (vae/frame_stages.py: the smallest
+        step any layer can take, each stage with its own causal memory), or None: the default, an architecture
+        that has not declared them runs whole steps. Equal to the whole-clip pass."""
+        return None
+
     # -- export (engines) --------------------------------------------------------------------
     @abstractmethod
     def image_encoder(self) -> nn.Module:
@@ -407,18 +428,50 @@ class VAEModel(nn.Module, ABC):
 
 
 def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
-               bounds: Sequence[tuple[int, int]], kwargs: dict, progress: Progress = None) -> torch.Tensor:
+               bounds: Sequence[tuple[int, int]], kwargs: dict, progress: Progress = None, *,
+               out_frames: Optional[int] = None, canvas: Optional[Placement] = None,
+               sample: bool = False) -> torch.Tensor:
     """A clip through `step` slice by slice (time bounds `bounds`), memory carried, the last slice collecting
-    none; the outputs concatenated in time (contiguous). `progress(i, n)` after each slice."""
+    none; each slice's output is written into one output canvas of `out_frames` frames as it finishes (contiguous),
+    which `canvas` allocates (default: where the outputs are made). `progress(i, n)` after each slice.
+
+    Why a canvas, not a list of outputs concatenated at the end: the concatenation held the whole output twice,
+    and a canvas can live in host memory when the output does not fit beside the pass.
+
+    `sample` (meta-tensor predictions only, vae/planning): run the first two slices and the last, each on the
+    memory the one before it left: every middle slice repeats the second on memory of the same shapes, and the
+    canvas holds the whole output from the first slice on, so the peak is the same as running them all."""
+    if len(bounds) > 1 and out_frames is None:
+        raise ValueError("run_slices needs out_frames for a pass of several slices (the canvas's frames)")
+    steps = list(enumerate(bounds))
+    if sample and len(steps) > 3:
+        steps = [steps[0], steps[1], steps[-1]]
     state: Optional[State] = None
-    outs = []
-    for i, (a, b) in enumerate(bounds):
+    out_canvas: Optional[torch.Tensor] = None
+    at = 0
+    for n, (i, (a, b)) in enumerate(steps):
         carried, state = (None if state is None else MemoryHandoff(state)), None  # freed as the step reads it
         out, state = step(x[:, :, a:b], carried, collect=i < len(bounds) - 1, **kwargs)
-        outs.append(out)
+        if len(bounds) == 1:
+            if canvas is not None and canvas.on_host:
+                held = canvas.empty(out.shape, out.dtype)
+                held.copy_(out)
+                out = held
+            if progress is not None:
+                progress(1, 1)
+            return out.contiguous()
+        if out_canvas is None:
+            shape = (*out.shape[:2], out_frames, *out.shape[3:])
+            out_canvas = canvas.empty(shape, out.dtype) if canvas is not None else \
+                torch.empty(shape, dtype=out.dtype, device=out.device)
+        frames = out.shape[2]
+        at = min(at, out_frames - frames) if sample else at  # a sampled run skips slices: stay inside the canvas
+        out_canvas[:, :, at:at + frames].copy_(out)
+        at += frames
+        del out
         if progress is not None:
             progress(i + 1, len(bounds))
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)).contiguous()
+    return out_canvas
 
 
 class StepStream(CausalStream):

@@ -155,6 +155,26 @@ def _crop_padded(x: Union[torch.Tensor, Sequence[torch.Tensor]], rows: tuple[int
     return buf
 
 
+class RepresentativeTiles:
+    """On meta tensors (a predicted pass, vae/peak_memory.py), tiles of a shape already run are skipped: a tile's
+    temporaries are freed before the next tile and its output goes into a buffer made before the loop, so tiles of
+    one shape and border position allocate alike, and the peak is the same with one of each (a 1080p frame has
+    hundreds of tiles per layer; a meta op costs Python time). Real tensors run every tile."""
+
+    def __init__(self, x: torch.Tensor, rows: int, cols: int):
+        self._seen: Optional[set] = set() if x.device.type == "meta" else None
+        self._rows, self._cols = rows, cols
+
+    def skip(self, r0: int, r1: int, c0: int, c1: int) -> bool:
+        if self._seen is None:
+            return False
+        key = (r1 - r0, c1 - c0, r0 == 0, r1 == self._rows, c0 == 0, c1 == self._cols)
+        if key in self._seen:
+            return True
+        self._seen.add(key)
+        return False
+
+
 Residual = Optional[Callable[[slice, slice], torch.Tensor]]
 
 
@@ -176,7 +196,8 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     if policy.shard is not None:  # x is a band: the neighbours' halo rows around it, the band's output rows
         src, row0, frame_rows, out_row0, h_out = _with_halo(policy.shard, x, kh, sh, ph, e)
     image = ctx.image(x) and conv.head_frames == kt - 1
-    prev = None if image or not conv.memory_frames else ctx.take()
+    # the history as it is held (host memory under a host placement): each tile copies in only its crop
+    prev = None if image or not conv.memory_frames else ctx.take(fetch=False)
     head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
     t_out = 1 if image else (head + t - kt) // st + 1
     w_out = (w + e + 2 * pw - kw) // sw + 1
@@ -191,8 +212,11 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     # The contiguous weight is made for this layer's call and freed after it.
     weight2d = conv.folded_weight().contiguous() if image else None
     weight = None if image else conv.weight.contiguous()
+    shapes = RepresentativeTiles(x, h_out, w_out)
     for oy0, oy1 in partition(h_out, side):
         for ox0, ox1 in partition(w_out, side):
+            if shapes.skip(oy0, oy1, ox0, ox1):
+                continue
             rows = ((out_row0 + oy0) * sh - ph, (out_row0 + oy1 - 1) * sh - ph + kh)
             cols = (ox0 * sw - pw, (ox1 - 1) * sw - pw + kw)
             xin = _crop_padded(src, rows, cols, pre, row0, frame_rows)
@@ -203,7 +227,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 out[:, :, :, oy0:oy1, ox0:ox1] = y
                 continue
             if prev is not None:
-                hist = _crop_padded(prev, rows, cols, None, row0, frame_rows)
+                hist = ctx.fetch_held(_crop_padded(prev, rows, cols, None, row0, frame_rows))
             elif head:
                 hist = xin[:, :, :1].expand(-1, -1, head, -1, -1)
             else:
@@ -215,7 +239,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, src, prev, pre, image, e), conv)
+        ctx.put(_memory(conv, src, prev, pre, image, e, ctx.fetch_held), conv)
     return out
 
 
@@ -236,9 +260,10 @@ def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
 
 
 def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre: Pre, image: bool,
-            e: int) -> torch.Tensor:
+            e: int, fetch: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input, whose rows are
-    the pieces `src` (a band between its halo rows, or one tensor)."""
+    the pieces `src` (a band between its halo rows, or one tensor); `prev` is the history as held, `fetch`
+    brings a part of it to the device."""
     mf = conv.memory_frames
     t0 = max(0, src[0].shape[2] - mf)
     last = torch.cat([p[:, :, t0:] for p in src], dim=-2) if len(src) > 1 else src[0][:, :, t0:]
@@ -249,7 +274,7 @@ def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre
         return last[:, :, -1:].expand(-1, -1, mf, -1, -1).contiguous()
     if last.shape[2] < mf:  # short slice: the memory reaches back into the head
         if prev is not None:
-            older = prev[:, :, -(mf - last.shape[2]):]
+            older = fetch(prev[:, :, -(mf - last.shape[2]):])
         else:
             older = last[:, :, :1].expand(-1, -1, mf - last.shape[2], -1, -1)
         last = torch.cat([older, last], dim=2)
@@ -298,7 +323,9 @@ def upscale(up, x: torch.Tensor, ctx, policy: SplitPolicy) -> torch.Tensor:
     first = up.upscale(x[..., :1, :1], ctx)  # shape probe on one pixel: frames and channels of the result
     out = torch.empty(b, first.shape[1], first.shape[2], 2 * h, 2 * w, dtype=x.dtype, device=x.device)
     side = policy.tile_side(c * 4 * up.zr, f)
+    shapes = RepresentativeTiles(x, h, w)
     for r0, r1 in partition(h, side):
         for c0, c1 in partition(w, side):
-            out[..., 2 * r0:2 * r1, 2 * c0:2 * c1] = up.upscale(x[..., r0:r1, c0:c1], ctx)
+            if not shapes.skip(r0, r1, c0, c1):
+                out[..., 2 * r0:2 * r1, 2 * c0:2 * c1] = up.upscale(x[..., r0:r1, c0:c1], ctx)
     return out

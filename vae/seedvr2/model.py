@@ -20,6 +20,7 @@ from torch import nn
 
 from ..base import LatentFormat, WorkingSetModel, State, VAEModel, run_slices
 from ..exact_tiling import LayerwisePlan
+from ..frame_stages import FrameStage, FrameStages
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
@@ -164,6 +165,22 @@ class SeedVR2VAE(VAEModel):
         with torch.device("meta"):
             return SeedVR2VAE(self.config, self.fast)
 
+    # -- frame streaming -----------------------------------------------------------------------------
+    def frame_stages(self, *, decode: bool) -> FrameStages:
+        """Decode: conv_in → mid → up blocks → head, a new stage after every temporally upsampling block (each
+        stage steps one frame at a time); encode: a new stage at every temporal downsampler (its steps take one
+        frame first, then two: its stride). Every layer sees the frames and history of the whole-clip pass."""
+        part = self.decoder if decode else self.encoder
+        stages = _decoder_stages(part, self.config) if decode else _encoder_stages(part, self.config)
+
+        def open_context(split: Optional[SplitPolicy]) -> PassContext:
+            return PassContext(self.active_fast(), None, True, split)
+
+        def finish(y: torch.Tensor) -> torch.Tensor:
+            return y.clamp_(-1.0, 1.0) if decode else y
+
+        return FrameStages(stages, open_context, finish)
+
     # -- exact tiling ------------------------------------------------------------------------------
     def exact_plan(self, *, decode: bool) -> LayerwisePlan:
         """Exact tiles run the whole forward layer by layer with tile-bounded working memory
@@ -184,7 +201,10 @@ class SeedVR2VAE(VAEModel):
                     progress(done, total)
 
             kwargs = {"split": policy, "tick": tick}
-            return run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs)
+            fmt = self.latent_format
+            frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
+            return run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs,
+                              out_frames=frames)
 
         return LayerwisePlan(run)
 
@@ -194,6 +214,40 @@ class SeedVR2VAE(VAEModel):
 
     def image_decoder(self) -> nn.Module:
         return _ImageDecoder(self)
+
+
+def _decoder_stages(dec: Decoder3D, cfg: SeedVR2Config) -> list[FrameStage]:
+    groups: list[list[Callable]] = [[lambda x, ctx: dec.mid_block(dec.conv_in(x, ctx), ctx)]]
+    for i, block in enumerate(dec.up_blocks):
+        groups[-1].append(block)
+        if i < cfg.num_blocks - 1 and cfg.decoder_temporal_up(i):
+            groups.append([])  # the next block takes the frames this one doubled, one at a time
+    groups[-1].append(lambda x, ctx: norm_silu_conv(dec.conv_norm_out, dec.conv_out, x, ctx, last_use=True))
+    return [FrameStage(f"decoder stage {n}", _chain(g), 1, 1) for n, g in enumerate(groups)]
+
+
+def _encoder_stages(enc: Encoder3D, cfg: SeedVR2Config) -> list[FrameStage]:
+    groups: list[tuple[int, list[Callable]]] = [(1, [enc.conv_in])]
+    for i, block in enumerate(enc.down_blocks):
+        groups[-1][1].extend(block.resnets)
+        if block.downsamplers is None:
+            continue
+        if cfg.encoder_temporal_down(i):  # a stride-2 causal conv: a new stage stepping two frames at a time
+            groups.append((2, [block.downsamplers[0]]))
+        else:
+            groups[-1][1].append(block.downsamplers[0])
+    groups[-1][1].append(enc.mid_block)
+    groups[-1][1].append(lambda x, ctx: norm_silu_conv(enc.conv_norm_out, enc.conv_out, x, ctx, last_use=True))
+    return [FrameStage(f"encoder stage {n}", _chain(g), 1, rest) for n, (rest, g) in enumerate(groups)]
+
+
+def _chain(layers: list[Callable]) -> Callable[[torch.Tensor, PassContext], torch.Tensor]:
+    def run(x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+        for layer in layers:
+            x = layer(x, ctx)
+        return x
+
+    return run
 
 
 class _ImageEncoder(nn.Module):

@@ -1,0 +1,137 @@
+"""Where a pass keeps what it holds from step to step: in device memory, or in host memory.
+
+Why: a long clip's pass holds two things across its steps: every causal conv's history (a few frames of its
+input, whole-frame for SeedVR2, whose norms span the frame) and the finished output. At 1080p × 81 those are tens
+of GB, far more than the activations of one step, and more than an 8 GB card has. A plan that keeps them in host
+memory (vae/planning) holds on the device only what one step works on; each history is copied in when its conv
+runs and out when it is written.
+
+Host memory is allocated outside PyTorch's device allocator: pinned on CUDA (fast copies), and on the CPU as
+memory of numpy's own, so that on both the allocator's count (vae/allocator_peak.py) is the device side alone,
+which is what a plan's budget is about; on the CPU, host and device memory are one, and a held tensor is used where
+it lies (`fetch` copies nothing).
+
+`held_in(placement)` sets the placement of the causal caches of the passes run inside the block (read by
+`PassContext`, vae/base.py); output canvases take theirs from the caller.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Optional, Protocol, Sequence
+
+import numpy as np
+import torch
+
+
+class Placement(Protocol):
+    """How a pass stores a tensor it keeps for a later step, and gets it back for use."""
+
+    on_host: bool
+
+    def hold(self, t: torch.Tensor) -> torch.Tensor:
+        """What to keep for `t` (itself on the device; a copy in host memory)."""
+
+    def fetch(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor `hold` returned, where the pass computes."""
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A new contiguous buffer where this placement keeps things (output canvases)."""
+
+
+class OnDevice:
+    """Everything stays where the pass computes."""
+
+    on_host = False
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    def hold(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def fetch(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+
+def host_empty(shape: Sequence[int], dtype: torch.dtype, *, pinned: bool) -> torch.Tensor:
+    """A host buffer outside PyTorch's CPU allocator: pinned (CUDA's host allocator) or numpy's memory."""
+    shape = tuple(int(d) for d in shape)
+    if pinned:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.empty(max(nbytes, 1), dtype=np.uint8))[:nbytes]
+    return raw.view(dtype).view(shape)
+
+
+class OnHost:
+    """Held tensors live in host memory; `fetch` copies one to the compute device (nothing on the CPU)."""
+
+    on_host = True
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self._pinned = self.device.type == "cuda"
+
+    def hold(self, t: torch.Tensor) -> torch.Tensor:
+        buf = host_empty(t.shape, t.dtype, pinned=self._pinned)
+        buf.copy_(t, non_blocking=self._pinned)
+        return buf
+
+    def fetch(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return t
+        return t.to(self.device, non_blocking=True)
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return host_empty(shape, dtype, pinned=False)
+
+
+class OnMetaHost:
+    """`OnHost` in a pass predicted on meta tensors (vae/peak_memory.py `LiveBytes`): held tensors count as host
+    memory, and a fetch is a device copy where the planned device is not the CPU."""
+
+    on_host = True
+
+    def __init__(self, tracker, device_type: str):
+        self.tracker, self.device_type = tracker, device_type
+        self.device = torch.device("meta")
+
+    def _host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # made outside the count, then counted as host memory
+            buf = torch.empty(tuple(shape), dtype=dtype, device="meta")
+        self.tracker.hold_on_host(buf)
+        return buf
+
+    def hold(self, t: torch.Tensor) -> torch.Tensor:
+        return self._host(t.shape, t.dtype)
+
+    def fetch(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device_type == "cpu" else t.clone()
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return self._host(shape, dtype)
+
+
+_CACHE_PLACEMENT: ContextVar[Optional[Placement]] = ContextVar("turbovae_cache_placement", default=None)
+
+
+@contextmanager
+def held_in(placement: Optional[Placement]) -> Iterator[None]:
+    """The causal caches of passes run in the block are kept by `placement` (None: on the device)."""
+    token = _CACHE_PLACEMENT.set(placement)
+    try:
+        yield
+    finally:
+        _CACHE_PLACEMENT.reset(token)
+
+
+def cache_placement() -> Optional[Placement]:
+    """The placement `held_in` set for this block, or None (caches on the device)."""
+    return _CACHE_PLACEMENT.get()
