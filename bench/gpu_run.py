@@ -5,8 +5,11 @@ Why a separate orchestrator: a lent GPU gives 15 minutes of device time in all (
 at most 10 minutes per call, stays warm only 30 s after a call, and has no network. Every task (the GPU-marked
 tests, one benchmark case, the engines section) runs in its own process with its own timeout, and the results
 file is rewritten atomically after each task, so a call cut off at its limit keeps every finished case. The
-next call passes `--resume` with the file the last call wrote and runs what is still pending (done and failed
-tasks are not repeated).
+next call passes `--resume` with the file the last call wrote and runs what is still pending or was cut (done and
+failed tasks are not repeated). A task is cut, not failed, when the call ended it rather than its own limit: the
+call's budget was its timeout, or the call was killed or interrupted while it ran (the file says `running` until
+the task returns). Every call records its own environment (a resumed call may land on another GPU), each row the
+call that measured it, and the file's `environment` is that of the calls that measured rows.
 
 `scripts/gpu_run.sh` is the entry point (it prepares the machine: carried wheels, the package on
 PYTHONPATH); `--dry-run` runs the same tasks on CPU at tiny sizes (the CI test does).
@@ -80,14 +83,35 @@ class Task:
 @dataclass
 class TaskResult:
     key: str
-    status: str  # done | failed | pending | skipped
+    status: str  # done | failed | pending | skipped | running | cut (FINAL_STATUSES are never run again)
     seconds: Optional[float] = None
     detail: str = ""
+    call: Optional[int] = None  # the call (1, 2, ...: `run.calls[].call`) that last started or planned it
+
+
+FINAL_STATUSES = ("done", "failed")  # a failed task failed by itself (exit code, its own limit): rerunning repeats it
+# Keys of an environment that describe when a call ran, not the machine: calls that differ in them agree.
+MOMENT_KEYS = ("date", "load_average_1m")
+
+
+def merge_environments(envs: Sequence[dict]) -> dict:
+    """One environment for the calls `envs`: a key's value where they agree; where they differ, the values joined
+    with " + " in call order (two GPUs measured: "A + B"), except `MOMENT_KEYS`, which keep the first call's."""
+    merged: dict = {}
+    for key in dict.fromkeys(k for env in envs for k in env):
+        values: list = []
+        for env in envs:
+            if key in env and env[key] not in values:
+                values.append(env[key])
+        merged[key] = values[0] if len(values) == 1 or key in MOMENT_KEYS else " + ".join(map(str, values))
+    return merged
 
 
 @dataclass
 class RunState:
-    """What the results file holds; rewritten whole after every task."""
+    """What the results file holds; rewritten whole after every task. Each call (`calls`) records its number,
+    budget, environment and the tasks it ran; each row the call that measured it (`call`) and its task (`task`).
+    `environment` is only for rows without a call: those of a file written before calls recorded theirs."""
 
     environment: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
@@ -95,6 +119,14 @@ class RunState:
     calls: list = field(default_factory=list)
     dry_run: bool = False
     doctor: dict = field(default_factory=dict)  # this call's `turbovae doctor` run: file, status, seconds, report
+
+    def measured_environment(self) -> dict:
+        """The environment of the calls that measured rows (merged where they differ: `merge_environments`);
+        empty while no row is measured, so the file never names a GPU that measured nothing."""
+        measured = {r.get("call") for r in self.rows}
+        envs = [self.environment] if None in measured else []
+        envs += [c.get("environment") or {} for c in self.calls if c.get("call") in measured]
+        return merge_environments(envs)
 
     def result(self, key: str) -> Optional[dict]:
         return next((t for t in self.tasks if t["key"] == key), None)
@@ -108,15 +140,19 @@ class RunState:
         self.tasks.append(entry)
 
     def to_json(self) -> dict:
-        return {"environment": self.environment, "doctor": self.doctor, "rows": [_finite(r) for r in self.rows],
+        return {"environment": self.measured_environment(), "doctor": self.doctor,
+                "rows": [_finite(r) for r in self.rows],
                 "tasks": self.tasks, "run": {"script": "scripts/gpu_run.sh", "dry_run": self.dry_run,
                                              "calls": self.calls}}
 
     @classmethod
     def from_json(cls, payload: dict) -> "RunState":
         run = payload.get("run") or {}
-        return cls(environment=dict(payload.get("environment") or {}), rows=list(payload.get("rows") or []),
-                   tasks=list(payload.get("tasks") or []), calls=list(run.get("calls") or []),
+        rows = list(payload.get("rows") or [])
+        calls = [dict(c, call=c.get("call", i + 1)) for i, c in enumerate(run.get("calls") or [])]
+        # The file's environment is derived from its calls, unless it holds rows no call claims (an older file).
+        legacy = dict(payload.get("environment") or {}) if any("call" not in r for r in rows) else {}
+        return cls(environment=legacy, rows=rows, tasks=list(payload.get("tasks") or []), calls=calls,
                    dry_run=bool(run.get("dry_run", False)), doctor=dict(payload.get("doctor") or {}))
 
 
@@ -246,14 +282,20 @@ def results_name(environment: dict, dry_run: bool) -> str:
 
 
 
-def markdown(state: RunState) -> str:
-    """The rows as a markdown table (what docs/BENCHMARKS.md shows), then every task's status."""
-    env = state.environment
-    head = ", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "cuda", "cudnn", "torch", "triton", "date")
+def _env_line(env: dict) -> str:
+    return ", ".join(f"{k} {env[k]}" for k in ("gpu", "driver", "cuda", "cudnn", "torch", "triton", "date")
                      if env.get(k) is not None)
-    out = [f"Environment: {head}", "",
-           "| case | variant | ms | vs baseline | peak MB | PSNR dB | max err | note |",
-           "|---|---|---|---|---|---|---|---|"]
+
+
+def markdown(state: RunState) -> str:
+    """The rows as a markdown table (what docs/BENCHMARKS.md shows), then every task's status; each call's
+    environment, and the call that measured each row."""
+    out = [f"Environment: {_env_line(state.measured_environment())}", ""]
+    for c in state.calls:
+        out.append(f"Call {c.get('call')}: {_env_line(c.get('environment') or {}) or 'environment not recorded'}; "
+                   f"ran {', '.join(c.get('ran') or []) or 'nothing'}  ")
+    out += ["", "| case | variant | ms | vs baseline | peak MB | PSNR dB | max err | note | call |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in state.rows:
         def num(key: str, fmt: str) -> str:
             v = r.get(key)
@@ -261,11 +303,12 @@ def markdown(state: RunState) -> str:
         speed = f"{r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else ""
         out.append(f"| {r.get('case', '')} | {r.get('variant', '')} | {num('ms', '.1f')} | {speed} | "
                    f"{num('peak_mb', '.0f')} | {num('psnr_db', '.1f')} | {num('max_abs_err', '.1e')} | "
-                   f"{r.get('note', '')} |")
-    out += ["", "| task | status | seconds | detail |", "|---|---|---|---|"]
+                   f"{r.get('note', '')} | {r.get('call', '')} |")
+    out += ["", "| task | status | seconds | detail | call |", "|---|---|---|---|---|"]
     for t in state.tasks:
         secs = f"{t['seconds']:.0f}" if isinstance(t.get("seconds"), (int, float)) else ""
-        out.append(f"| {t['key']} | {t['status']} | {secs} | {t.get('detail', '')} |")
+        call = t.get("call")
+        out.append(f"| {t['key']} | {t['status']} | {secs} | {t.get('detail', '')} | {'' if call is None else call} |")
     return "\n".join(out) + "\n"
 
 
@@ -296,54 +339,82 @@ def _tail(text: str, lines: int = 3) -> str:
 
 def execute(tasks: Sequence[Task], state: RunState, out_file: Path, *, budget_s: float,
             runner: Runner = run_subprocess, clock: Callable[[], float] = time.monotonic,
-            log_file: Optional[Path] = None) -> RunState:
-    """Run the pending tasks in order while the budget covers them; rewrite `out_file` after each one."""
+            log_file: Optional[Path] = None, environment: Optional[dict] = None) -> RunState:
+    """Run the pending and cut tasks in order while the budget covers them; rewrite `out_file` after each one.
+    `environment`: this call's (the probe's; without one, the first bench payload's)."""
     start = clock()
-    call = {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"), "budget_s": budget_s,
-            "ran": []}
+    number = len(state.calls) + 1
+    call = {"call": number, "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "budget_s": budget_s, "environment": dict(environment or {}), "ran": []}
     state.calls.append(call)
+
+    def save() -> None:
+        atomic_write_text(out_file, json.dumps(state.to_json(), indent=2), overwrite=True)
+        atomic_write_text(out_file.with_suffix(".md"), markdown(state), overwrite=True)
+
+    for t in list(state.tasks):  # a task still running in the file: its call was killed while it ran
+        if t["status"] == "running":
+            state.record(TaskResult(t["key"], "cut", None, f"call {t.get('call')} was killed while it ran; "
+                                    "rerun", t.get("call")))
     for task in tasks:  # pending entries first, so a cut-off file lists what is left
         if state.result(task.key) is None:
             state.record(TaskResult(task.key, "pending"))
     workdir = Path(tempfile.mkdtemp(prefix="turbovae-gpu-run-"))
     for task in tasks:
         previous = state.result(task.key)
-        if previous and previous["status"] in ("done", "failed"):  # a skipped task is decided again
+        if previous and previous["status"] in FINAL_STATUSES:  # a skipped, pending or cut task is run again
             continue
         if task.skip:
-            state.record(TaskResult(task.key, "skipped", None, task.skip))
+            state.record(TaskResult(task.key, "skipped", None, task.skip, number))
             _say(f"{task.key}: skipped ({task.skip})")
             continue
         left = budget_s - (clock() - start)
         if left < task.expected_s:
+            if previous is None or previous["status"] == "pending":
+                state.record(TaskResult(task.key, "pending", None, f"call {number} had {left:.0f} s left, it needs "
+                                        f"~{task.expected_s:.0f} s", number))
             _say(f"{task.key}: pending ({left:.0f} s left in this call, it needs ~{task.expected_s:.0f} s); "
                  "run again with --resume")
             continue
         timeout = min(task.limit_s, left)
+        by_budget = timeout < task.limit_s  # a timeout then is the call's end, not the task's own limit
         _say(f"{task.key}: running (timeout {timeout:.0f} s)")
+        state.record(TaskResult(task.key, "running", None, f"started by call {number}", number))
+        save()
         t0 = clock()
-        code, text, payload = runner(task, timeout, workdir)
+        try:
+            code, text, payload = runner(task, timeout, workdir)
+        except BaseException as exc:  # interrupted (Ctrl-C, SystemExit): the task is cut, the next call reruns it
+            state.record(TaskResult(task.key, "cut", clock() - t0, f"call {number} was interrupted while it ran "
+                                    f"({type(exc).__name__}); rerun", number))
+            save()
+            raise
         seconds = clock() - t0
         if log_file is not None:
             with open(log_file, "a") as f:
                 f.write(f"\n===== {task.key} (exit {code}, {seconds:.0f} s) =====\n{text}")
         if payload is not None:
-            state.environment = state.environment or payload.get("environment", {})
-            state.rows.extend(payload.get("rows", []))
+            call["environment"] = call["environment"] or dict(payload.get("environment") or {})
+            # A rerun (of a cut task) replaces the rows its earlier attempt left.
+            state.rows = [r for r in state.rows if r.get("task") != task.key]
+            state.rows.extend(dict(r, call=number, task=task.key) for r in payload.get("rows", []))
         if code == 0:
-            result = TaskResult(task.key, "done", seconds, _tail(text, 1) if not task.bench else "")
+            result = TaskResult(task.key, "done", seconds, _tail(text, 1) if not task.bench else "", number)
+        elif code == -1 and by_budget:
+            result = TaskResult(task.key, "cut", seconds, f"cut off by call {number}'s budget after {timeout:.0f} s "
+                                f"(its own limit is {task.limit_s:.0f} s); run again with --resume; {_tail(text)}",
+                                number)
         elif code == -1:
-            result = TaskResult(task.key, "failed", seconds, f"timed out after {timeout:.0f} s; {_tail(text)}")
+            result = TaskResult(task.key, "failed", seconds, f"timed out after {timeout:.0f} s; {_tail(text)}",
+                                number)
         else:
-            result = TaskResult(task.key, "failed", seconds, f"exit {code}: {_tail(text)}")
+            result = TaskResult(task.key, "failed", seconds, f"exit {code}: {_tail(text)}", number)
         state.record(result)
         call["ran"].append(task.key)
-        atomic_write_text(out_file, json.dumps(state.to_json(), indent=2), overwrite=True)
-        atomic_write_text(out_file.with_suffix(".md"), markdown(state), overwrite=True)
+        save()
         _say(f"{task.key}: {result.status} in {seconds:.0f} s {result.detail[:200]}")
     call["elapsed_s"] = round(clock() - start, 1)
-    atomic_write_text(out_file, json.dumps(state.to_json(), indent=2), overwrite=True)
-    atomic_write_text(out_file.with_suffix(".md"), markdown(state), overwrite=True)
+    save()
     return state
 
 
@@ -418,9 +489,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         name = Path(args.resume).name
     else:
-        state = RunState(environment=probe_environment(args.dry_run), dry_run=args.dry_run)
-        state.environment.setdefault("dtype", "fp32" if args.dry_run else "bf16")  # what every case task runs in
-        name = results_name(state.environment, args.dry_run)
+        state = RunState(dry_run=args.dry_run)
+        name = ""
+    # Every call probes its own environment: a resumed call may run on another machine and GPU.
+    environment = probe_environment(state.dry_run)
+    environment.setdefault("dtype", "fp32" if state.dry_run else "bf16")  # what every case task runs in
+    name = name or results_name(environment, state.dry_run)
+    earlier = {str(c.get("environment", {}).get("gpu")) for c in state.calls if c.get("environment")}
+    if earlier and earlier != {str(environment.get("gpu"))}:
+        _say(f"this call runs on {environment.get('gpu')}; earlier calls ran on {', '.join(sorted(earlier))} "
+             "(each row names its call)")
     only = tuple(k.strip() for k in (args.only or "").split(",") if k.strip())
     if args.skip_doctor and not args.resume:
         print("gpu-run: --skip-doctor is for a resumed call (the first call's doctor report stands)", file=sys.stderr)
@@ -432,9 +510,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         state.doctor = run_doctor(out_dir, dry_run=state.dry_run)
     budget = args.budget - (time.monotonic() - started)
     _say(f"writing {out_file} after every task; budget {budget:.0f} s; tasks: " + ", ".join(t.key for t in tasks))
-    execute(tasks, state, out_file, budget_s=budget, log_file=out_dir / "tasks.log")
+    execute(tasks, state, out_file, budget_s=budget, log_file=out_dir / "tasks.log", environment=environment)
     print("\n" + markdown(state), flush=True)
-    pending = [t["key"] for t in state.tasks if t["status"] == "pending"]
+    pending = [t["key"] for t in state.tasks if t["status"] in ("pending", "cut")]
     if pending:
         _say(f"pending: {', '.join(pending)}; next call: scripts/gpu_run.sh --resume <this file>")
     return 0

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
+from ..vae.accel.self_checks import oom_may_switch_off
 from ..vae.api import TurboVAE, check_temporal_slice, load_checkpoint, resolve_device
 from ..vae.base import Progress, VAEModel
 from ..vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
@@ -134,7 +135,7 @@ class EngineVAE(TurboVAE):
     def _out_of_memory(self, key: str, reason: str) -> None:
         release_cached(self.engines.device)
         streak = self._oom_streak.failed(key)
-        if self._oom_streak.exhausted(key):
+        if self._oom_streak.exhausted(key) and oom_may_switch_off("engines"):
             self._fail(key, f"out of memory {streak} times in a row; last: {reason}")
         else:
             self._warn(f"oom:{key}", f"TurboVAE engine {key} ran out of memory ({reason}); using PyTorch for this "

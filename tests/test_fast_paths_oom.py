@@ -63,18 +63,46 @@ def test_probe_out_of_memory_keeps_the_path_and_checks_again(on_cpu, caplog):
     assert len(messages) == 1 and "ran out of memory" in messages[0] and "kept" in messages[0]
 
 
-def test_out_of_memory_three_times_in_a_row_switches_the_path_off(on_cpu, caplog):
+def test_every_path_declares_whether_it_saves_memory():
+    """One table: the paths whose fallback needs more memory (fused norms: no fp32 copies; the conv3d route: the
+    fp32 conv is twice the bytes; channels-last: contiguous convs take extra workspaces; the multi-GPU bands:
+    1/N of the pass per device) against those that cost memory (graph pools, compiled buffers, engines)."""
+    saving = {name for name, path in self_checks.PATHS.items() if path.saves_memory}
+    assert saving == {"triton_norms", "conv3d_route", "channels_last", "process_group"}
+    assert [self_checks.oom_may_switch_off(p) for p in ("cuda_graphs", "compile", "engines")] == [True] * 3
+    with pytest.raises(KeyError, match="no_such_path"):
+        self_checks.oom_may_switch_off("no_such_path")
+
+
+def test_out_of_memory_three_times_in_a_row_switches_a_memory_costing_path_off(on_cpu, caplog):
     def fast():
         raise _oom()
 
     with caplog.at_level(logging.WARNING, logger="turbovae"):
         for _ in range(OOM_FAILURES_TO_DISABLE):
             with pytest.raises(torch.OutOfMemoryError):
-                self_checks.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
-    assert not self_checks.enabled("triton_norms", "cpu")
+                self_checks.check("cuda_graphs", "cpu", "k", fast, lambda: torch.ones(3))
+    assert not self_checks.enabled("cuda_graphs", "cpu")
     assert self_checks.off()[0].detail.startswith(f"out of memory {OOM_FAILURES_TO_DISABLE} times in a row")
     # off now: the next call takes the plain path without probing
-    assert not self_checks.check("triton_norms", "cpu", "k", fast, lambda: torch.ones(3))
+    assert not self_checks.check("cuda_graphs", "cpu", "k", fast, lambda: torch.ones(3))
+
+
+@pytest.mark.parametrize("path", ["triton_norms", "conv3d_route", "channels_last", "process_group"])
+def test_out_of_memory_never_switches_off_a_path_that_saves_memory(on_cpu, caplog, path):
+    """Its fallback needs more memory, so switching it off would make the next attempt more likely to fail."""
+    def fast():
+        raise _oom()
+
+    with caplog.at_level(logging.WARNING, logger="turbovae"):
+        for _ in range(3 * OOM_FAILURES_TO_DISABLE):
+            with pytest.raises(torch.OutOfMemoryError):
+                self_checks.check(path, "cpu", "k", fast, lambda: torch.ones(3))
+    assert self_checks.enabled(path, "cpu") and self_checks.off() == []
+    assert self_checks.oom_streak(path, "cpu") == 3 * OOM_FAILURES_TO_DISABLE
+    assert self_checks.check(path, "cpu", "k", lambda: torch.ones(3), lambda: torch.ones(3))  # still probed, runs
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(messages) == 1 and "kept" in messages[0]
 
 
 class _Dispatch:
@@ -173,3 +201,38 @@ def test_a_non_memory_launch_failure_still_switches_the_route_off(on_cpu, seeded
     got = G.conv3d(x, w, None, 1, (0, 1, 1), route=G.Conv3dRoute("conv2d", "test"))
     assert (got - F.conv3d(x, w, None, 1, (0, 1, 1))).abs().max().item() <= 1e-5 * 10
     assert not self_checks.enabled("conv3d_route", "cpu")
+
+
+def test_many_triton_norm_launch_out_of_memory_failures_keep_the_kernels(on_cpu, dispatch_slot, seeded):
+    x = torch.randn(1, 8, 2, 12, 12, generator=seeded)
+    want = norms.group_norm_silu_reference(x, 4, None, None, 1e-6)
+    dispatch = _Dispatch(ooms=2 * OOM_FAILURES_TO_DISABLE)
+    norms.set_fused_dispatch(dispatch)
+    for _ in range(2 * OOM_FAILURES_TO_DISABLE):
+        with pytest.raises(torch.OutOfMemoryError):
+            norms.group_norm_silu(x, 4, None, None, 1e-6)
+    assert self_checks.enabled("triton_norms", "cpu")
+    assert torch.equal(norms.group_norm_silu(x, 4, None, None, 1e-6), want)
+    assert dispatch.launches == 2 * OOM_FAILURES_TO_DISABLE + 1  # the last call ran the kernels, not the reference
+
+
+def test_many_conv3d_route_launch_out_of_memory_failures_keep_the_route(on_cpu, seeded, monkeypatch):
+    x, w = torch.randn(1, 4, 3, 12, 12, generator=seeded), torch.randn(6, 4, 3, 3, 3, generator=seeded)
+    real, failures, launches = G._routed, [2 * OOM_FAILURES_TO_DISABLE], []
+
+    def routed(route, xx, *args):
+        if xx.shape[-1] == x.shape[-1]:  # the real launch, not the probe
+            launches.append(1)
+            if failures[0] > 0:
+                failures[0] -= 1
+                raise _oom()
+        return real(route, xx, *args)
+
+    monkeypatch.setattr(G, "_routed", routed)
+    route = G.Conv3dRoute("conv2d", "test")
+    for _ in range(2 * OOM_FAILURES_TO_DISABLE):
+        with pytest.raises(torch.OutOfMemoryError):
+            G.conv3d(x, w, None, 1, (0, 1, 1), route=route)
+    assert self_checks.enabled("conv3d_route", "cpu")
+    G.conv3d(x, w, None, 1, (0, 1, 1), route=route)
+    assert len(launches) == 2 * OOM_FAILURES_TO_DISABLE + 1 and self_checks.off() == []

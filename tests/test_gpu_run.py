@@ -156,7 +156,7 @@ def test_skipped_task_is_recorded_and_decided_again_on_resume(tmp_path):
     out = tmp_path / "r.json"
     gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=10, runner=runner, clock=clock)
     assert runner.ran == [] and _strict_json(out)["tasks"] == [
-        {"key": "a", "status": "skipped", "seconds": None, "detail": "no tree"}]
+        {"key": "a", "status": "skipped", "seconds": None, "detail": "no tree", "call": 1}]
     resumed = gpu_run.RunState.from_json(_strict_json(out))
     gpu_run.execute([gpu_run.Task("a", ("x",), expected_s=1, limit_s=2)], resumed, out, budget_s=10, runner=runner,
                     clock=clock)
@@ -225,7 +225,7 @@ def test_budget_resume_and_failures(tmp_path):
 
 
 def test_cut_off_mid_run_leaves_valid_results(tmp_path):
-    """A call killed during its second task keeps the first task's rows in a valid file."""
+    """A call interrupted during its second task keeps the first task's rows in a valid file, the second cut."""
     tasks = [gpu_run.Task("a", ("x",), expected_s=10, limit_s=20), gpu_run.Task("b", ("x",), expected_s=10, limit_s=20)]
     clock = Clock()
     runner = ScriptedRunner(clock, {"a": (0, 5, [_row("A", 1.0)]), "b": (KeyboardInterrupt(), 5, [])})
@@ -233,7 +233,7 @@ def test_cut_off_mid_run_leaves_valid_results(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=100, runner=runner, clock=clock)
     payload = _strict_json(out)
-    assert [t["status"] for t in payload["tasks"]] == ["done", "pending"]
+    assert [t["status"] for t in payload["tasks"]] == ["done", "cut"]
     assert [r["case"] for r in payload["rows"]] == ["A"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no temporary file left behind"
 
@@ -261,3 +261,108 @@ def test_kernel_profile_summary_merges_ranks_and_shares():
     assert [k.ms for k in top] == pytest.approx([0.7, 0.25]) and [k.share for k in top] == pytest.approx([0.7, 0.25])
     with pytest.raises(ValueError, match="top must be at least 1"):
         top_kernels(times, top=0)
+
+
+def test_a_task_cut_off_by_the_call_budget_is_rerun_on_resume(tmp_path):
+    """A task whose timeout was the call's remaining budget (not its own limit) is recorded as cut, and the next
+    call reruns it; its rows from the cut attempt are replaced by the rerun's."""
+    tasks = [gpu_run.Task("a", ("x",), expected_s=100, limit_s=300),
+             gpu_run.Task("b", ("x",), expected_s=50, limit_s=300)]
+    clock = Clock()
+    runner = ScriptedRunner(clock, {"a": (0, 90, [_row("A", 1.0)]), "b": (0, 500, [_row("B partial", 9.0)])})
+    out = tmp_path / "r.json"
+    gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=200, runner=runner, clock=clock)
+    cut = _strict_json(out)["tasks"][1]
+    assert runner.ran == ["a", "b"] and cut["status"] == "cut"
+    assert "budget" in cut["detail"] and "110 s" in cut["detail"] and "--resume" in cut["detail"]
+
+    clock2 = Clock()
+    runner2 = ScriptedRunner(clock2, {"b": (0, 200, [_row("B", 2.0)])})
+    gpu_run.execute(tasks, gpu_run.RunState.from_json(_strict_json(out)), out, budget_s=540, runner=runner2,
+                    clock=clock2)
+    payload = _strict_json(out)
+    assert runner2.ran == ["b"] and [t["status"] for t in payload["tasks"]] == ["done", "done"]
+    assert [(r["case"], r["call"], r["task"]) for r in payload["rows"]] == [("A", 1, "a"), ("B", 2, "b")]
+    assert "| b | done |" in out.with_suffix(".md").read_text()
+
+
+def test_a_call_killed_while_a_task_ran_leaves_it_cut_and_the_next_call_reruns_it(tmp_path):
+    """The lease's own timeout kills the whole call: the task that was running is in the file as running, and a
+    resumed call records it as cut by that call and runs it again."""
+    tasks = [gpu_run.Task("a", ("x",), expected_s=10, limit_s=20)]
+    out = tmp_path / "r.json"
+    seen = []
+
+    def killed(task, timeout, workdir):  # what the file holds while the task runs, when the call is killed
+        seen.append(_strict_json(out)["tasks"][0])
+        raise SystemExit(137)
+
+    with pytest.raises(SystemExit):
+        gpu_run.execute(tasks, gpu_run.RunState(), out, budget_s=100, runner=killed, clock=Clock())
+    assert seen[0]["status"] == "running" and seen[0]["call"] == 1
+    left = _strict_json(out)["tasks"][0]
+    assert left["status"] == "cut" and "SystemExit" in left["detail"]
+
+    state = gpu_run.RunState.from_json(_strict_json(out))
+    state.tasks[0] = dict(seen[0])  # SIGKILL: nothing ran after the task started
+    clock = Clock()
+    runner = ScriptedRunner(clock, {"a": (0, 5, [_row("A", 1.0)])})
+    gpu_run.execute(tasks, state, out, budget_s=100, runner=runner, clock=clock)
+    assert runner.ran == ["a"] and _strict_json(out)["tasks"][0]["status"] == "done"
+
+
+def test_each_call_records_its_own_environment_and_rows_name_their_call(tmp_path):
+    """A resumed call on another GPU records that GPU; rows say which call measured them, and the file's
+    environment names only GPUs that measured rows."""
+    tasks = [gpu_run.Task("a", ("x",), expected_s=100, limit_s=300),
+             gpu_run.Task("b", ("x",), expected_s=100, limit_s=300),
+             gpu_run.Task("t", ("x",), expected_s=10, limit_s=300, bench=False)]
+    env = {"A": {"gpu": "GPU A", "torch": "2.9", "date": "2026-12-01 10:00 UTC"},
+           "B": {"gpu": "GPU B", "torch": "2.9", "date": "2026-12-01 11:00 UTC"}}
+    out = tmp_path / "r.json"
+
+    def call(state, gpu, outcomes, budget):
+        clock = Clock()
+        gpu_run.execute(tasks, state, out, budget_s=budget, runner=ScriptedRunner(clock, outcomes), clock=clock,
+                        environment=env[gpu])
+        return gpu_run.RunState.from_json(_strict_json(out))
+
+    # Call 1 on GPU A measures nothing (its only task is cut); call 2 on GPU B measures a and b.
+    state = call(gpu_run.RunState(), "A", {"a": (0, 500, [])}, budget=150)
+    assert _strict_json(out)["environment"] == {}  # no row measured: no GPU claimed
+    state = call(state, "B", {"a": (0, 50, [_row("A", 1.0)]), "b": (0, 50, [_row("B", 2.0)]),
+                              "t": (0, 5, [])}, budget=540)
+    payload = _strict_json(out)
+    assert [c["environment"]["gpu"] for c in payload["run"]["calls"]] == ["GPU A", "GPU B"]
+    assert [c["call"] for c in payload["run"]["calls"]] == [1, 2]
+    assert {r["call"] for r in payload["rows"]} == {2}
+    assert payload["environment"] == env["B"]  # not the first call's GPU, which measured nothing
+
+    # Call 3 on GPU A reruns b: the file now names both GPUs, each row its own call.
+    state.tasks[1]["status"] = "cut"
+    call(state, "A", {"b": (0, 50, [_row("B", 3.0)])}, budget=540)
+    payload = _strict_json(out)
+    assert [(r["case"], r["call"]) for r in payload["rows"]] == [("A", 2), ("B", 3)]
+    assert payload["environment"]["gpu"] == "GPU B + GPU A" and payload["environment"]["torch"] == "2.9"
+    assert payload["environment"]["date"] == env["B"]["date"]  # the first measuring call's
+    table = out.with_suffix(".md").read_text()
+    assert "Call 2: gpu GPU B" in table and "Call 3: gpu GPU A" in table
+    assert re.search(r"\| A \| eager baseline \| 1\.0 \|.*\| 2 \|", table)
+
+
+def test_a_file_from_before_calls_recorded_environments_keeps_its_environment(tmp_path):
+    legacy = {"environment": {"gpu": "GPU A"}, "rows": [_row("A", 1.0)], "tasks": [],
+              "run": {"calls": [{"started": "x", "budget_s": 400, "ran": ["a"]}], "dry_run": False}}
+    state = gpu_run.RunState.from_json(legacy)
+    assert state.to_json()["environment"] == {"gpu": "GPU A"}
+
+
+def test_a_resumed_call_probes_its_own_environment(tmp_path, monkeypatch):
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps(gpu_run.RunState(calls=[{"call": 1, "environment": {"gpu": "GPU A"}, "ran": []}])
+                                .to_json()))
+    monkeypatch.setattr(gpu_run, "probe_environment", lambda dry_run: {"gpu": "GPU B"})
+    assert gpu_run.main(["--out", str(tmp_path / "out"), "--resume", str(first), "--skip-doctor",
+                         "--only", "no-such-task"]) == 0
+    calls = _strict_json(tmp_path / "out" / "first.json")["run"]["calls"]
+    assert [c["environment"]["gpu"] for c in calls] == ["GPU A", "GPU B"]

@@ -468,3 +468,42 @@ def test_decode_step_exports_with_explicit_memory(tiny_sd):
     assert len(got) == 1 + len(want_state)
     assert torch.equal(got[0], want)
     assert all(torch.equal(a, b) for a, b in zip(got[1:], want_state))
+
+
+@pytest.mark.parametrize("grad_of", ["inputs", "weights"])
+def test_raw_forward_with_grad_backpropagates_like_the_reference(tiny_sd, grad_of, monkeypatch):
+    """A raw forward with autograd recording (no inference_mode; the input or the weights require grad) runs the
+    plain GroupNorm instead of the channels-last one (its out= ops are not differentiable): outputs as the
+    inference pass's, gradients as the reference's. Under inference_mode the channels-last norm still runs."""
+    from turbovae.vae import norms
+
+    calls = []
+    channels_last_norm = norms.group_norm_channels_last
+    monkeypatch.setattr(norms, "group_norm_channels_last", lambda *a, **k: calls.append(1) or channels_last_norm(*a, **k))
+    model = tiny_model(tiny_sd)
+    x, z = clip(5, seed=11), latents(2, seed=11)
+    with torch.inference_mode():
+        fast = (model.decode_latents(z, clamp=False), model.encode_moments(x))
+    assert calls  # the channels-last norm served the inference passes
+    x, z = x.clone(), z.clone()
+    if grad_of == "inputs":
+        x.requires_grad_(True)
+        z.requires_grad_(True)
+    else:
+        model.requires_grad_(True)
+    outs = (model.decode_latents(z, clamp=False), model.encode_moments(x))
+    assert [rel_err(a, b) <= REL for a, b in zip(outs, fast)] == [True, True]
+    (outs[0].square().sum() + outs[1].square().sum()).backward()
+
+    sd = {k: v.detach().clone().requires_grad_(grad_of == "weights") for k, v in tiny_sd.items()}
+    ref = ReferenceSeedVR2(sd, TINY.norm_groups)
+    xr, zr = x.detach().clone().requires_grad_(True), z.detach().clone().requires_grad_(True)
+    (ref.decode(zr).square().sum() + ref.encode(xr).square().sum()).backward()
+    if grad_of == "inputs":
+        assert rel_err(z.grad, zr.grad) <= 1e-4 and rel_err(x.grad, xr.grad) <= 1e-4
+    else:
+        # relative to the largest gradient anywhere too: a key bias's gradient is zero (softmax ignores it)
+        floor = 1e-3 * max(g.grad.abs().max().item() for g in sd.values())
+        errs = {k: (p.grad - sd[k].grad).abs().max().item() / max(sd[k].grad.abs().max().item(), floor)
+                for k, p in model.named_parameters()}
+        assert max(errs.values()) <= 1e-4, sorted(errs.items(), key=lambda kv: -kv[1])[:3]

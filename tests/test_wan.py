@@ -397,3 +397,52 @@ def test_head_taps_equal_the_zero_padded_conv_in_decode_and_encode(tiny_pair, fm
         ours.fast = replace(base, channels_last=True, head_taps=True)
     assert [max_err(a, b) <= 1e-5 for a, b in zip(outs[True], outs[False])] == [True] * 3
     assert len(calls) == ran > 0  # the head path ran with head_taps on, and only then
+
+
+@pytest.mark.parametrize("grad_of", ["inputs", "weights"])
+def test_raw_forward_with_grad_backpropagates_like_diffusers(tiny_pair, grad_of, monkeypatch):
+    """A raw forward with autograd recording (no inference_mode; the input or the weights require grad) runs the
+    allocating norm instead of writing into the causal conv's padded input (out= ops are not differentiable): same
+    outputs as the inference pass, and the gradients diffusers computes. Under inference_mode the single-buffer
+    path still runs from the second slice on."""
+    from turbovae.vae.wan.layers import CausalConv3d
+
+    cfg, ref, _ = tiny_pair
+    ours = build(ref.state_dict(), config=cfg)  # its own copy: the weights' requires_grad is switched on below
+    calls = []
+    video_padded = CausalConv3d.video_padded
+    monkeypatch.setattr(CausalConv3d, "video_padded", lambda self, *a: calls.append(1) or video_padded(self, *a))
+    g = torch.Generator().manual_seed(9)
+    z = torch.randn(1, cfg.z_dim, 3, 2, 3, generator=g)
+    x = torch.rand(1, 3, 5, 16, 16, generator=g) * 2 - 1
+    with torch.inference_mode():
+        fast = (ours.decode_latents(z, temporal_slice=1), ours.encode_moments(x, temporal_slice=1))
+    assert calls  # the single-buffer path served the inference passes
+    z, x = z.clone(), x.clone()
+    if grad_of == "inputs":
+        z.requires_grad_(True)
+        x.requires_grad_(True)
+    else:
+        ours.requires_grad_(True)
+    outs = (ours.decode_latents(z, temporal_slice=1), ours.encode_moments(x, temporal_slice=1))
+    assert [max_err(a, b) <= 1e-6 for a, b in zip(outs, fast)] == [True, True]  # rounding of other op orders
+    (outs[0].square().sum() + outs[1].square().sum()).backward()
+
+    ref.zero_grad(set_to_none=True)
+    zr, xr = z.detach().clone().requires_grad_(True), x.detach().clone().requires_grad_(True)
+    try:
+        (ref.decode(zr).sample.square().sum() + ref.encode(xr).latent_dist.parameters.square().sum()).backward()
+        if grad_of == "inputs":
+            assert max_err(z.grad, zr.grad) <= 1e-5 * zr.grad.abs().max().item()
+            assert max_err(x.grad, xr.grad) <= 1e-5 * xr.grad.abs().max().item()
+        else:
+            ref_grads = dict(ref.named_parameters())
+            grads = original_to_diffusers({k: p.grad for k, p in ours.named_parameters()}, cfg)
+            assert all(grads[k] is not None for k in grads)
+            # relative to the largest gradient anywhere too: a key bias's gradient is zero (softmax ignores it)
+            floor = 1e-3 * max(p.grad.abs().max().item() for p in ref_grads.values())
+            errs = {k: max_err(grads[k], ref_grads[k].grad) / max(ref_grads[k].grad.abs().max().item(), floor)
+                    for k in grads}
+            assert max(errs.values()) <= 1e-4, sorted(errs.items(), key=lambda kv: -kv[1])[:3]
+    finally:
+        ref.zero_grad(set_to_none=True)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .accel import self_checks
 from .accel.tensor_layout import memory_format_of
+from .autograd import records_grad
 from .oom import is_out_of_memory
 from .tracing import tracing
 
@@ -181,7 +182,7 @@ def _group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Te
         _NORM_INPUT_OBSERVER(x, num_groups)
     if _META_FUSED is not None and x.device.type == "meta":
         return _META_FUSED.group_norm_silu(x, num_groups, weight, bias, eps, silu)
-    dispatch = _fused_for(x)
+    dispatch = None if records_grad(x, weight, bias) else _fused_for(x)  # the kernels have no backward
     if dispatch is not None:
         out = _run_fused(x, f"group_norm_silu C={x.shape[1]} G={num_groups} affine={weight is not None} silu={silu}",
                          lambda t: dispatch.group_norm_silu(t, num_groups, weight, bias, eps, silu),
@@ -215,6 +216,8 @@ def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: b
         b = bias.float() if bias is not None else None
         return _gn2d(x.float(), num_groups, w, b, eps, inplace=True).to(x.dtype)  # the fp32 copy is ours
     if _STABLE_CHANNELS_LAST_STATS and x.device.type == "cpu" and _channels_innermost(x) and not tracing():
+        if records_grad(x, weight, bias):  # autograd: the contiguous kernel (stable statistics, differentiable)
+            return F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
         return group_norm_channels_last(x, num_groups, weight, bias, eps, out=x if inplace else None)
     return F.group_norm(x, num_groups, weight, bias, eps)
 
@@ -311,6 +314,9 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: Optional[torch.Ten
                          f"x is {tuple(x.shape)} {x.dtype} on {x.device}")
     if _META_FUSED is not None and x.device.type == "meta":
         return _META_FUSED.rms_norm_silu(x, gamma, bias, silu, eps, out=out)
+    if records_grad(x, gamma, bias, out):  # autograd: an allocating result (out= is not differentiable), then copied
+        y = rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps)
+        return y if out is None else out.copy_(y)
     dispatch = _fused_for(x)
     if dispatch is not None:
         # the self-check's probe (another tensor than x) gets a new output; only x's launch writes into `out`
@@ -327,7 +333,8 @@ def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional
                             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     c = x.shape[1]
     acc = torch.promote_types(x.dtype, torch.float32)  # fp32 sums for 16-bit inputs; fp64 stays fp64
-    norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True, dtype=acc).clamp_min_(eps)
+    # clamp_min, not clamp_min_: the norm's backward reads its output (a 1/C-sized copy; same values)
+    norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True, dtype=acc).clamp_min(eps)
     if x.dtype == acc:
         y = torch.div(x, norm, out=out) if out is not None else x / norm
         y.mul_(gamma * math.sqrt(c))

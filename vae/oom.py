@@ -103,7 +103,9 @@ class OomStreak:
     """The one rule for an optional path (fast path, CUDA graphs, engines) that ran out of memory: an
     out-of-memory is transient (other models were resident), not a sign the path is wrong, so the path is
     kept and tried again; only `limit` out-of-memory failures in a row, per key, with no success between
-    them, switch it off. Callers free what the failed attempt held (`release_cached`, or the tiler's retry)."""
+    them, switch it off — and only a path that costs memory (vae/accel/self_checks `oom_may_switch_off`, from the
+    one table of paths): switching off a path that saves memory would make the next attempt need more. Callers
+    free what the failed attempt held (`release_cached`, or the tiler's retry)."""
 
     def __init__(self, limit: int = OOM_FAILURES_TO_DISABLE):
         if limit < 1:

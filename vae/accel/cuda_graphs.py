@@ -229,7 +229,7 @@ class CudaGraphRunner:
         self.invalidate()
         if out_of_memory:
             streak = self._oom.failed()
-            if not self._oom.exhausted():
+            if not (self._oom.exhausted() and self_checks.oom_may_switch_off("cuda_graphs")):
                 if streak == 1:
                     log.warning("turbovae: CUDA graph capture ran out of memory (%s); this pass runs eagerly and "
                                 "the next one captures again", reason)

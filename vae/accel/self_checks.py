@@ -17,7 +17,9 @@ reported under a tracer switches nothing off.
 An out-of-memory is not a failed check either (`vae.oom.OomStreak`, the rule CUDA graphs and engines follow):
 the probe's or the launch's out-of-memory is re-raised so the pass frees and retries by the tiler's rule,
 the path is kept and checked again, and only `OOM_FAILURES_TO_DISABLE` in a row on a (path, device) switch
-it off.
+it off — and only a path that costs memory (`FastPath.saves_memory` False: graph pools, compiled buffers,
+engines). A path that saves memory is never switched off by an out-of-memory: its fallback needs more memory,
+so the next attempt would be more likely to fail, not less (`oom_may_switch_off`).
 
 `TURBOVAE_SELF_CHECK=0` skips the probes (for setups already validated); failures detected at run time
 still switch a path off. The registry also counts which paths ran, for the per-pass log line
@@ -72,30 +74,50 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class FastPath:
-    """One GPU-only path: what it is, what runs instead once it is off, and its probe tolerance (None: the
-    path is exact by construction or its own output is the check, so only exceptions count)."""
+    """One GPU-only path: what it is, what runs instead once it is off, its probe tolerance (None: the
+    path is exact by construction or its own output is the check, so only exceptions count), and whether it
+    saves memory against its fallback (then no out-of-memory ever switches it off: `oom_may_switch_off`)."""
 
     name: str
     what: str
     fallback: str
     tolerance: Optional[Tolerance]
+    saves_memory: bool
 
 
 NORM_TOLERANCE = Tolerance(fp32=1e-4, half=1e-2)  # docs/gpu.md: the kernels' test criteria, with margin
 CONV_TOLERANCE = Tolerance(fp32=1e-4, half=2e-2)  # another conv algorithm: another summation order
 PASS_TOLERANCE = Tolerance(fp32=1e-4, half=2e-2)  # a whole pass (graph replay, compiled region) vs eager
 
+# saves_memory, per path, from what its fallback holds: the PyTorch norms make fp32 copies and intermediates the
+# fused kernels do not; the fp32 conv3d is twice the bytes of the routed half conv; contiguous half convs take
+# workspaces of their input and output size that channels-last ones do not (docs/memory.md); the single-device
+# pass holds N times a band's memory (docs/multi_gpu.md). Against that, CUDA graphs keep a private pool, compiled
+# regions their own buffers (SeedVR2 1080p: +59 % peak, docs/memory.md), and engines their activations and copy of
+# the weights.
 PATHS: dict[str, FastPath] = {p.name: p for p in (
-    FastPath("triton_norms", "Triton GroupNorm/RMS-norm(+SiLU) kernels", "the PyTorch norm ops", NORM_TOLERANCE),
+    FastPath("triton_norms", "Triton GroupNorm/RMS-norm(+SiLU) kernels", "the PyTorch norm ops", NORM_TOLERANCE,
+             saves_memory=True),
     FastPath("conv3d_route", "conv3d regression guard route (cuDNN call / conv2d sums)", "fp32 conv3d",
-             CONV_TOLERANCE),
-    FastPath("channels_last", "channels-last activations", "contiguous (NCHW/NCDHW) activations", CONV_TOLERANCE),
-    FastPath("cuda_graphs", "CUDA graphs", "eager passes", PASS_TOLERANCE),
-    FastPath("compile", "torch.compile regions", "eager regions (the VAE runs eagerly)", PASS_TOLERANCE),
-    FastPath("engines", "TensorRT/AOTInductor engines", "the PyTorch VAE", None),
+             CONV_TOLERANCE, saves_memory=True),
+    FastPath("channels_last", "channels-last activations", "contiguous (NCHW/NCDHW) activations", CONV_TOLERANCE,
+             saves_memory=True),
+    FastPath("cuda_graphs", "CUDA graphs", "eager passes", PASS_TOLERANCE, saves_memory=False),
+    FastPath("compile", "torch.compile regions", "eager regions (the VAE runs eagerly)", PASS_TOLERANCE,
+             saves_memory=False),
+    FastPath("engines", "TensorRT/AOTInductor engines", "the PyTorch VAE", None, saves_memory=False),
     FastPath("process_group", "the multi-GPU pass's process group (NCCL)",
-             "the single-device exact pass on every rank", Tolerance(fp32=0.0, half=0.0)),
+             "the single-device exact pass on every rank", Tolerance(fp32=0.0, half=0.0), saves_memory=True),
 )}
+
+
+def oom_may_switch_off(path: str) -> bool:
+    """Whether out-of-memory failures in a row (`vae.oom.OomStreak`) may switch `path` off: only where the path
+    costs memory. A path that saves memory stays on whatever the streak: its fallback would need more.
+    KeyError for a name not in `PATHS`."""
+    if path not in PATHS:
+        raise KeyError(f"no fast path named {path!r}; the paths are {', '.join(PATHS)}")
+    return not PATHS[path].saves_memory
 
 
 @dataclass(frozen=True)
@@ -257,8 +279,9 @@ class FastPathRegistry:
 
     def out_of_memory(self, path: str, device: Union[str, torch.device], err: Union[str, BaseException]) -> bool:
         """Note that `path` ran out of memory on `device` (its probe or a launch): the cached blocks are
-        released and the path is kept, unless this made `OOM_FAILURES_TO_DISABLE` in a row, which switches
-        it off. True when the path was switched off. The caller re-raises, so the pass retries smaller."""
+        released and the path is kept, unless this made `OOM_FAILURES_TO_DISABLE` in a row of a path that costs
+        memory (`oom_may_switch_off`), which switches it off. True when the path was switched off. The caller
+        re-raises, so the pass retries smaller."""
         dev = device_name(device)
         reason = err if isinstance(err, str) else describe(err)
         if tracing():
@@ -266,7 +289,7 @@ class FastPathRegistry:
         release_cached(dev)
         with self._lock:
             streak = self._oom.failed((path, dev))
-        if streak >= self._oom.limit:
+        if streak >= self._oom.limit and oom_may_switch_off(path):
             self.fail(path, dev, f"out of memory {streak} times in a row; last: {reason}")
             return True
         if streak == 1:

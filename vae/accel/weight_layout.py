@@ -68,8 +68,9 @@ class PassScratch:
     tap of a channels-last 3-D weight): each conv copies its tap in and the next conv overwrites it. It
     grows to the largest such tap of the pass and is freed with the pass (the `StreamContext` owns it), so
     nothing beside the parameters outlives a call. Fresh tensors instead where reusing storage is unsafe or
-    buys nothing: under tracing, when autograd records the copy, and on CUDA (its caching allocator makes
-    a fresh tensor free, and kernels may still read the previous one)."""
+    buys nothing: under tracing, in grad mode (a conv whose input or weight requires grad saves the packed
+    weight for its backward, and the next conv's copy would overwrite it; the input is not seen here), and on
+    CUDA (its caching allocator makes a fresh tensor free, and kernels may still read the previous one)."""
 
     def __init__(self) -> None:
         self._buf: Optional[torch.Tensor] = None
@@ -78,8 +79,7 @@ class PassScratch:
         """`weight` contiguous in `memory_format`: itself when it already is, else a copy in the scratch."""
         if weight.is_contiguous(memory_format=memory_format):
             return weight
-        if (weight.device.type != "cpu" or tracing() or (torch.is_grad_enabled() and weight.requires_grad)
-                or weight.ndim not in (4, 5)):
+        if weight.device.type != "cpu" or tracing() or torch.is_grad_enabled() or weight.ndim not in (4, 5):
             return weight.contiguous(memory_format=memory_format)
         n = weight.numel()
         buf = self._buf
