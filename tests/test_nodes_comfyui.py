@@ -7,15 +7,16 @@ Skipped unless TURBOVAE_COMFYUI names a ComfyUI checkout (CI has none; nothing i
 
 The server runs under TURBOVAE_COMFYUI_PYTHON if set, else the first of <checkout>/venv, <checkout>/.venv
 and <checkout>/../cvenv (bin/python) that exists, else this interpreter; it needs ComfyUI's requirements
-(and a C compiler for the AOTInductor engine build). Checked with ComfyUI 0.3.64 and 0.8.0 (3cd7b32f) on CPU,
-about 1 minute for 0.8.0. ComfyUI imports torchvision at startup; on a CPU-only machine PyPI's torchvision wheel
+(and a C compiler for the AOTInductor engine build). Checked with ComfyUI 0.3.64, 0.8.0 (3cd7b32f) and 0.33.0
+(de6b062f, frontend 1.58.1) on CPU, about 1 minute for 0.8.0, 10 for 0.33.0 (7 of them core's SeedVR2 comparison). ComfyUI imports torchvision at startup; on a CPU-only machine PyPI's torchvision wheel
 (built for CUDA torch) cannot load its C ops next to the CPU torch, so that venv needs a torchvision that imports
 (the 0.8.0 check skipped torchvision's op registrations when its ops are absent, a change to the venv only).
 
 One server for the module (`--cpu`, a free port, `--base-directory` under pytest's tmp dir, in-memory
 database, no API nodes): models, inputs, outputs, user files and the inductor cache stay in that folder,
 and the pack is symlinked into its custom_nodes under a folder name that is not a Python identifier.
-VAE files are random weights with the real key sets and shapes under the names the workflows use
+VAE files are random weights with the real key sets and shapes under the names the workflows use, kept in a
+store folder and linked into models/vae and into an extra_model_paths.yaml root, as users sharing one store keep them
 (the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images and
 ComfyUI's own input name `example.png`, a 64x64 engine); nothing else is placed, so a workflow that needs any
 other file fails here as it would for a user. Workflows are converted UI -> API by tests/comfy_workflow.py
