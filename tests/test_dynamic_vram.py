@@ -21,14 +21,15 @@ import node_helpers
 
 node_helpers.use_comfy_stubs()
 
-import comfy.cli_args  # noqa: E402  (the stubs, as the node module holds them)
-import comfy.memory_management  # noqa: E402
 from turbovae.nodes import device_memory, pass_budget  # noqa: E402
 from turbovae.vae.api import TurboVAE  # noqa: E402
 from turbovae.vae.free_memory import USABLE_FRACTION  # noqa: E402
 from turbovae.vae.wan import TINY_WAN21, WanVAE  # noqa: E402
 
+# the doubles the node module holds (another test module may have imported it first, with its own doubles)
 mm = device_memory.mm
+core_memory = device_memory.core_memory
+cli_args = device_memory.comfy.cli_args.args
 node_helpers.hide_comfy_stubs()
 
 GiB = 2**30
@@ -50,8 +51,8 @@ def core(monkeypatch):
     aimdo.model_vbar = types.SimpleNamespace(vbars_analyze=vbars_analyze)
     monkeypatch.setitem(sys.modules, "comfy_aimdo", aimdo)
     monkeypatch.setitem(sys.modules, "comfy_aimdo.model_vbar", aimdo.model_vbar)
-    monkeypatch.setattr(comfy.cli_args.args, "vram_headroom", 1.5)
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", False)
+    monkeypatch.setattr(cli_args, "vram_headroom", 1.5)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", False)
     return asked
 
 
@@ -62,7 +63,7 @@ def test_without_dynamic_vram_the_budget_is_free_memory(core):
 
 
 def test_dynamic_vram_adds_what_aimdo_can_page_out_less_the_headroom(core, monkeypatch):
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", True)
     assert device_memory.dynamic_vram_enabled()
     assert device_memory.freeable_bytes(CUDA) == 6 * GiB + 10 * GiB - int(1.5 * GiB)
     assert core == [1]
@@ -70,8 +71,8 @@ def test_dynamic_vram_adds_what_aimdo_can_page_out_less_the_headroom(core, monke
 
 
 def test_the_headroom_never_makes_the_budget_negative(core, monkeypatch):
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
-    monkeypatch.setattr(comfy.cli_args.args, "vram_headroom", 100.0)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", True)
+    monkeypatch.setattr(cli_args, "vram_headroom", 100.0)
     assert device_memory.freeable_bytes(CUDA) == 0
 
 
@@ -79,7 +80,7 @@ def test_a_core_without_dynamic_vram_reads_as_off(monkeypatch):
     """0.3.64 and 0.8.0 have no comfy.memory_management, no comfy_aimdo and no --vram-headroom."""
     monkeypatch.setattr(device_memory, "core_memory", None)  # what the module's guarded import gives there
     monkeypatch.setitem(sys.modules, "comfy_aimdo", None)
-    monkeypatch.delattr(comfy.cli_args.args, "vram_headroom")
+    monkeypatch.delattr(cli_args, "vram_headroom")
     monkeypatch.setattr(mm, "free_memory_bytes", 3 * GiB)
     assert not device_memory.dynamic_vram_enabled()
     assert device_memory.freeable_bytes(CUDA) == 3 * GiB
@@ -89,11 +90,11 @@ def test_the_node_budget_is_taken_from_what_core_can_free(core, monkeypatch):
     turbo = TurboVAE(WanVAE(TINY_WAN21).eval())  # on the CPU: its weights still have to reach the device
     weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
     assert pass_budget.comfy_budget_bytes(turbo, CUDA) == int(6 * GiB * USABLE_FRACTION) - weights
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", True)
     freeable = 6 * GiB + 10 * GiB - int(1.5 * GiB)
     assert pass_budget.comfy_budget_bytes(turbo, CUDA) == int(freeable * USABLE_FRACTION) - weights
     assert "dynamic VRAM" in device_memory.budget_source(CUDA)
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", False)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", False)
     assert device_memory.budget_source(CUDA) == "ComfyUI's free memory on cuda:1"
 
 
@@ -102,7 +103,7 @@ def test_the_vae_patcher_stays_a_whole_module_patcher_under_dynamic_vram(core, m
     dynamic patcher would tell model management our weights can be paged out on demand, so it would not unload
     us for other dynamic models. The VAE keeps a legacy ModelPatcher, as core's own VAE does with
     disable_offload."""
-    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(core_memory, "aimdo_enabled", True)
     turbo = TurboVAE(WanVAE(TINY_WAN21).eval())
     module = torch.nn.Module()
     module.vae = turbo.model
