@@ -28,6 +28,7 @@ from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
 from .identity import IdentityError, model_hash
 from .manifest import ManifestError, recorded_source
+from .model_folders import climbs_out, describe_roots, in_model_folders
 from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,8 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
 
 def check_source(source: Path, engine_folder: Path, roots: Optional[Sequence[Union[str, os.PathLike]]]) -> Path:
     """The checkpoint an engine folder's manifest names, made safe to load: it must exist, must not be
-    an engine folder (the engine folder itself would recurse), and must lie inside `roots` when given."""
+    an engine folder (the engine folder itself would recurse), and must be a file the user keeps in `roots`
+    when given (directly, linked in, or under a linked folder; engines/model_folders.py)."""
     try:
         real = source.resolve(strict=True)
     except FileNotFoundError:
@@ -270,10 +272,9 @@ def check_source(source: Path, engine_folder: Path, roots: Optional[Sequence[Uni
         raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} is an engine folder or file, "
                                 "not a VAE checkpoint; pass fallback=<checkpoint> or rebuild the engines from the "
                                 "checkpoint")
-    if roots is not None:
-        allowed = [Path(r).resolve() for r in roots]
-        if not any(root in real.parents for root in allowed):
-            raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} is outside the VAE model "
-                                    f"folder(s) {', '.join(map(str, allowed)) or '(none)'}; pick a fallback VAE "
-                                    "from the list")
+    if roots is not None and not in_model_folders(source, real, roots):
+        how = "climbs out of" if climbs_out(source) else "is outside"
+        raise EngineSourceError(f"{engine_folder}: the recorded checkpoint {source} {how} the VAE model folder(s) "
+                                f"{describe_roots(roots)} (a file there, linked in or under an extra_model_paths "
+                                "root, is allowed); pick a fallback VAE from the list")
     return real

@@ -10,19 +10,35 @@ loaded size, and its loaded size counts only the weights it moved itself. A pool
 size but not in the loaded size would read as memory still to load while the VAE already holds it, so
 `TurboVAEPatcher.loaded_size` adds what the VAE holds beside its weights (the engines loaded now, the graph
 pools): held memory is counted in both, memory not yet held (engines not loaded yet) only in the size.
+
+Dynamic VRAM (core's comfy-aimdo path, docs/dynamic_vram.md) changes two things this module answers for:
+- what a pass may count on (`freeable_bytes`): core pages dynamic models' weights out on demand, so what it can
+  give a pass is its free memory plus those pages (what core's own VAE sizes its batches by,
+  `ModelPatcher.get_free_memory`), less the `--vram-headroom` aimdo keeps free for everything else;
+- which patcher the VAE gets: still core's legacy ModelPatcher. Core pages out only its cast-weight layers
+  (comfy.ops); ours are plain modules it would load whole, and a dynamic patcher would report them as
+  memory it can page out on demand, so model management would not unload the VAE for other dynamic models.
+  Core's own VAE takes the same legacy patcher when it must be loaded whole (`disable_offload`).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 import torch
 
+import comfy.cli_args
 import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP
 
 from ..vae.api import TurboVAE
+
+try:  # dynamic VRAM's switch; cores before dynamic VRAM (0.3.x, 0.8.0) have no such module
+    import comfy.memory_management as core_memory
+except ImportError:
+    core_memory = None
 
 
 class TurboVAEPatcher(comfy.model_patcher.ModelPatcher):
@@ -71,3 +87,44 @@ def _engine_held_bytes(turbo: TurboVAE) -> int:
     """Device memory the engines loaded so far hold (0 for a plain VAE, or before the first engine loads)."""
     engines = getattr(turbo, "engines", None)
     return int(engines.memory_bytes()) if engines is not None else 0
+
+
+def dynamic_vram_enabled() -> bool:
+    """Whether this ComfyUI runs dynamic VRAM: core's main.py sets `comfy.memory_management.aimdo_enabled` once
+    comfy-aimdo has initialised its devices (off with --disable-dynamic-vram, --cpu, --highvram, ...)."""
+    return bool(getattr(core_memory, "aimdo_enabled", False))
+
+
+def vram_headroom_bytes() -> int:
+    """`--vram-headroom` (GB) in bytes: VRAM comfy-aimdo keeps free for everything else (0 on cores without it)."""
+    return max(0, int(float(getattr(comfy.cli_args.args, "vram_headroom", 0) or 0) * 2**30))
+
+
+def _aimdo_pageable_bytes(device: torch.device) -> int:
+    """Weights of dynamic models on `device` that comfy-aimdo can page out on demand (core's
+    `ModelPatcher.get_free_memory` adds the same `vbars_analyze`); 0 without comfy-aimdo."""
+    try:
+        model_vbar = importlib.import_module("comfy_aimdo.model_vbar")
+    except ImportError:
+        return 0
+    return max(0, int(model_vbar.vbars_analyze(device.index)))
+
+
+def freeable_bytes(device) -> int:
+    """What model management can give a pass on `device` now: its free memory (`get_free_memory`) and, under
+    dynamic VRAM on a CUDA device, the dynamic models' weights it pages out on demand, less `--vram-headroom`.
+    The pass asks `load_models_gpu` for its predicted peak, which is what makes core page them out."""
+    device = torch.device(device)
+    free = int(mm.get_free_memory(device))
+    if device.type != "cuda" or not dynamic_vram_enabled():
+        return free
+    return max(0, free + _aimdo_pageable_bytes(device) - vram_headroom_bytes())
+
+
+def budget_source(device) -> str:
+    """Where `freeable_bytes` came from, for the nodes' plan line."""
+    device = torch.device(device)
+    if device.type == "cuda" and dynamic_vram_enabled():
+        return (f"ComfyUI's free memory plus the weights dynamic VRAM can page out, less the "
+                f"{vram_headroom_bytes() / 2**20:.0f} MB VRAM headroom, on {device}")
+    return f"ComfyUI's free memory on {device}"

@@ -18,14 +18,16 @@ import comfy.model_management as mm
 from ..vae.api import TurboVAE
 from ..vae.free_memory import USABLE_FRACTION
 from ..vae.memory_budget import SlicePlan
+from .device_memory import budget_source, freeable_bytes
 
 log = logging.getLogger("turbovae")
 
 
 def comfy_budget_bytes(turbo: TurboVAE, device: torch.device) -> int:
-    """USABLE_FRACTION of what ComfyUI's model management reports free on `device`, less the VAE's weights where
-    they are not on `device` yet (at least 1 byte: the plan then takes its smallest slice)."""
-    free = int(mm.get_free_memory(device))
+    """USABLE_FRACTION of what ComfyUI's model management can free on `device` (`device_memory.freeable_bytes`),
+    less the VAE's weights where they are not on `device` yet (at least 1 byte: the plan then takes its smallest
+    slice)."""
+    free = freeable_bytes(device)  # under dynamic VRAM also what core pages out on demand (device_memory.py)
     weights = 0
     if turbo.device != torch.device(device):
         weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
@@ -39,7 +41,7 @@ def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device,
     plan = turbo.plan_temporal_slice(tuple(int(d) for d in shape), decode=decode,
                                      budget_bytes=comfy_budget_bytes(turbo, device), device=device)
     if log_it:
-        log.info("TurboVAE: %s (budget: ComfyUI's free memory on %s)", plan.describe(), device)
+        log.info("TurboVAE: %s (budget: %s)", plan.describe(), budget_source(device))
     return plan
 
 

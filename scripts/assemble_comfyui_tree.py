@@ -15,6 +15,11 @@ OUT/TREE.md saying where every file came from. No ComfyUI code is in this reposi
 
     python scripts/assemble_comfyui_tree.py --base /path/to/ComfyUI --newer /path/to/newer-files --out /path/to/tree
 
+BASE may also be one commit of a git repository (`--base /path/to/repo.git --base-commit SHA`), e.g. a mirror
+whose history holds a newer upstream commit than any release tree at hand: the commit's tree is written out
+file by file (no work tree or checkout needed), so the tree is exactly that commit. A mirror may lack some large
+blobs; those files are left out (never written half) and TREE.md lists them.
+
 With --check it then imports the assembled tree in a child interpreter (default: the running one;
 --python picks another, e.g. the venv the real-server tests use) and prints what comfy.sd.VAE builds for
 each kind of state dict named by --check-vae KIND=FILE (safetensors files), and that every module named by
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,18 +91,96 @@ def base_version(base: Path) -> str:
     raise AssemblyError(f"{version_file} declares no __version__")
 
 
-def assemble(base: Path, newer_dirs: list[Path], out: Path, base_note: str = "") -> list[PlacedFile]:
-    """Copy base to out and place each newer folder's files over it; return what was placed."""
+def _git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
+    """Run git on `repo` (a bare mirror or a work tree); a failure is an AssemblyError with git's message."""
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
+    except FileNotFoundError as exc:
+        raise AssemblyError("git is not installed; install it or pass a ComfyUI tree as --base") from exc
+    if done.returncode != 0:
+        raise AssemblyError(f"git {' '.join(args[:2])} in {repo} failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def resolve_commit(repo: Path, commit: str) -> str:
+    """The full hash of `commit` in `repo`, or an AssemblyError naming what to pass."""
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").decode().strip()
+    except AssemblyError:
+        raise AssemblyError(f"{repo} has no commit {commit!r}; pass --base-commit with a commit of that repository "
+                            "(git -C REPO log --oneline)") from None
+
+
+def git_base_version(repo: Path, commit: str) -> str:
+    """The version a commit's comfyui_version.py declares (read from git, not imported)."""
+    try:
+        text = _git(repo, "show", f"{commit}:comfyui_version.py").decode()
+    except AssemblyError:
+        raise AssemblyError(f"commit {commit} of {repo} has no comfyui_version.py; pass a ComfyUI commit") from None
+    for line in text.splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    raise AssemblyError(f"comfyui_version.py of {commit} declares no __version__")
+
+
+def export_commit(repo: Path, commit: str, dest: Path) -> list[str]:
+    """Write the tree of `commit` into `dest` (files, executable bits, symlinks); return the paths whose blobs
+    the repository lacks (a mirror may hold only part of the objects), which are not written."""
+    listing = _git(repo, "ls-tree", "-r", "-z", "--full-tree", commit).split(b"\0")
+    entries = []  # (mode, sha, path)
+    for item in filter(None, listing):
+        meta, path = item.split(b"\t", 1)
+        mode, kind, sha = meta.split()
+        if kind == b"blob":
+            entries.append((mode.decode(), sha.decode(), path.decode()))
+    # one `cat-file --batch` for all blobs: '<sha> blob <size>\n<bytes>\n' or '<sha> missing\n' per request
+    stream = _git(repo, "cat-file", "--batch", stdin="".join(f"{sha}\n" for _m, sha, _p in entries).encode())
+    missing, pos = [], 0
+    for mode, sha, rel in entries:
+        header_end = stream.index(b"\n", pos)
+        header = stream[pos:header_end].split()
+        pos = header_end + 1
+        if header[1:] == [b"missing"]:
+            missing.append(rel)
+            continue
+        size = int(header[2])
+        data, pos = stream[pos:pos + size], pos + size + 1
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if mode == "120000":
+            os.symlink(data.decode(), target)
+        else:
+            target.write_bytes(data)
+            if mode == "100755":
+                target.chmod(0o755)
+    return missing
+
+
+def assemble(base: Path, newer_dirs: list[Path], out: Path, base_note: str = "",
+             base_commit: str | None = None) -> list[PlacedFile]:
+    """Copy base (a tree, or with `base_commit` that commit of the git repository `base`) to out and place each
+    newer folder's files over it; return what was placed."""
     if out.exists():
         raise AssemblyError(f"{out} exists; pick a new --out (an assembled tree is never overwritten)")
     manifests = [(d, read_manifest(d)) for d in newer_dirs]
-    version = base_version(base)
+    if base_commit is not None:
+        base_commit = resolve_commit(base, base_commit)
+        version = git_base_version(base, base_commit)
+    else:
+        version = base_version(base)
     staging = out.with_name(out.name + ".partial")
     if staging.exists():
         shutil.rmtree(staging)
-    shutil.copytree(base, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", ".git"))
-    for path in staging.rglob("*"):  # a read-only base must give a writable copy
-        path.chmod(path.stat().st_mode | 0o200)
+    missing: list[str] = []
+    if base_commit is not None:
+        staging.mkdir(parents=True)
+        missing = export_commit(base, base_commit, staging)
+        base_note = "; ".join(filter(None, [f"git commit {base_commit} of `{base}`", base_note]))
+    else:
+        shutil.copytree(base, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+        for path in staging.rglob("*"):  # a read-only base must give a writable copy
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o200)
     placed: list[PlacedFile] = []
     for newer_dir, files in manifests:
         for rel, source in sorted(files.items()):
@@ -106,19 +190,23 @@ def assemble(base: Path, newer_dirs: list[Path], out: Path, base_note: str = "")
             shutil.copyfile(newer_dir / rel, target)
             placed.append(PlacedFile(rel, source["repo"], source.get("commit", "unknown"),
                                      source.get("note", ""), existed))
-    (staging / TREE_NOTE_NAME).write_text(tree_note(base, version, newer_dirs, placed, base_note))
+    (staging / TREE_NOTE_NAME).write_text(tree_note(base, version, newer_dirs, placed, base_note, missing))
     staging.rename(out)
     return placed
 
 
-def tree_note(base: Path, version: str, newer_dirs: list[Path], placed: list[PlacedFile], base_note: str = "") -> str:
-    """TREE.md: the base and, per placed file, its source repository and commit."""
+def tree_note(base: Path, version: str, newer_dirs: list[Path], placed: list[PlacedFile], base_note: str = "",
+              missing: list[str] = ()) -> str:
+    """TREE.md: the base, the base files it lacks and, per placed file, its source repository and commit."""
     lines = [
         "# Assembled ComfyUI test tree",
         "",
-        f"Built by scripts/assemble_comfyui_tree.py from base `{base}` (ComfyUI {version}) and newer files from "
-        + ", ".join(f"`{d}`" for d in newer_dirs) + ".",
+        f"Built by scripts/assemble_comfyui_tree.py from base `{base}` (ComfyUI {version})"
+        + (" and newer files from " + ", ".join(f"`{d}`" for d in newer_dirs) if newer_dirs else ", no newer files")
+        + ".",
         *([f"Base: {base_note}"] if base_note else []),
+        *([f"Not in this tree (the base repository lacks their contents): {', '.join(f'`{m}`' for m in missing)}"]
+          if missing else []),
         "Every file not listed below is the base tree's.",
         "",
         "| file | repo | commit | replaced base file | note |",
@@ -138,6 +226,12 @@ sys.path.insert(0, tree)
 import comfy.options
 comfy.options.enable_args_parsing()
 import comfy.sd, comfy.utils
+from importlib import metadata
+for dist in ("torch", "comfyui-frontend-package", "comfy-aimdo", "comfy-kitchen"):
+    try:
+        print(f"package: {dist} {metadata.version(dist)}")
+    except metadata.PackageNotFoundError:
+        print(f"package: {dist} not installed")
 for name in modules:
     importlib.import_module(name)
     print(f"import ok: {name}")
@@ -169,7 +263,10 @@ def parse_vae_spec(spec: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", type=Path, required=True, help="a ComfyUI tree (copied, not modified)")
+    parser.add_argument("--base", type=Path, required=True,
+                        help="a ComfyUI tree (copied, not modified), or a git repository with --base-commit")
+    parser.add_argument("--base-commit", default=None,
+                        help="write this commit of the --base git repository as the base tree")
     parser.add_argument("--newer", type=Path, action="append", default=[],
                         help="a folder of newer core files with SOURCES.json (repeatable; later ones win)")
     parser.add_argument("--out", type=Path, required=True, help="where to build the tree (must not exist)")
@@ -181,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         vae_files = [parse_vae_spec(s) for s in args.check_vae]
-        placed = assemble(args.base.resolve(), [d.resolve() for d in args.newer], args.out.resolve(), args.base_note)
+        placed = assemble(args.base.resolve(), [d.resolve() for d in args.newer], args.out.resolve(), args.base_note,
+                          base_commit=args.base_commit)
         print(f"assembled {args.out}: {len(placed)} newer files over {args.base}")
         if args.check:
             print(check_tree(args.out.resolve(), args.python, args.check_module, vae_files), end="")

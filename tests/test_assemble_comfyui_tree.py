@@ -92,3 +92,62 @@ def test_the_command_line_reports_bad_input_without_a_traceback(trees, capsys):
     assert assembler.main(["--base", str(base), "--newer", str(newer), "--out", str(out)]) == 2
     assert "never overwritten" in capsys.readouterr().err
     assert assembler.main(["--base", str(base), "--out", str(out) + "2", "--check-vae", "wan2.1"]) == 2
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "HOME": str(repo), "PATH": __import__("os").environ["PATH"]}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+@pytest.fixture
+def git_base(tmp_path: Path):
+    """A git repository of a toy core with two commits (0.33.0 then 0.34.0), an executable, a symlink and a
+    large file whose blob is then deleted, as a partial mirror lacks it."""
+    pytest.importorskip("shutil").which("git") or pytest.skip("git is not installed")
+    repo = tmp_path / "core"
+    write(repo / "comfyui_version.py", '__version__ = "0.33.0"\n')
+    write(repo / "comfy" / "sd.py", "BASE_SD = 33\n")
+    _git(repo.parent, "init", "-q", str(repo))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "0.33.0")
+    first = _git(repo, "rev-parse", "HEAD").strip()
+    write(repo / "comfyui_version.py", '__version__ = "0.34.0"\n')
+    write(repo / "main.py", "#!/usr/bin/env python\n")
+    (repo / "main.py").chmod(0o755)
+    (repo / "link.py").symlink_to("main.py")
+    write(repo / "comfy" / "tokenizer.json", "{}" * 1000)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "0.34.0")
+    blob = _git(repo, "rev-parse", "HEAD:comfy/tokenizer.json").strip()
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # loose objects: the blob is gone
+    return repo, first
+
+
+def test_a_git_commit_as_the_base_is_written_exactly(git_base, tmp_path):
+    repo, first = git_base
+    out = tmp_path / "tree"
+    assembler.assemble(repo, [], out, base_note="upstream master", base_commit="HEAD")
+    assert (out / "comfyui_version.py").read_text() == '__version__ = "0.34.0"\n'
+    assert (out / "comfy" / "sd.py").read_text() == "BASE_SD = 33\n"
+    assert (out / "main.py").stat().st_mode & 0o111 and (out / "link.py").is_symlink()
+    assert not (out / "comfy" / "tokenizer.json").exists(), "a file without its contents is left out, not written"
+    assert not (out / ".git").exists()
+    note = (out / assembler.TREE_NOTE_NAME).read_text()
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert "ComfyUI 0.34.0" in note and f"git commit {head}" in note and "upstream master" in note
+    assert "`comfy/tokenizer.json`" in note
+    older = tmp_path / "older"
+    assembler.assemble(repo, [], older, base_commit=first[:10])
+    assert (older / "comfyui_version.py").read_text() == '__version__ = "0.33.0"\n' and not (older / "main.py").exists()
+
+
+def test_a_git_base_without_that_commit_is_refused(git_base, tmp_path, capsys):
+    repo, _ = git_base
+    with pytest.raises(assembler.AssemblyError, match="has no commit 'deadbeef'"):
+        assembler.assemble(repo, [], tmp_path / "tree", base_commit="deadbeef")
+    assert not (tmp_path / "tree").exists()
+    assert assembler.main(["--base", str(repo), "--base-commit", "nope", "--out", str(tmp_path / "t2")]) == 2
+    assert "--base-commit" in capsys.readouterr().err

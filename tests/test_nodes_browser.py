@@ -9,7 +9,8 @@ Debian's /usr/bin/chromium; `apt-get install chromium`, `pip install playwright`
     TURBOVAE_COMFYUI=/path/to/ComfyUI TURBOVAE_SCREENSHOTS=docs/images python -m pytest -q tests/test_nodes_browser.py
 
 Screenshots go to TURBOVAE_SCREENSHOTS (the README's and docs/nodes.md's come from there), else pytest's
-tmp dir. Checked with ComfyUI 0.8.0 (frontend 1.35.9) and Chromium 150 on CPU, about 40 s.
+tmp dir. Checked with ComfyUI 0.8.0 (frontend 1.35.9) and Chromium 150, and ComfyUI 0.33.0 (frontend 1.58.1)
+and Chromium 156 on CPU, about 35 s.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def test_shipped_workflow_renders_in_the_browser(page, comfy, name, tmp_path):  
     page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
     page.wait_for_timeout(500)  # one frame after fitting
     state = page.evaluate(STATE_JS)
-    nodes = {n["id"]: n for n in state["nodes"]}
+    nodes = {str(n["id"]): n for n in state["nodes"]}  # frontend 1.58 holds node ids as strings, 1.35 as numbers
 
-    assert sorted(nodes) == sorted(n["id"] for n in wf["nodes"]), "nodes were dropped or added on load"
+    assert sorted(nodes) == sorted(str(n["id"]) for n in wf["nodes"]), "nodes were dropped or added on load"
     assert [n["type"] for n in state["nodes"] if not n["registered"]] == [], "missing node types"
     problems = []
     for node in wf["nodes"]:  # saving the page's graph gives back every widget value the workflow set
@@ -98,7 +99,7 @@ def test_shipped_workflow_renders_in_the_browser(page, comfy, name, tmp_path):  
         if saved != node.get("widgets_values", []):
             problems.append(f"{node['type']} #{node['id']}: the page holds {saved}, the workflow has "
                             f"{node.get('widgets_values')}")
-        for w in nodes[node["id"]]["widgets"]:
+        for w in nodes[str(node["id"])]["widgets"]:
             if w["options"] is not None and w["value"] not in w["options"] and (node["type"], w["name"]) not in USER_FILES:
                 problems.append(f"{node['type']} #{node['id']}: {w['name']}={w['value']!r} is not one of its options")
     assert problems == []

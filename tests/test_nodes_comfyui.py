@@ -7,15 +7,16 @@ Skipped unless TURBOVAE_COMFYUI names a ComfyUI checkout (CI has none; nothing i
 
 The server runs under TURBOVAE_COMFYUI_PYTHON if set, else the first of <checkout>/venv, <checkout>/.venv
 and <checkout>/../cvenv (bin/python) that exists, else this interpreter; it needs ComfyUI's requirements
-(and a C compiler for the AOTInductor engine build). Checked with ComfyUI 0.3.64 and 0.8.0 (3cd7b32f) on CPU,
-about 1 minute for 0.8.0. ComfyUI imports torchvision at startup; on a CPU-only machine PyPI's torchvision wheel
+(and a C compiler for the AOTInductor engine build). Checked with ComfyUI 0.3.64, 0.8.0 (3cd7b32f) and 0.33.0
+(de6b062f, frontend 1.58.1) on CPU, about 1 minute for 0.8.0, 10 for 0.33.0 (7 of them core's SeedVR2 comparison). ComfyUI imports torchvision at startup; on a CPU-only machine PyPI's torchvision wheel
 (built for CUDA torch) cannot load its C ops next to the CPU torch, so that venv needs a torchvision that imports
 (the 0.8.0 check skipped torchvision's op registrations when its ops are absent, a change to the venv only).
 
 One server for the module (`--cpu`, a free port, `--base-directory` under pytest's tmp dir, in-memory
 database, no API nodes): models, inputs, outputs, user files and the inductor cache stay in that folder,
 and the pack is symlinked into its custom_nodes under a folder name that is not a Python identifier.
-VAE files are random weights with the real key sets and shapes under the names the workflows use
+VAE files are random weights with the real key sets and shapes under the names the workflows use, kept in a
+store folder and linked into models/vae and into an extra_model_paths.yaml root, as users sharing one store keep them
 (the loader has no config seam in a server, so real-size configs at tiny image sizes: 64x48 images and
 ComfyUI's own input name `example.png`, a 64x64 engine); nothing else is placed, so a workflow that needs any
 other file fails here as it would for a user. Workflows are converted UI -> API by tests/comfy_workflow.py
@@ -117,21 +118,35 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+# Model files as users keep them (issue 41): one store shared by several installs, reached through symbolic
+# links in models/vae and through an extra_model_paths.yaml root whose entries are links too.
+MODEL_STORE = "model_store"  # under the base folder, outside every model folder
+EXTRA_ROOT = "shared_models"  # the extra_model_paths.yaml base_path
+LINKED_INTO_MODELS = ("qwen_image_vae.safetensors", "ema_vae_fp16.safetensors")
+LINKED_INTO_EXTRA_ROOT = ("qwen_image_layered_vae.safetensors",)
+
+
 def prepare_base(base: Path) -> None:
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / PACK_DIRNAME).symlink_to(REPO, target_is_directory=True)
-    for sub in ("input", "models/vae", "output"):
+    for sub in ("input", "models/vae", "output", MODEL_STORE, f"{EXTRA_ROOT}/vae"):
         (base / sub).mkdir(parents=True, exist_ok=True)
+    (base / "extra_model_paths.yaml").write_text(f"shared_store:\n    base_path: {base / EXTRA_ROOT}\n    vae: vae/\n")
 
 
 def write_inputs(base: Path) -> None:
-    vae_dir = base / "models" / "vae"
-    write_random_vae(vae_dir / "qwen_image_vae.safetensors", wan_shapes(WAN21), seed=0,
+    """The VAE files in the store, linked into models/vae and into the extra root (what the server lists)."""
+    store = base / MODEL_STORE
+    write_random_vae(store / "qwen_image_vae.safetensors", wan_shapes(WAN21), seed=0,
                      to_original=lambda sd: diffusers_to_original(sd, WAN21))  # ComfyUI's key format
-    write_random_vae(vae_dir / "ema_vae_fp16.safetensors", seedvr2_shapes(SeedVR2Config()), seed=1)
+    write_random_vae(store / "ema_vae_fp16.safetensors", seedvr2_shapes(SeedVR2Config()), seed=1)
     layered = replace(WAN21, image_channels=4)  # Qwen-Image-Layered: RGBA in and out
-    write_random_vae(vae_dir / "qwen_image_layered_vae.safetensors", wan_shapes(layered), seed=2,
+    write_random_vae(store / "qwen_image_layered_vae.safetensors", wan_shapes(layered), seed=2,
                      to_original=lambda sd: diffusers_to_original(sd, layered))
+    for folder, names in ((base / "models" / "vae", LINKED_INTO_MODELS),
+                          (base / EXTRA_ROOT / "vae", LINKED_INTO_EXTRA_ROOT)):
+        for name in names:
+            (folder / name).symlink_to(store / name)
     write_png(base / "input" / "example.png", IMAGE_W, IMAGE_H)
 
 
@@ -276,7 +291,7 @@ def comfy(tmp_path_factory):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(base / "torchinductor"), "HF_HUB_OFFLINE": "1"}
     cmd = [comfy_python(), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
            "--disable-auto-launch", "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
-           "--disable-api-nodes"]
+           "--disable-api-nodes", "--extra-model-paths-config", str(base / "extra_model_paths.yaml")]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, cwd=CHECKOUT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # own group: inductor workers
@@ -299,7 +314,7 @@ def comfy(tmp_path_factory):
         yield server
     finally:
         _stop(proc)
-        for big in ("models", "torchinductor"):  # ~1.2 GB of random weights, engines and compiler cache
+        for big in ("models", MODEL_STORE, "torchinductor"):  # ~1.2 GB of weights, engines and compiler cache
             shutil.rmtree(base / big, ignore_errors=True)
 
 
@@ -378,6 +393,18 @@ def _newer_core_nodes() -> set[str]:
     return set(json.loads(CORE_TABLE.read_text())["_newer_core_nodes"]["nodes"])
 
 
+def test_vae_files_are_links_and_the_server_lists_them(comfy):
+    """Every VAE file the workflows use is a symbolic link into the store, in models/vae or in the
+    extra_model_paths.yaml root, and the loader offers each (the workflows below run on these links)."""
+    vae_dirs = {name: comfy.base / "models" / "vae" for name in LINKED_INTO_MODELS}
+    vae_dirs.update({name: comfy.base / EXTRA_ROOT / "vae" for name in LINKED_INTO_EXTRA_ROOT})
+    for name, folder in vae_dirs.items():
+        assert (folder / name).is_symlink() and (folder / name).resolve().parent == (comfy.base / MODEL_STORE).resolve()
+    (options,) = [opts["options"] for name, _kind, opts, _optional in
+                  comfy_workflow.input_specs(comfy.object_info()["TurboVAELoader"]) if name == "vae_name"]
+    assert set(vae_dirs) <= set(options), options
+
+
 def test_core_node_signature_table_matches_object_info(comfy):
     table = {k: v for k, v in json.loads(CORE_TABLE.read_text()).items() if not k.startswith("_")}
     info = comfy.object_info()
@@ -385,22 +412,40 @@ def test_core_node_signature_table_matches_object_info(comfy):
     assert missing == [], f"core nodes missing from this ComfyUI: {missing}"
     table = {k: v for k, v in table.items() if k in info}
     diffs = {name: {"table": sig, "object_info": live}
-             for name, sig in table.items() if (live := _grown_combos_as_table(signature_of(info[name], sig), sig)) != sig}
+             for name, sig in table.items() if (live := _compatible_growth_as_table(signature_of(info[name], sig), sig)) != sig}
     assert diffs == {}, json.dumps(diffs, indent=1)
 
 
-def _grown_combos_as_table(live: dict, table: dict) -> dict:
-    """`live` with each combo whose options are a superset of the table's shown as the table's: a later
-    ComfyUI adds samplers or text-encoder types, and every value the table (and so a shipped workflow)
-    allows stays valid. Removed or renamed options still show as a difference."""
+def _compatible_growth_as_table(live: dict, table: dict) -> dict:
+    """`live` with what a later ComfyUI may add without breaking a workflow saved against the table shown as the
+    table's, so only real breaks remain as differences:
+    - a combo (or a combo turned dynamic combo, ComfyUI 0.33) whose options are a superset of the table's: every
+      value the table (and so a shipped workflow) allows stays valid;
+    - optional inputs appended after the table's inputs (0.33's CreateVideo bit_depth): a saved workflow's
+      widget values keep their positions and the new input takes its default;
+    - outputs appended after the table's (0.33's SaveImage / PreviewImage pass their IMAGE on): links name
+      output slots by index, so existing links keep theirs.
+    Removed, renamed, retyped or reordered inputs and outputs still show as a difference."""
     inputs = {}
     for name, entry in live["inputs"].items():
-        want = table["inputs"].get(name, {})
-        if (entry.get("type") == "COMBO" and isinstance(entry.get("options"), list)
-                and isinstance(want.get("options"), list) and set(want["options"]) <= set(entry["options"])):
-            entry = dict(entry, options=want["options"])
+        want = table["inputs"].get(name)
+        if want is None:
+            inputs[name] = entry
+            continue
+        if (entry.get("type") in ("COMBO", comfy_workflow.DYNAMIC_COMBO) and want.get("type") in ("COMBO", comfy_workflow.DYNAMIC_COMBO)
+                and isinstance(entry.get("options"), list) and isinstance(want.get("options"), list)
+                and set(want["options"]) <= set(entry["options"])):
+            entry = dict(entry, type=want["type"], options=want["options"])
         inputs[name] = entry
-    return dict(live, inputs=inputs)
+    order = live["input_order"]
+    known = len(table["input_order"])
+    if order[:known] == table["input_order"] and all(inputs[n]["optional"] for n in order[known:]):
+        order = order[:known]
+        inputs = {n: inputs[n] for n in order}
+    outputs = live["outputs"]
+    if outputs[:len(table["outputs"])] == table["outputs"]:
+        outputs = table["outputs"]
+    return dict(live, input_order=order, inputs=inputs, outputs=outputs)
 
 
 def test_offline_view_of_our_nodes_matches_object_info(comfy):

@@ -25,6 +25,10 @@ class ModelPatcher:
     def model_size(self):
         return self.size
 
+    def is_dynamic(self):
+        """Core's legacy patcher is never dynamic; ModelPatcherDynamic (dynamic VRAM) answers True."""
+        return False
+
     def add_callback(self, call_type, callback):
         self.callbacks.setdefault(call_type, []).append(callback)
 
