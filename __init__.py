@@ -12,7 +12,7 @@ from .vae.checkpoint import CheckpointError
 from .vae.memory_budget import BudgetTooSmall, MemoryBudget
 from .vae.memory_plan import plan_pass
 from .vae.parallel import ParallelPassError, decode_parallel, encode_parallel
-from .vae.tiling import decode_tiled, encode_tiled
+from .vae.tiled import decode_tiled, encode_tiled
 
 __all__ = [
     "TurboVAE", "load_vae", "decode_tiled", "encode_tiled", "moments_to_latents", "pad_to_multiple",

@@ -245,11 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "conv3d route and a micro-bench: paste it into a bug report",
                                         description=doctor.__doc__))
 
-    p = sub.add_parser("plan", help="the predicted peak memory of a pass and the temporal slice it would take under "
-                       "a budget, without running it (seconds, any machine)",
-                       description="Runs the pass on meta tensors (no arithmetic, no memory) and prints its peak of live "
-                                   "tensor bytes, the weights and input beside it, and the largest temporal slice "
-                                   "whose peak fits the budget. docs/memory.md gives the prediction's measured error.")
+    p = sub.add_parser("plan", help="the plan a pass would run under a memory budget and its predicted peak, without "
+                       "running it (seconds, any machine)",
+                       description="Lists the ways the pass can run (untiled, temporal slices, exact or fast tiles, "
+                                   "frame stages, host memory), predicts each one's peak by running it on meta tensors "
+                                   "(no arithmetic, no memory), and prints the fastest whose peak fits the budget: what "
+                                   "runs, its device peak, host memory, weights and input. docs/memory.md gives the "
+                                   "prediction's measured error.")
     p.add_argument("source", help="a registered family (e.g. seedvr2, qwen, wan2.1, wan2.2) or a VAE "
                                   "checkpoint file / diffusers folder")
     p.add_argument("--shape", required=True, help="BxCxTxHxW of latents or pixels, any clip length, e.g. "
@@ -261,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-mb", type=float, default=None,
                    help="memory the pass may use besides weights and input, in MB (default: the stated default "
                         "budget, docs/memory.md)")
+    p.add_argument("--mode", choices=("auto", "exact", "fast"), default="auto",
+                   help="auto: any exact plan (default); exact: exact tiles; fast: blended tiles (not exact)")
+    p.add_argument("--no-host-memory", action="store_true",
+                   help="plans that keep caches and output on the device only")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_plan)
 
@@ -292,7 +298,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget-mb {args.budget_mb}: give a positive number of MB")
     budget = None if args.budget_mb is None else int(args.budget_mb * 2**20)
     plan = plan_pass(args.source, args.shape, decode=not args.encode, dtype=args.dtype, device_type=args.target,
-                     budget_bytes=budget)
+                     budget_bytes=budget, mode=args.mode, host_memory=False if args.no_host_memory else None)
     print(json.dumps(plan_dict(plan)) if args.json else plan.describe())
     return 0
 

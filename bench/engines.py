@@ -94,7 +94,7 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     the bucket's side in fast tiles of the bucket's size (PyTorch tiles vs tiles on the same engines)."""
     from ..engines.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
-    from ..vae.tiling import decode_tiled
+    from ..vae.tiled import decode_tiled
 
     cpu = device.type == "cpu"
     size = 256 if cpu else 1024

@@ -39,7 +39,8 @@ from ..vae.accel.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
 from ..vae.accel.kernels import triton_available
 from ..vae.norms import fused_norms
-from ..vae.memory_budget import choose_temporal_slice, default_budget_bytes
+from ..vae.memory_budget import BudgetTooSmall, default_budget_bytes
+from ..vae.planning import PlanRequest, plan_pass
 from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
@@ -169,14 +170,16 @@ def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callab
 
 
 def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torch.device) -> Optional[int]:
-    """The case's temporal slice; AUTO is what TurboVAE.decode/encode would pick (the largest whose predicted peak
-    fits the default budget on `device`, vae/memory_budget.py), in this dtype."""
+    """The case's temporal slice; AUTO is the slice of the fastest untiled plan whose predicted peak fits the
+    default budget on `device` (vae/planning; the ablation measures the untiled pass), one latent when none does."""
     if case.temporal_slice != AUTO:
         return case.temporal_slice
-    return choose_temporal_slice(model, case.shape, decode=case.kind == "decode",
-                                 budget_bytes=default_budget_bytes(device), dtype=dtype,
-                                 paths=PassPaths.of(model, device, dtype), device_type=torch.device(device).type
-                                 ).temporal_slice
+    try:
+        return plan_pass(model, case.shape, decode=case.kind == "decode", budget_bytes=default_budget_bytes(device),
+                         paths=PassPaths.of(model, device, dtype), dtype=dtype,
+                         request=PlanRequest(allow_tiles=False, allow_host=False)).temporal_slice
+    except BudgetTooSmall:
+        return 1
 
 
 def diffusers_baseline(model: nn.Module, case: Case) -> Optional[nn.Module]:

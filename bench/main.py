@@ -203,7 +203,7 @@ def _with_paths(model, fast):
 
 
 def _tiles_pair(fam: Family, opts: BenchOptions, device: torch.device, dtype: torch.dtype, tile: int) -> Pair:
-    from ..vae.tiling import decode_tiled
+    from ..vae.tiled import decode_tiled
 
     vae = TurboVAE(_seeded_model(fam, replace(opts, checkpoint={})).to(device=device, dtype=dtype))
     lf = vae.model.latent_format

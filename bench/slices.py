@@ -52,8 +52,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             continue
         vae = _vae(arch, opts.quick, device, dtype)
         z = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
-        f = vae.spatial_factor
-        auto = vae.temporal_slice_for(shape[2], shape[-2] * shape[-1] * f * f, decode=True)
+        auto = vae.plan(shape, decode=True, mode="auto").temporal_slice  # what the planner takes for the default budget
         variants: dict[str, Optional[int]] = {"whole clip": None}
         variants.update({f"slice={k}": k for k in FIXED if k < shape[2] - 1})
         variants[f"auto (slice={auto})"] = auto

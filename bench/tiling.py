@@ -61,7 +61,7 @@ def _content(kind: str, h: int, w: int, frames: int) -> torch.Tensor:
 
 def _child(args: dict) -> dict:
     from .peak_rss import peak_increase_mb, reset_peak
-    from ..vae.tiling import decode_tiled
+    from ..vae.tiled import decode_tiled
 
     torch.set_num_threads(args["threads"])
     dtype = getattr(torch, args["dtype"])
@@ -125,7 +125,7 @@ def rows_peak(rows: list[BenchRow], case: str) -> float:
 def _in_process(args: dict) -> dict:
     """CUDA (or non-Linux) variant: run here and read torch's peak counter."""
     from .common import cuda_peak_mb, time_ms
-    from ..vae.tiling import decode_tiled
+    from ..vae.tiled import decode_tiled
 
     dtype = getattr(torch, args["dtype"])
     vae = build_model(args["kind"], args.get("checkpoint"), dtype, args["device"])

@@ -20,7 +20,8 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from ..vae.accel.self_checks import oom_may_switch_off
-from ..vae.api import TurboVAE, check_temporal_slice, load_checkpoint, resolve_device
+from ..vae.api import TurboVAE, load_checkpoint, resolve_device
+from ..vae.planning import PassPlan
 from ..vae.base import Progress, VAEModel
 from ..vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 from .interface import EngineError
@@ -146,24 +147,24 @@ class EngineVAE(TurboVAE):
         self._disabled[component] = str(err)
         self._warn(f"fail:{component}", f"TurboVAE engine {component} failed ({err}); using PyTorch from now on")
 
-    def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        check_temporal_slice(temporal_slice)
-        x = self.pad_frames(self.check_pixels(pixels))
+    def run_encode(self, x: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                   output_device=None) -> torch.Tensor:
+        """Images on the encoder engine; the rest on PyTorch as `plan` says."""
         if x.shape[2] == 1:
             out = self._engine("encoder", x)
             if out is not None:
                 return out
-        return super().encode_moments(pixels, temporal_slice=temporal_slice, progress=progress)
+        return super().run_encode(x, plan=plan, progress=progress, output_device=output_device)
 
-    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                   progress: Progress = None) -> torch.Tensor:
-        """Images on the decoder engine, clips on the slice engines (`temporal_slice` does not apply:
-        each engine call is one latent); `decode` keeps the checks, num_frames trimming and 4-D rules."""
+    def run_decode(self, z: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                   output_device=None) -> torch.Tensor:
+        """Images on the decoder engine, clips on the slice engines (the plan's slices do not apply: each engine
+        call is one latent); PyTorch as `plan` says where no engine serves. `decode` keeps the checks, the plan,
+        num_frames trimming and 4-D rules."""
         out = self._engine("decoder", z) if z.shape[2] == 1 else self._engine_clip(z)
         if out is not None:
             return out
-        return super().run_decode(z, temporal_slice=temporal_slice, progress=progress)
+        return super().run_decode(z, plan=plan, progress=progress, output_device=output_device)
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """Fast tiles on the engines: a tile (one temporal slice) runs like a whole input would — image

@@ -21,18 +21,16 @@ from typing import Optional
 import torch
 
 import comfy.model_management as mm
-import comfy.utils
 
 from ..vae.api import TurboVAE
-from ..vae.tiling import decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
-from ..vae.tiling.tiler import MIN_TILE_LATENT
-from ..vae.tiling.plan import plan_tiling, tile_peak_bytes
+from ..vae.planning import PassPlan
+from ..vae.tiled import MIN_TILE_LATENT, check_tiling, decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
-from .pass_budget import comfy_budget_bytes, plan_item
+from .pass_budget import plan_in_comfy, plan_item
 from .pass_report import PassReport, reported
-from .progress import BatchProgress, progress_callback, progress_slice
+from .progress import BatchProgress, progress_cap, progress_callback
 
 # Missing alpha when an RGBA VAE encodes RGB: opaque, in 0..1 (core's Qwen/Wan 2.1 `pad_channel_value`).
 ALPHA_PAD_VALUE = 1.0
@@ -110,20 +108,22 @@ class ComfyTurboVAE:
         return self.turbo.temporal_factor
 
     # -- memory ---------------------------------------------------------------------------
-    def _tile_pass_bytes(self, side_px: int, latent_frames: int, temporal_slice: Optional[int], decode: bool) -> int:
-        """Predicted peak of one pass over a `side_px`² tile on this VAE's device (vae/tiling/plan.py)."""
-        side = max(1, side_px // self.turbo.spatial_factor)
-        return tile_peak_bytes(self.turbo, side, side, latent_frames, decode=decode, temporal_slice=temporal_slice,
-                               device=self.device)
-
     def memory_used_decode(self, shape, dtype) -> int:
-        """Predicted peak of decoding one batch item of latents `shape` (items decode one at a time) with the
-        temporal slice the ComfyUI budget allows (nodes/pass_budget.py)."""
-        return plan_item(self.turbo, shape, self.device, decode=True, log_it=False).predicted.pass_bytes
+        """The planned peak of decoding one batch item of latents `shape` (items decode one at a time) under the
+        ComfyUI budget (nodes/pass_budget.py): what core asks model management for, so it does not tile on top."""
+        return self._plan(shape, decode=True, log_it=False).predicted.pass_bytes
 
     def memory_used_encode(self, shape, dtype) -> int:
-        """Predicted peak of encoding pixels `shape` as one clip with the slice the ComfyUI budget allows."""
-        return plan_item(self.turbo, shape, self.device, decode=False, log_it=False).predicted.pass_bytes
+        """The planned peak of encoding pixels `shape` (its clips together) under the ComfyUI budget."""
+        return self._plan(shape, decode=False, log_it=False).predicted.pass_bytes
+
+    def _plan(self, shape, *, decode: bool, log_it: bool = True) -> PassPlan:
+        """The plan of core VAE Decode / Encode over `shape`: output into ComfyUI's intermediate device, and a clip
+        in about PROGRESS_STEPS steps (progress and Cancel between them; slicing is exact)."""
+        frames = shape[2] if len(shape) == 5 else 1
+        latents = frames if decode else self.turbo.latent_format.latent_frames(frames)
+        return plan_item(self.turbo, shape, self.device, decode=decode, log_it=log_it,
+                         output_device=self.output_device, max_temporal_slice=progress_cap(latents))
 
     def _load(self, memory_required: int) -> None:
         mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=self.disable_offload)
@@ -177,17 +177,17 @@ class ComfyTurboVAE:
                                         temporal_slice=None)
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
-        plan = plan_item(self.turbo, z.shape, self.device, decode=True)
+        plan = self._plan(z.shape, decode=True)
         self._load(plan.predicted.pass_bytes)
-        slice_ = progress_slice(self.turbo, z, decode=True, planned=plan.temporal_slice)
-        bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and slice
+        bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and step
 
         finished: list[torch.Tensor] = []  # batch items decoded whole; kept if a later one runs out of memory
 
         def whole() -> torch.Tensor:
-            with reported(self.turbo, "decode", "untiled", slice_, self._keep):
+            with reported(self.turbo, "decode", plan, self._keep):
                 for i in range(len(finished), z.shape[0]):
-                    px = self.turbo.decode(z[i:i + 1], temporal_slice=slice_, progress=bar.item(i))
+                    px = self.turbo.decode(z[i:i + 1], plan=plan, progress=bar.item(i),
+                                           output_device=self.output_device)
                     finished.append(px.to(self.output_device))  # items leave the device as they finish
                     bar.done(i)
                 return torch.cat(finished)
@@ -205,15 +205,14 @@ class ComfyTurboVAE:
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
-        plan = plan_item(self.turbo, clip.shape, self.device, decode=False)
+        plan = self._plan(clip.shape, decode=False)
         self._load(plan.predicted.pass_bytes)
-        slice_ = progress_slice(self.turbo, clip, decode=False, planned=plan.temporal_slice)
-        bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per slice
+        bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per step
         mm.throw_exception_if_processing_interrupted()
 
         def whole() -> torch.Tensor:
-            with reported(self.turbo, "encode", "untiled", slice_, self._keep):
-                return self.turbo.encode(clip, temporal_slice=slice_, progress=bar.item(0))
+            with reported(self.turbo, "encode", plan, self._keep):
+                return self.turbo.encode(clip, plan=plan, progress=bar.item(0), output_device=self.output_device)
 
         out = unless_out_of_memory(whole)
         if out is None:
@@ -226,50 +225,63 @@ class ComfyTurboVAE:
     # -- tiled passes: ours in pixels (`*_tiled_px`); core's decode_tiled/encode_tiled contract converts ----
     def decode_tiled_px(self, samples: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
                         temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled decode (sizes in output pixels); its UI progress bar is also the cancel point."""
-        z = self.latents_for_pass(samples, tile_px, temporal_slice)
-        plan = plan_tiling(self.turbo, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
-                           temporal_slice=temporal_slice, budget_bytes=comfy_budget_bytes(self.turbo, self.device))
-        how = f"{mode}: {plan.describe()}"
-        with reported(self.turbo, "decode", how, temporal_slice, self._keep):  # the plan logged is the plan run
+        """Our tiled decode (sizes in output pixels): planned first under the ComfyUI budget, then model management
+        is asked for the plan's peak; its UI progress bar is also the cancel point."""
+        z = self.latents_for_pass(samples)
+        plan = self.tiled_plan(z.shape, decode=True, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                               temporal_slice=temporal_slice)
+        self._load(plan.predicted.pass_bytes)
+        mm.throw_exception_if_processing_interrupted()
+        with reported(self.turbo, "decode", plan, self._keep):  # the plan logged is the plan run
             out = _decode_tiled(self.turbo, z, plan=plan, progress=progress_callback(node_id),
                                 output_device=self.output_device)
         return self.clip_to_image(out, samples.ndim == 4)
 
     def encode_tiled_px(self, pixels: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
                         temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled encode (tile and overlap in input pixels), with progress and cancel as decode."""
-        clip = self.clip_for_pass(pixels, tile_px, temporal_slice)
-        plan = plan_tiling(self.turbo, tuple(clip.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                           decode=False, temporal_slice=temporal_slice,
-                           budget_bytes=comfy_budget_bytes(self.turbo, self.device))
-        how = f"{mode}: {plan.describe()}"
-        with reported(self.turbo, "encode", how, temporal_slice, self._keep):  # the plan logged is the plan run
+        """Our tiled encode (tile and overlap in input pixels), planned, loaded and reported as decode."""
+        clip = self.clip_for_pass(pixels)
+        plan = self.tiled_plan(clip.shape, decode=False, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+                               temporal_slice=temporal_slice)
+        self._load(plan.predicted.pass_bytes)
+        mm.throw_exception_if_processing_interrupted()
+        with reported(self.turbo, "encode", plan, self._keep):  # the plan logged is the plan run
             out = _encode_tiled(self.turbo, clip, plan=plan, progress=progress_callback(node_id),
                                 output_device=self.output_device)
         return self.to_comfy_latents(out.to(self.output_device).float())
 
-    def latents_for_pass(self, samples: torch.Tensor, tile_px: Optional[int],
-                         temporal_slice: Optional[int]) -> torch.Tensor:
-        """Checked latents, with model management asked for one tile × slice of decode working set (any
-        pass of ours that streams tiles and slices: the tiled nodes, the multi-GPU nodes)."""
-        self.throw_exception_if_invalid()
-        z = self._check_latents(samples)
-        side = tile_px if tile_px else max(z.shape[-1], z.shape[-2]) * self.turbo.spatial_factor
-        self._load(z.shape[0] * self._tile_pass_bytes(side, z.shape[2], temporal_slice, True))
-        mm.throw_exception_if_processing_interrupted()
-        return z
+    def tiled_plan(self, shape, *, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
+                   temporal_slice: Optional[int]) -> PassPlan:
+        """The plan of a tiled pass of ours over `shape` (the whole batch at once) under the ComfyUI budget, the
+        arguments checked as `decode_tiled` checks them, the output into ComfyUI's intermediate device."""
+        overlap_px = check_tiling(tile_px, overlap_px, mode, self.turbo.spatial_factor, temporal_slice)
+        shape = tuple(int(d) for d in shape)
+        if not decode:
+            t = shape[2]
+            shape = (*shape[:2], t + (-(t - 1)) % self.turbo.temporal_factor, *shape[3:])
+        return plan_in_comfy(self.turbo, shape, self.device, decode=decode, mode=mode, tile_px=tile_px,
+                             overlap_px=overlap_px, temporal_slice=temporal_slice, output_device=self.output_device)
 
-    def clip_for_pass(self, pixels: torch.Tensor, tile_px: Optional[int],
-                      temporal_slice: Optional[int]) -> torch.Tensor:
-        """IMAGE -> the clip to encode, with model management asked for one tile × slice of encode working set."""
-        self.throw_exception_if_invalid()
-        clip = self._image_to_clip(pixels)
-        side = tile_px if tile_px else max(clip.shape[-1], clip.shape[-2])
-        self._load(self._tile_pass_bytes(side, self.turbo.latent_format.latent_frames(clip.shape[2]), temporal_slice,
-                                         False))
+    def load_for_parallel(self, shape, *, decode: bool, tile_px: Optional[int],
+                          temporal_slice: Optional[int]) -> PassPlan:
+        """Model management asked for what the single-device exact plan of these tiles needs (the multi-GPU nodes:
+        the first device runs its share of it); returns that plan."""
+        plan = self.tiled_plan(shape, decode=decode, tile_px=tile_px, overlap_px=None, mode="exact",
+                               temporal_slice=temporal_slice)
+        self._load(plan.predicted.pass_bytes)
         mm.throw_exception_if_processing_interrupted()
-        return clip
+        return plan
+
+    def latents_for_pass(self, samples: torch.Tensor) -> torch.Tensor:
+        """Checked raw latents for a pass of ours that plans and loads itself (the tiled nodes, the multi-GPU
+        nodes)."""
+        self.throw_exception_if_invalid()
+        return self._check_latents(samples)
+
+    def clip_for_pass(self, pixels: torch.Tensor) -> torch.Tensor:
+        """IMAGE -> the clip to encode, for a pass of ours that plans and loads itself."""
+        self.throw_exception_if_invalid()
+        return self._image_to_clip(pixels)
 
     def _keep(self, report: PassReport) -> None:
         self.last_report = report

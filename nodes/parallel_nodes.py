@@ -66,7 +66,8 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
     def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
                 temporal_slice: int = 0) -> io.NodeOutput:
         devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        z = vae.latents_for_pass(samples["samples"], tile_px, slice_)
+        z = vae.latents_for_pass(samples["samples"])
+        vae.load_for_parallel(z.shape, decode=True, tile_px=tile_px, temporal_slice=slice_)
         out = decode_parallel(vae.turbo, z, devices=devs, tile_px=tile_px, temporal_slice=slice_,
                               progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
         images = vae.clip_to_image(out, samples["samples"].ndim == 4)
@@ -96,7 +97,8 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
     def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,
                 temporal_slice: int = 0) -> io.NodeOutput:
         devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        clip = vae.clip_for_pass(pixels, tile_px, slice_)
+        clip = vae.clip_for_pass(pixels)
+        vae.load_for_parallel(clip.shape, decode=False, tile_px=tile_px, temporal_slice=slice_)
         latents = encode_parallel(vae.turbo, clip, devices=devs, tile_px=tile_px, temporal_slice=slice_,
                                   progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
         return io.NodeOutput({"samples": vae.to_comfy_latents(latents.float())})

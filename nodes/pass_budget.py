@@ -3,8 +3,8 @@
 Why: a decode right after sampling shares the card with the diffusion model; every byte the VAE's pass takes is a
 byte model management must offload that model for. So the pass may use what model management reports free on
 the VAE's device now (USABLE_FRACTION of it, less the VAE's weights when they still have to be loaded), and the
-temporal slice is the largest whose predicted peak fits that (vae/memory_budget.py). When even one latent per
-step does not fit, the pass asks model management for what that step needs (it then offloads other models).
+pass runs the fastest plan whose predicted peak fits that (vae/planning). When none does, it plans under what
+model management could free by unloading other models and asks it for the plan's peak (it then unloads them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
 from ..vae.free_memory import USABLE_FRACTION
-from ..vae.memory_budget import SlicePlan
+from ..vae.memory_budget import BudgetTooSmall
+from ..vae.planning import PassPlan
 from .device_memory import budget_source, freeable_bytes
 
 log = logging.getLogger("turbovae")
@@ -34,22 +35,39 @@ def comfy_budget_bytes(turbo: TurboVAE, device: torch.device) -> int:
     return max(1, int(free * USABLE_FRACTION) - weights)
 
 
+def comfy_capacity_bytes(turbo: TurboVAE, device: torch.device) -> int:
+    """What a pass could have on `device` if model management unloaded every other model: USABLE_FRACTION of the
+    device's memory less the VAE's weights (at least 1 byte)."""
+    total = int(mm.get_total_memory(device))
+    weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
+    return max(1, int(total * USABLE_FRACTION) - weights)
+
+
 def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device, *, decode: bool,
-                  log_it: bool = True) -> SlicePlan:
-    """The temporal slice of one pass over `shape` ([1, ...]: one batch item) on `device` under the ComfyUI budget,
-    with its predicted peak; logs what the pass will need and what it chose."""
-    plan = turbo.plan_temporal_slice(tuple(int(d) for d in shape), decode=decode,
-                                     budget_bytes=comfy_budget_bytes(turbo, device), device=device)
+                  log_it: bool = True, **request) -> PassPlan:
+    """The plan of one pass over `shape` on `device` (vae/planning; `request`: `TurboVAE.plan`'s mode, tile_px,
+    overlap_px, temporal_slice, max_temporal_slice, output_device) under the ComfyUI budget — what model
+    management can free now; when no plan fits that, what it could free by unloading other models (the node asks
+    `load_models_gpu` for the plan's peak, which makes it unload them). Logs the plan. BudgetTooSmall when even that
+    is too little, naming the smallest budget that works."""
+    source = budget_source(device)
+    try:
+        plan = turbo.plan(tuple(int(d) for d in shape), decode=decode, budget_bytes=comfy_budget_bytes(turbo, device),
+                          device=device, **request)
+    except BudgetTooSmall:
+        plan = turbo.plan(tuple(int(d) for d in shape), decode=decode,
+                          budget_bytes=comfy_capacity_bytes(turbo, device), device=device, **request)
+        source = f"what ComfyUI can free on {device} by unloading other models"
     if log_it:
-        log.info("TurboVAE: %s (budget: %s)", plan.describe(), budget_source(device))
+        log.info("TurboVAE: %s (budget: %s)", plan.describe(), source)
     return plan
 
 
-def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log_it: bool = True) -> SlicePlan:
-    """`plan_in_comfy` for one batch item of `shape` ([B, C, T, ...] or [B, C, H, W]) as the pass sees it: latents
-    decode one item at a time; pixels encode as one clip, padded to 1+4n frames as the public path pads."""
-    # a wrong channel count is the caller's error, said as the pass itself says it: a meta pass over that shape
-    # would only fail inside a layer
+def item_shape(turbo: TurboVAE, shape, *, decode: bool) -> tuple[int, ...]:
+    """The shape one pass of ours sees for input `shape` ([B, C, T, ...] or [B, C, H, W]): latents decode one batch
+    item at a time; pixels encode their B clips together, padded to 1 + 4n frames as the public path pads.
+    ValueError for a wrong channel count, said as the pass itself says it (a meta pass over that shape would only
+    fail inside a layer)."""
     channels = turbo.latent_channels if decode else turbo.image_channels
     if len(shape) < 4 or shape[1] != channels:
         what = "latents" if decode else "pixels"
@@ -57,4 +75,11 @@ def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log
     t = shape[2] if len(shape) == 5 else 1
     if not decode:
         t += (-(t - 1)) % turbo.temporal_factor
-    return plan_in_comfy(turbo, (1, shape[1], t, shape[-2], shape[-1]), device, decode=decode, log_it=log_it)
+    return (1 if decode else int(shape[0]), int(shape[1]), int(t), int(shape[-2]), int(shape[-1]))
+
+
+def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log_it: bool = True,
+              **request) -> PassPlan:
+    """`plan_in_comfy` for the pass one node call runs over input `shape` (`item_shape`)."""
+    return plan_in_comfy(turbo, item_shape(turbo, shape, decode=decode), device, decode=decode, log_it=log_it,
+                         **request)

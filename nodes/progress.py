@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import torch
 
 import comfy.model_management as mm
 import comfy.utils
@@ -57,19 +56,10 @@ class BatchProgress:
         mm.throw_exception_if_processing_interrupted()
 
 
-_FROM_BUDGET = object()
-
-
-def progress_slice(turbo, x: torch.Tensor, *, decode: bool, planned=_FROM_BUDGET) -> Optional[int]:
-    """Latent frames per step for core VAE Decode/Encode of a clip `x` (latents, or pixels [B, C, T, H, W]):
-    what free memory allows, and at most 1/PROGRESS_STEPS of the clip, so the bar moves and Cancel is
-    honoured between steps (slicing carries the causal memory: the result is the whole-clip pass's). None
-    (one whole pass) for images. `planned`: the slice the memory plan chose (default: the VAE's own budget)."""
-    frames = x.shape[2] if decode else turbo.latent_format.latent_frames(x.shape[2])
-    if frames < 2:
+def progress_cap(latent_frames: int) -> Optional[int]:
+    """The most latent frames per step for core VAE Decode/Encode of a clip of `latent_frames` latents: about
+    1/PROGRESS_STEPS of it, so the bar moves and Cancel is honoured between steps (slicing carries the causal
+    memory: the result is the whole-clip pass's); None for an image (one step)."""
+    if latent_frames < 2:
         return None
-    if planned is _FROM_BUDGET:
-        px = x.shape[-1] * x.shape[-2] * (turbo.spatial_factor ** 2 if decode else 1)
-        planned = turbo.temporal_slice_for(frames, px, decode=decode)
-    auto = planned
-    return min(auto or frames, max(1, -(-frames // PROGRESS_STEPS)))
+    return max(1, -(-latent_frames // PROGRESS_STEPS))

@@ -10,8 +10,8 @@ from typing import Optional
 
 from comfy_api.latest import io
 
-from ..vae.tiling.tiler import MIN_TILE_LATENT
-from ..vae.tiling.tiler import MODES as TILE_MODES
+from ..vae.tiled import MIN_TILE_LATENT
+from ..vae.tiled import MODES as TILE_MODES
 from .choices import TILE_MODE_HELP, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
 from .progress import running_node_id

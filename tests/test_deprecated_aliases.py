@@ -22,7 +22,7 @@ MOVED = {
     "turbovae.vae.compile": "turbovae.vae.accel.compile",
     "turbovae.vae.ops": "turbovae.vae.norms",
     "turbovae.vae.plans": "turbovae.vae.exact_tiling",
-    "turbovae.vae.tiling.api": "turbovae.vae.tiling.tiler",
+    "turbovae.vae.tiling.api": "turbovae.vae.tiled",
     "turbovae.vae.parallel.api": "turbovae.vae.parallel.passes",
     "turbovae.vae.memory": "turbovae.vae.free_memory",
     "turbovae.trt": "turbovae.engines",

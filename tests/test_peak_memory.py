@@ -1,6 +1,6 @@
-"""Peak memory known before a pass runs (vae/peak_memory.py) and slices chosen by it under a budget
-(vae/memory_budget.py): predictions against the same passes measured on the CPU, the extrapolation of long clips
-against whole-clip meta passes, the chooser at several budgets, and the `plan` command."""
+"""Peak memory known before a pass runs (vae/peak_memory.py): predictions against the same passes measured on the
+CPU, the sampled prediction of long clips against whole-clip meta passes, the budget, and the `plan` command (the
+planner's own tests: tests/test_planner.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import torch
 
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.accel.switches import FastPaths
-from turbovae.vae.memory_budget import (BudgetTooSmall, MemoryBudget, choose_temporal_slice,
-                                        default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES)
-from turbovae.vae.peak_memory import LiveBytes, MetaPasses, PassPaths, _meta_steps, measure_pass, predict_pass
+from turbovae.vae.memory_budget import BudgetTooSmall, MemoryBudget, default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES
+from turbovae.vae.peak_memory import LiveBytes, MetaPasses, PassPaths, measure_pass, meta_pass_peak, predict_pass
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 from turbovae.vae.wan import TINY_WAN21, WanVAE
 
@@ -64,17 +63,19 @@ def test_prediction_matches_the_measured_cpu_peak():
             assert abs(predicted - measured) <= 0.10 * measured, (model.kind, decode, shape, k, predicted, measured)
 
 
-def test_long_clip_extrapolation_equals_the_whole_clip_meta_pass():
-    """Clips of more than three slices are predicted from a three-slice run; the result equals running every
-    slice (exactly, for both architectures, both directions, several slices)."""
+def test_long_clip_sampled_prediction_equals_the_whole_clip_meta_pass():
+    """Clips of more than three slices are predicted from a run of the first two slices and the last into the
+    whole output canvas; the result equals running every slice (exactly, for both architectures, both
+    directions, several slices)."""
     for model in _models():
         copies = MetaPasses(model)
         clone = copies.copy(torch.float32, model.fast)
         c = model.latent_format.channels
         for decode, shape, k in [(True, (1, c, 12, 4, 4), 2), (False, (1, 3, 29, 32, 32), 1)]:
             predicted = predict_pass(model, shape, decode=decode, temporal_slice=k, copies=copies).pass_bytes
-            steps, final, _ = _meta_steps(clone, shape, decode, torch.float32, k, False)
-            assert predicted == max([*steps, final]), (model.kind, shape, k)
+            every = meta_pass_peak(clone, shape, decode=decode, dtype=torch.float32, temporal_slice=k,
+                                   fused_norms=False, sample=False)
+            assert predicted == every, (model.kind, shape, k)
 
 
 def test_prediction_grows_with_the_slice_and_counts_weights_and_input_apart():
@@ -101,40 +102,7 @@ def test_fused_norms_are_predicted_as_one_output_per_norm():
     assert fused.pass_bytes < plain.pass_bytes
 
 
-# -- the chooser -----------------------------------------------------------------------------------------
-
-
-def test_chooser_is_monotone_in_the_budget_and_never_over_it():
-    model = WanVAE(TINY_WAN21)
-    copies = MetaPasses(model)
-    shape = (1, 4, 13, 8, 8)
-    paths = PassPaths(model.fast)
-    need = {k: copies.predict(shape, decode=True, dtype=torch.float32, temporal_slice=k, paths=paths).pass_bytes
-            for k in (None, *range(1, 12))}
-    budgets = sorted({need[1], need[2], need[4], need[None], need[None] * 2, (need[1] + need[2]) // 2})
-    chosen = []
-    for budget in budgets:
-        plan = choose_temporal_slice(model, shape, decode=True, budget_bytes=budget, copies=copies,
-                                     device_type="cuda", strict=True)
-        assert plan.fits and plan.predicted.pass_bytes <= budget
-        k = plan.temporal_slice
-        chosen.append(12 if k is None else k)
-        bigger = [j for j in range(chosen[-1] + 1, 12) if need[j] <= budget]
-        assert not bigger, (budget, k, bigger)  # the largest slice that fits
-    assert chosen == sorted(chosen) and chosen[0] == 1 and chosen[-1] == 12
-
-
-def test_chooser_caps_cpu_decode_at_the_fastest_slice_and_errors_when_nothing_fits():
-    model = WanVAE(TINY_WAN21)
-    shape = (1, 4, 13, 8, 8)
-    plan = choose_temporal_slice(model, shape, decode=True, budget_bytes=2**40, device_type="cpu")
-    assert plan.temporal_slice == 2  # FASTEST_SLICE["cpu"]
-    with pytest.raises(BudgetTooSmall, match="Raise the budget to at least .* MB, or tile"):
-        choose_temporal_slice(model, shape, decode=True, budget_bytes=1000, strict=True)
-    lenient = choose_temporal_slice(model, shape, decode=True, budget_bytes=1000)
-    assert lenient.temporal_slice == 1 and not lenient.fits and "OVER the budget" in lenient.describe()
-    with pytest.raises(ValueError, match="positive"):
-        choose_temporal_slice(model, shape, decode=True, budget_bytes=0)
+# -- the budget ------------------------------------------------------------------------------------------
 
 
 def test_budget_default_and_typed_errors():
@@ -143,19 +111,6 @@ def test_budget_default_and_typed_errors():
     for bad in (0, -5, 1.5, True):
         with pytest.raises(ValueError, match="positive number of bytes"):
             MemoryBudget(bad)
-
-
-def test_public_decode_takes_the_slice_its_budget_allows_and_equals_the_whole_clip():
-    torch.manual_seed(0)
-    vae = TurboVAE(WanVAE(TINY_WAN21))
-    z = torch.randn(1, 4, 7, 4, 4)
-    whole = vae.model.decode_latents(z)
-    smallest = vae.plan_temporal_slice(tuple(z.shape), decode=True, budget_bytes=2**40)
-    assert smallest.temporal_slice == 2  # CPU: the fastest slice when memory allows
-    one = vae.plan_temporal_slice(tuple(z.shape), decode=True, budget_bytes=1).predicted.pass_bytes
-    vae.budget = MemoryBudget(one)
-    assert vae.plan_temporal_slice(tuple(z.shape), decode=True).temporal_slice == 1
-    assert (vae.decode(z) - whole).abs().max().item() <= 1e-5
 
 
 # -- plan: the function and the command --------------------------------------------------------------------
@@ -169,7 +124,7 @@ def test_plan_function_for_a_family_and_a_clip_of_any_length():
     assert short.fits and short.predicted.pass_bytes <= 12 * 2**30
     long = plan_pass("wan2.1", "1x16x61x90x160", decode=True, dtype="bf16", device_type="cuda",
                      budget_bytes=12 * 2**30)
-    assert long.temporal_slice == short.temporal_slice and long.predicted.pass_bytes >= short.predicted.pass_bytes
+    assert long.fits and long.predicted.pass_bytes >= short.predicted.pass_bytes - 2**20
     pixels = plan_pass("wan2.1", (1, 3, 81, 720, 1280), decode=True, dtype="bf16", device_type="cuda",
                        budget_bytes=12 * 2**30)
     assert pixels.shape == (1, 16, 21, 90, 160)  # a pixel shape is turned into its latents for decode
@@ -200,7 +155,8 @@ def test_plan_command_prints_the_prediction_and_the_choice(capsys):
     assert data["decode"] is False and data["pass_mb"] > 0 and data["temporal_slice"] is None
     assert main(["plan", "wan2.1", "--shape", "1x16x21x90x160", "--dtype", "bf16", "--target", "cuda",
                  "--budget-mb", "1"]) == 2
-    assert "Raise the budget" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no plan fits the budget of 1 MB; the smallest needs" in err and "budget of at least that" in err
 
 
 def test_gpu_bench_rows_predict_the_peak_they_measure():

@@ -11,7 +11,7 @@ from turbovae import TurboVAE, decode_tiled, encode_tiled
 from turbovae.vae.memory_budget import MemoryBudget
 from turbovae.vae.seedvr2.config import SeedVR2Config
 from turbovae.vae.seedvr2.model import SeedVR2VAE
-from turbovae.vae.tiling import tiler as tiling_api
+from turbovae.vae.planning import execute as tiling_api  # the executor the tiled passes run
 from turbovae.vae.wan.config import TINY_WAN21, TINY_WAN22, WAN21
 from turbovae.vae.wan.model import WanVAE
 
@@ -224,16 +224,15 @@ def _spy_grid(fn, tiles):
 
 
 def test_auto_tile_is_the_largest_whose_predicted_peak_fits_the_budget(vae):
-    """`auto` sizes tiles by the same prediction the temporal slices use (vae/peak_memory.py), against the budget
-    it is handed: the whole frame when its predicted peak fits, else a smaller tile whose prediction fits."""
-    from turbovae.vae.tiling.plan import auto_tile_latent, plan_tiling
+    """`auto` takes the untiled pass when its predicted peak fits the budget it is handed, else the fastest plan
+    whose own prediction fits: tiles, each plan predicted by running its executor on meta tensors."""
+    from turbovae.vae.tiled import plan_tiling
 
     c = vae.latent_channels
-    whole = vae.predict_peak((1, c, 1, 24, 24), decode=True).pass_bytes
-    assert auto_tile_latent(vae, 24, 24, 1, decode=True, budget=whole) == 24
-    tile = auto_tile_latent(vae, 24, 24, 1, decode=True, budget=whole - 1)
-    assert tile < 24
-    assert vae.predict_peak((1, c, 1, tile, tile), decode=True).pass_bytes <= whole - 1
+    whole = plan_tiling(vae, (1, c, 1, 24, 24), tile_px=None, overlap_px=None, mode="auto", decode=True,
+                        budget_bytes=2**40)
+    assert whole.mode == "untiled" and whole.fits
     plan = plan_tiling(vae, (1, c, 1, 24, 24), tile_px=None, overlap_px=None, mode="auto", decode=True,
-                       budget_bytes=whole - 1)
-    assert plan.tile_latent == tile and plan.mode != "untiled"
+                       budget_bytes=whole.predicted.pass_bytes - 1)
+    assert plan.mode != "untiled" and plan.tile_latent < 24
+    assert plan.predicted.pass_bytes <= whole.predicted.pass_bytes - 1 and plan.fits

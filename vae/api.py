@@ -22,8 +22,9 @@ from .accel.cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
 from .free_memory import check_fits
-from .memory_budget import MemoryBudget, SlicePlan, choose_temporal_slice, near_square_shape
+from .memory_budget import MemoryBudget
 from .peak_memory import MetaPasses, PassPaths, PeakPrediction
+from .planning import PassPlan, PlanRequest, plan_pass, run_plan
 
 log = logging.getLogger("turbovae")
 
@@ -255,22 +256,35 @@ class TurboVAE:
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(device=self.device, dtype=self.dtype)
 
-    def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None,
-                            device: Union[None, str, torch.device] = None) -> SlicePlan:
-        """The temporal slice for a pass over validated input `shape` (latents for decode, padded pixels for
-        encode): the largest whose predicted peak fits `budget_bytes` (default `self.budget` on the pass's
-        device), with the prediction. `device`: where the pass will run (default the model's; the nodes plan
-        before ComfyUI loads the weights there). Predictions are cached per shape."""
+    def plan(self, shape: tuple[int, ...], *, decode: bool, mode: str = "auto", tile_px: Optional[int] = None,
+             overlap_px: Optional[int] = None, temporal_slice: Optional[int] = None,
+             budget_bytes: Optional[int] = None, device: Union[None, str, torch.device] = None,
+             output_device: Union[None, str, torch.device] = None, allow_host: bool = True,
+             max_temporal_slice: Optional[int] = None) -> PassPlan:
+        """The plan of a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for encode;
+        5-D): the fastest way this VAE can run it whose predicted device peak fits `budget_bytes` (default
+        `self.budget` on the pass's device) — untiled, temporal slices, exact tiles, frame stages, host memory
+        (vae/planning). `mode`, `tile_px`, `overlap_px`, `temporal_slice`: what the caller fixed (`PlanRequest`);
+        `device`: where the pass will run (default the model's; the nodes plan before ComfyUI loads the weights
+        there); `output_device`: where the caller wants the output (a CPU output for a GPU pass is kept off the
+        device as it is made); `allow_host`: whether the plan may keep caches and output in host memory;
+        `max_temporal_slice`: at most that many latents per step (progress between steps).
+        BudgetTooSmall when no plan fits, naming the smallest budget that works."""
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
-        return choose_temporal_slice(self.model, shape, decode=decode, budget_bytes=budget, paths=self._paths(dev),
-                                     copies=self._meta(), device_type=dev.type)
+        on_host = None
+        if output_device is not None:
+            on_host = torch.device(output_device).type != dev.type
+        request = PlanRequest(mode=mode, tile_px=tile_px, overlap_px=overlap_px, temporal_slice=temporal_slice,
+                              max_temporal_slice=max_temporal_slice, output_on_host=on_host, allow_host=allow_host)
+        return plan_pass(self.model, tuple(int(d) for d in shape), decode=decode, budget_bytes=budget,
+                         paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta())
 
     def predict_peak(self, shape: tuple[int, ...], *, decode: bool, temporal_slice: Optional[int] = None,
                      device: Union[None, str, torch.device] = None) -> PeakPrediction:
-        """The predicted peak of a pass over validated input `shape` run `temporal_slice` latents per step (None:
-        the whole clip) on `device` (default the model's): the model's own pass on meta tensors
-        (vae/peak_memory.py), cached per shape. What the tile chooser and the nodes' memory requests use."""
+        """The predicted peak of an untiled pass over validated input `shape` run `temporal_slice` latents per step
+        (None: the whole clip) on `device` (default the model's): the model's pass on meta tensors
+        (vae/peak_memory.py), cached per shape."""
         dev = self.device if device is None else torch.device(device)
         return self._meta().predict(tuple(int(d) for d in shape), decode=decode, dtype=self.dtype,
                                     temporal_slice=temporal_slice, paths=self._paths(dev))
@@ -284,72 +298,95 @@ class TurboVAE:
         return (PassPaths.of(self.model, self.device, self.dtype) if device == self.device
                 else PassPaths.for_device_type(self.model, device.type))
 
-    def temporal_slice_for(self, latent_frames: int, pixels_per_frame: int, *, decode: bool,
-                           budget_bytes: Optional[int] = None) -> Optional[int]:
-        """Latent frames per step within the memory budget (`budget_bytes`, default `self.budget`) when each frame
-        has `pixels_per_frame` pixels (the output's for decode, the input's for encode); None = the whole clip in
-        one step."""
-        shape = near_square_shape(self.model, latent_frames, pixels_per_frame, decode=decode)
-        return self._auto_slice(shape, decode=decode, budget_bytes=budget_bytes)
-
-    def _auto_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None) -> Optional[int]:
-        plan = self.plan_temporal_slice(tuple(shape), decode=decode, budget_bytes=budget_bytes)
-        if not plan.fits:
-            log.warning("turbovae: %s; running one latent per step anyway (tile the frame to need less)",
-                        plan.describe())
-        else:
-            log.debug("turbovae: %s", plan.describe())
-        return plan.temporal_slice
-
     # -- passes --------------------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                       progress: Progress = None) -> torch.Tensor:
-        """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip.
-        `progress(done, total)` runs after each temporal slice; raising from it stops the pass (a cancel)."""
+                       progress: Progress = None, output_device: Union[None, str, torch.device] = None,
+                       budget_bytes: Optional[int] = None, plan: Optional[PassPlan] = None) -> torch.Tensor:
+        """Posterior moments [B, 2C, T', h, w] (mean ‖ log-variance) of a validated, padded clip, run as the plan
+        for the budget (`plan`) takes it; on the model's device, or on `output_device` (where the plan may keep it
+        off the device as it is made). `progress(done, total)` runs after each step; raising from it stops the
+        pass (a cancel). `plan`: a `plan(...)` made for this input, run as it is."""
         check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
-        if temporal_slice is None:
-            temporal_slice = self._auto_slice(tuple(x.shape), decode=False)
+        plan = self._given_or_new(plan, tuple(x.shape), False, temporal_slice, output_device, budget_bytes)
         with torch.inference_mode():
-            return self._model_pass(False, progress)(x, temporal_slice=temporal_slice)
+            return self.run_encode(x, plan=plan, progress=progress, output_device=output_device)
 
     def encode(self, pixels: torch.Tensor, *, sample: bool = False, generator: Optional[torch.Generator] = None,
-               temporal_slice: Optional[int] = None, progress: Progress = None) -> torch.Tensor:
-        """Raw latents: the posterior mean, or a posterior sample when `sample=True`; `progress` as for
+               temporal_slice: Optional[int] = None, progress: Progress = None,
+               output_device: Union[None, str, torch.device] = None,
+               budget_bytes: Optional[int] = None, plan: Optional[PassPlan] = None) -> torch.Tensor:
+        """Raw latents: the posterior mean, or a posterior sample when `sample=True`; the rest as
         `encode_moments`."""
         squeeze = pixels.ndim == 4 if isinstance(pixels, torch.Tensor) else False
-        moments = self.encode_moments(pixels, temporal_slice=temporal_slice, progress=progress)
+        moments = self.encode_moments(pixels, temporal_slice=temporal_slice, progress=progress,
+                                      output_device=output_device, budget_bytes=budget_bytes, plan=plan)
         out = moments_to_latents(moments, sample=sample, generator=generator)
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
     def decode(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None,
-               num_frames: Optional[int] = None, progress: Progress = None) -> torch.Tensor:
-        """Pixels [B, I, 4(T'-1)+1, H, W]; `num_frames` trims a padded clip back to its length.
-        `progress(done, total)` runs after each temporal slice; raising from it stops the pass (a cancel)."""
+               num_frames: Optional[int] = None, progress: Progress = None,
+               output_device: Union[None, str, torch.device] = None,
+               budget_bytes: Optional[int] = None, plan: Optional[PassPlan] = None) -> torch.Tensor:
+        """Pixels [B, I, 4(T'-1)+1, H, W], run as the plan for the budget (`plan`; `budget_bytes`, default
+        `self.budget`) takes them: untiled when that fits, else exact tiles, frame stages or host memory — the same
+        pixels; BudgetTooSmall when nothing fits. On the model's device, or on `output_device` (a GPU pass whose
+        output does not fit beside it returns it in host memory). `num_frames` trims a padded clip back to its
+        length. `progress(done, total)` runs after each step; raising from it stops the pass (a cancel). `plan`: a
+        `plan(...)` made for these latents, run as it is."""
         check_temporal_slice(temporal_slice)
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
         z = self.check_latents(latents)
-        self.check_decoded_size(z)
+        self.check_decoded_size(z, torch.device(output_device) if output_device is not None else None)
         z = self._prepare(z)
+        plan = self._given_or_new(plan, tuple(z.shape), True, temporal_slice, output_device, budget_bytes)
         with torch.inference_mode():
-            out = self.run_decode(z, temporal_slice=temporal_slice, progress=progress)
+            out = self.run_decode(z, plan=plan, progress=progress, output_device=output_device)
         if num_frames is not None:
             if num_frames < 1 or num_frames > out.shape[2]:
                 raise ValueError(f"num_frames={num_frames} is outside 1..{out.shape[2]} decoded frames")
             out = out[:, :, :num_frames]
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
-    def run_decode(self, z: torch.Tensor, *, temporal_slice: Optional[int] = None,
-                   progress: Progress = None) -> torch.Tensor:
-        """The decode pass alone: validated 5-D latents on the model's device/dtype -> all decoded frames.
+    def _given_or_new(self, plan: Optional[PassPlan], shape: tuple[int, ...], decode: bool,
+                      temporal_slice: Optional[int], output_device, budget_bytes: Optional[int]) -> PassPlan:
+        """The caller's plan, checked against the input (and alone: the arguments it replaces must not be given), or
+        a new one for this input."""
+        if plan is None:
+            plan = self.plan(shape, decode=decode, temporal_slice=temporal_slice, output_device=output_device,
+                             budget_bytes=budget_bytes)
+            log.debug("turbovae: %s", plan.describe())
+            return plan
+        if not isinstance(plan, PassPlan):
+            raise ValueError(f"plan must be a PassPlan (TurboVAE.plan), got {type(plan).__name__}")
+        if plan.decode != decode or tuple(plan.shape) != tuple(shape):
+            raise ValueError(f"the plan is for {'decoding' if plan.decode else 'encoding'} {plan.shape}, not "
+                             f"{'decoding' if decode else 'encoding'} {tuple(shape)}; make it from this input")
+        if temporal_slice is not None or budget_bytes is not None:
+            raise ValueError("temporal_slice / budget_bytes given beside a plan, which already holds them; pass one")
+        return plan
 
-        `decode` wraps it with the input checks, `num_frames` trimming and 4-D handling, so a subclass
-        that runs the pass elsewhere (engines) overrides only this and keeps that policy.
-        """
-        if temporal_slice is None:
-            temporal_slice = self._auto_slice(tuple(z.shape), decode=True)
-        return self._model_pass(True, progress)(z, temporal_slice=temporal_slice)
+    def run_decode(self, z: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                   output_device: Union[None, str, torch.device] = None) -> torch.Tensor:
+        """The decode pass alone: validated 5-D latents on the model's device/dtype -> all decoded frames, run as
+        `plan` says. `decode` wraps it with the input checks, the plan, `num_frames` trimming and 4-D handling, so
+        a subclass that runs the pass elsewhere (engines) overrides only this and keeps that policy."""
+        return self._run(z, plan, progress, output_device)
+
+    def run_encode(self, x: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                   output_device: Union[None, str, torch.device] = None) -> torch.Tensor:
+        """The encode pass alone (moments), as `run_decode` for decode."""
+        return self._run(x, plan, progress, output_device)
+
+    def _run(self, x: torch.Tensor, plan: PassPlan, progress: Progress,
+             output_device: Union[None, str, torch.device]) -> torch.Tensor:
+        if plan.mode == "untiled" and not (plan.frame_stages or plan.on_host):
+            # the model's own pass (through CUDA graphs once opted in)
+            return self._model_pass(plan.decode, progress)(x, temporal_slice=plan.temporal_slice)
+        out_dev = torch.device(output_device) if output_device is not None else None
+        return run_plan(self.model, x, plan, progress=progress, output_device=out_dev,
+                        whole=self.tile_pass(decode=plan.decode))
 
     def tile_pass(self, *, decode: bool) -> Callable[[torch.Tensor], torch.Tensor]:
         """The whole-clip pass fast tiles run on a tile that fits one temporal slice (validated 5-D input

@@ -170,15 +170,23 @@ class CausalMemory(CausalState):
         self._pos += 1
         return self.fetch_held(t) if fetch else t
 
+    def new_held(self, shape: Sequence[int], dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+        """An empty memory tensor where this pass keeps its memory (host memory under a host placement, else on
+        `device`, default the placement's), for a caller that fills it piece by piece (`put(..., held=True)`)."""
+        if self.placement is not None and self.placement.on_host:
+            return self.placement.held_empty(shape, dtype)
+        return torch.empty(tuple(shape), dtype=dtype, device=device if device is not None else
+                           (self.placement.device if self.placement is not None else None))
+
     def fetch_held(self, t: torch.Tensor) -> torch.Tensor:
         """A held memory tensor (or a part of one) where the pass computes."""
         return t if self.placement is None else self.placement.fetch(t)
 
-    def put(self, t: torch.Tensor, owner: Optional[nn.Module] = None) -> None:
+    def put(self, t: torch.Tensor, owner: Optional[nn.Module] = None, *, held: bool = False) -> None:
         """Record the next memory tensor (dropped when not collecting); `owner`: the module it belongs to
-        (named by `VAEModel.memory_layout`)."""
+        (named by `VAEModel.memory_layout`); `held`: `t` was made by `new_held`, where the memory is kept."""
         if self.collect:
-            self.memory_out.append(t if self.placement is None else self.placement.hold(t))
+            self.memory_out.append(t if held or self.placement is None else self.placement.hold(t))
             owners = _memory_owners.get()
             if owners is not None:
                 owners.append(owner)
@@ -199,8 +207,9 @@ class CausalMemory(CausalState):
         return tuple(self.memory_out)
 
     def advance(self) -> None:
-        """End a stream's step: the memory written becomes the memory the next step reads."""
-        self.start(self.finish(), self.collect)
+        """End a stream's step: the memory written becomes the memory the next step reads, handed over (each
+        tensor dropped as the next step reads it, so old and new memory are not all held at once)."""
+        self.start(MemoryHandoff(self.finish()), self.collect)
 
 
 R = TypeVar("R")

@@ -1,5 +1,5 @@
-"""`plan_pass`: what a pass will need and the temporal slice it would take, for a family or a checkpoint and a clip
-of any length, without running anything heavy (`python -m turbovae plan` prints it).
+"""`plan_pass`: the plan a pass would run and what it will need, for a family or a checkpoint and a clip of any
+length, without running anything heavy (`python -m turbovae plan` prints it).
 
 Why: a user deciding whether a 720p clip decode fits their card, or a node deciding how much ComfyUI must free,
 should know before minutes of sampling; the model's pass on meta tensors answers it in seconds on any machine.
@@ -15,8 +15,10 @@ import torch
 
 from .base import VAEModel
 from .dtypes import parse_dtype
-from .memory_budget import SlicePlan, choose_temporal_slice, default_budget_bytes
+from .memory_budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes
 from .peak_memory import MetaPasses, PassPaths
+from .planning import PassPlan, PlanRequest
+from .planning.search import plan_pass as search_plan
 
 
 class PlanError(ValueError):
@@ -72,16 +74,19 @@ def parse_shape(shape: Union[str, Sequence[int]]) -> tuple[int, ...]:
 
 def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Sequence[int]], *, decode: bool,
               dtype: Union[None, str, torch.dtype] = None, device_type: str = "cuda",
-              budget_bytes: Optional[int] = None, strict: bool = True,
-              copies: Optional[MetaPasses] = None) -> SlicePlan:
-    """The predicted peak of a pass and the temporal slice it would take under `budget_bytes`.
+              budget_bytes: Optional[int] = None, mode: str = "auto", copies: Optional[MetaPasses] = None,
+              host_memory: Optional[bool] = None) -> PassPlan:
+    """The plan a pass would run under `budget_bytes` (vae/planning): what runs (untiled, temporal slices, exact
+    tiles, frame stages, host memory), its predicted peak and expected time.
 
-    `source`: a family (`family_names()`) or a checkpoint. `shape`: latents [B, C, T, h, w] or pixels [B, I, T, H, W] (for
-    decode, pixels are turned into their latents; for encode, latents into their pixels; clips are padded to 1+4n
-    frames as the public path pads). `dtype` default bf16 on CUDA, fp32 elsewhere. `device_type`: the device the
-    pass would run on (its default paths: fused norms on CUDA). `budget_bytes` default: the default budget on this
-    machine's device of that type, or DEFAULT_PASS_BUDGET_BYTES for a device this machine lacks. Nothing fits:
-    BudgetTooSmall when `strict`."""
+    `source`: a family (`family_names()`) or a checkpoint. `shape`: latents [B, C, T, h, w] or pixels [B, I, T, H, W]
+    (for decode, pixels are turned into their latents; for encode, latents into their pixels; clips are padded to
+    1+4n frames as the public path pads). `dtype` default bf16 on CUDA, fp32 elsewhere. `device_type`: the device
+    the pass would run on (its default paths: fused norms on CUDA where Triton is installed). `budget_bytes`
+    default: the default budget on this machine's device of that type, or DEFAULT_PASS_BUDGET_BYTES for a device
+    this machine lacks. `host_memory`: whether the plan may keep caches and output in host memory (default: where
+    host memory is apart from the device's, i.e. not on the CPU). Nothing fits: BudgetTooSmall, naming the
+    smallest budget that works."""
     model = meta_model(source)
     fmt = model.latent_format
     dims = parse_shape(shape)
@@ -104,20 +109,25 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
         raise PlanError(str(e)) from None
     if budget_bytes is None:
         have = torch.cuda.is_available() if device_type == "cuda" else device_type == "cpu"
-        from .memory_budget import DEFAULT_PASS_BUDGET_BYTES
-
         budget_bytes = default_budget_bytes(device_type) if have else DEFAULT_PASS_BUDGET_BYTES
-    return choose_temporal_slice(model, x_shape, decode=decode, budget_bytes=int(budget_bytes), dtype=resolved,
-                                 paths=PassPaths.for_device_type(model, device_type),
-                                 copies=copies or MetaPasses(model), device_type=device_type, strict=strict)
+    separate = device_type != "cpu"
+    request = PlanRequest(mode=mode, allow_host=separate if host_memory is None else host_memory,
+                          host_is_separate=True if host_memory else None)
+    return search_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
+                       paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
+                       copies=copies or MetaPasses(model))
 
 
-def plan_dict(plan: SlicePlan) -> dict:
+def plan_dict(plan: PassPlan) -> dict:
     """The plan as plain JSON-ready values (MB = 2**20 bytes)."""
     mb = 2 ** 20
+    p = plan.predicted
     return {"shape": list(plan.shape), "decode": plan.decode, "dtype": str(plan.dtype).removeprefix("torch."),
-            "temporal_slice": plan.temporal_slice, "pass_mb": round(plan.predicted.pass_bytes / mb, 1),
-            "weights_mb": round(plan.predicted.weight_bytes / mb, 1),
-            "input_mb": round(plan.predicted.input_bytes / mb, 1),
-            "total_mb": round(plan.predicted.total_bytes / mb, 1), "budget_mb": round(plan.budget_bytes / mb, 1),
-            "fits": plan.fits}
+            "device_type": plan.device_type, "mode": plan.mode, "exact": plan.exact,
+            "temporal_slice": plan.temporal_slice, "tile_px": plan.tile_px, "tiles": plan.tiles,
+            "frame_stages": plan.frame_stages, "cache_on_host": plan.cache_on_host,
+            "output_on_host": plan.output_on_host, "layout": plan.layout(),
+            "pass_mb": round(p.pass_bytes / mb, 1), "host_mb": round(p.host_bytes / mb, 1),
+            "weights_mb": round(p.weight_bytes / mb, 1), "input_mb": round(p.input_bytes / mb, 1),
+            "total_mb": round(p.total_bytes / mb, 1), "budget_mb": round(plan.budget_bytes / mb, 1),
+            "expected_s": round(plan.cost_s, 3) if plan.cost_s is not None else None, "fits": plan.fits}

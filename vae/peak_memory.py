@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import norms
-from .base import VAEModel
+from .base import VAEModel, run_slices
 from .accel.switches import FastPaths, active
 from .accel import self_checks
 from .attention import meta_attention_for
@@ -126,12 +126,13 @@ class LiveBytes(TorchDispatchMode):
 class PeakPrediction:
     """A pass's predicted memory (bytes). `pass_bytes`: the most the pass's own tensors hold at once, its output
     included (what `torch.cuda.max_memory_allocated` rises by above the memory held before the pass);
-    `input_bytes` and `weight_bytes` are held throughout. `total_bytes` is all three."""
+    `input_bytes` and `weight_bytes` are held throughout. `total_bytes` is all three (device memory)."""
 
     pass_bytes: int
     input_bytes: int
     weight_bytes: int
     temporal_slice: Optional[int]
+    host_bytes: int = 0  # the most a plan holds in host memory at once (vae/placement.py); not in `pass_bytes`
 
     @property
     def total_bytes(self) -> int:
@@ -203,6 +204,14 @@ class MetaPasses:
         self._model = model
         self._copies: dict[tuple, VAEModel] = {}
         self._predicted: dict[tuple, PeakPrediction] = {}
+        self._memo: dict = {}
+
+    def memo(self, key, make):
+        """`make()` once per `key` for this model (plain numbers and predictions only: nothing that holds memory);
+        the planner keeps its per-shape predictions, FLOP counts and cache sizes here."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     def copy(self, dtype: torch.dtype, fast: FastPaths) -> VAEModel:
         key = (dtype, fast)
@@ -224,63 +233,30 @@ class MetaPasses:
         return found
 
 
-def _run(model: VAEModel, x: torch.Tensor, decode: bool, temporal_slice: Optional[int],
-         progress=None) -> torch.Tensor:
-    if decode:
-        return model.decode_latents(x, temporal_slice=temporal_slice, progress=progress)
-    return model.encode_moments(x, temporal_slice=temporal_slice, progress=progress)
-
-
-def _meta_steps(clone: VAEModel, shape: tuple[int, ...], decode: bool, dtype: torch.dtype,
-                temporal_slice: Optional[int], fused_norms: bool,
-                device_type: str = "cpu") -> tuple[list[int], int, torch.Size]:
-    """(peak of each temporal step, peak of the final concatenation and after, output shape) of a meta pass."""
+def meta_pass_peak(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+                   temporal_slice: Optional[int], fused_norms: bool, device_type: str = "cpu",
+                   sample: bool = True) -> int:
+    """The most the pass's tensors hold at once when `clone` (a meta copy) runs its untiled pass over `shape` in
+    `temporal_slice`s, its output written into one canvas (`run_slices`); `sample`: the first two slices and the
+    last (the same peak: every middle slice repeats the second on memory of the same shapes)."""
     x = torch.empty(shape, device="meta", dtype=dtype)
+    fmt = clone.latent_format
     tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()], op_memory=op_memory_for(device_type))
-    steps: list[int] = []
-
-    def progress(_done: int, _total: int) -> None:
-        steps.append(tracker.window_peak())
-
+    bounds = clone.slice_bounds(shape[2], temporal_slice, decode=decode)
+    step = clone.decode_step if decode else clone.encode_step
+    frames = fmt.pixel_frames(shape[2]) if decode else fmt.latent_frames(shape[2])
     with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), \
             meta_attention_for(device_type), tracker:
-        out = _run(clone, x, decode, temporal_slice, progress)
-    out_shape = out.shape
+        out = run_slices(step, x, bounds, {"clamp": True} if decode else {}, out_frames=frames, sample=sample)
     del out
-    return steps, tracker.window_peak(), out_shape
-
-
-# A clip of more slices than this is predicted from a clip of this many (its steps repeat; see `_predict`).
-MAX_SLICES_RUN = 3
+    return tracker.peak
 
 
 def _predict(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
              temporal_slice: Optional[int], fused_norms: bool, device_type: str = "cpu") -> PeakPrediction:
-    """Peak of the pass on `shape`. A clip of more than MAX_SLICES_RUN slices runs as a clip of MAX_SLICES_RUN:
-    its first step, a middle step and its last step; every middle step of the long clip repeats the short
-    clip's middle step on the same causal memory, only with more finished outputs held (one slice's output per
-    step before), and the final concatenation holds the outputs twice. So the long clip's peak is the most of
-    the first step's, the middle and last steps' plus the extra outputs held, and the concatenation's plus the
-    extra outputs twice. A shorter last slice is counted as a full one (an upper bound). The tests check this
-    against whole-clip meta passes."""
-    fmt = clone.latent_format
     esize = torch.empty((), dtype=dtype).element_size()
-    latents = shape[2] if decode else fmt.latent_frames(shape[2])
-    k = temporal_slice
-    slices = 1 if k is None else 1 + max(0, math.ceil((latents - 1 - k) / k))
-    if slices <= MAX_SLICES_RUN:
-        steps, final, _ = _meta_steps(clone, shape, decode, dtype, k, fused_norms, device_type)
-        peak = max([*steps, final])
-    else:
-        short_latents = 1 + k * MAX_SLICES_RUN
-        short = (*shape[:2], short_latents if decode else fmt.pixel_frames(short_latents), *shape[3:])
-        steps, final, out_shape = _meta_steps(clone, short, decode, dtype, k, fused_norms, device_type)
-        frame_bytes = _numel(out_shape) // out_shape[2] * esize  # one output frame
-        frames_per_slice = k * fmt.temporal_factor if decode else k
-        total_frames = fmt.pixel_frames(latents) if decode else latents
-        extra_frames = total_frames - out_shape[2]
-        held = (slices - MAX_SLICES_RUN) * frames_per_slice * frame_bytes
-        peak = max(steps[0], max(steps[1:]) + held, final + 2 * extra_frames * frame_bytes)
+    peak = meta_pass_peak(clone, shape, decode=decode, dtype=dtype, temporal_slice=temporal_slice,
+                          fused_norms=fused_norms, device_type=device_type)
     return PeakPrediction(pass_bytes=int(peak), input_bytes=_numel(shape) * esize,
                           weight_bytes=weight_bytes(clone), temporal_slice=temporal_slice)
 
@@ -292,7 +268,7 @@ def predict_pass(model: VAEModel, shape: Sequence[int], *, decode: bool, dtype: 
     frames) in `dtype` (default the model's) with `temporal_slice`, from the same pass on meta tensors.
 
     `paths` None: what the model would run on its own device (`PassPaths.of`). `copies` reuses meta copies and
-    earlier predictions. Costs Python over the ops of at most MAX_SLICES_RUN slices (no arithmetic, no memory).
+    earlier predictions. Costs Python over the ops of at most three slices (no arithmetic, no memory).
     """
     dtype = dtype or model.dtype
     paths = paths or PassPaths.of(model, model.device, dtype)

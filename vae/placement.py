@@ -39,6 +39,10 @@ class Placement(Protocol):
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A new contiguous buffer where this placement keeps things (output canvases)."""
 
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A new buffer for state `hold` would keep, filled by its maker (pinned host memory on CUDA: the fetches
+        that read it back are asynchronous)."""
+
 
 class OnDevice:
     """Everything stays where the pass computes."""
@@ -56,6 +60,9 @@ class OnDevice:
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return self.empty(shape, dtype)
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, *, pinned: bool) -> torch.Tensor:
@@ -90,6 +97,9 @@ class OnHost:
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return host_empty(shape, dtype, pinned=False)
 
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return host_empty(shape, dtype, pinned=self._pinned)
+
 
 class OnMetaHost:
     """`OnHost` in a pass predicted on meta tensors (vae/peak_memory.py `LiveBytes`): held tensors count as host
@@ -116,6 +126,9 @@ class OnMetaHost:
         return t if self.device_type == "cpu" else t.clone()
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return self._host(shape, dtype)
+
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return self._host(shape, dtype)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..base import Progress
 from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
-from ..tiling.tiler import resolve_tile_latent
+from ..tiled import resolve_tile_latent
 from ..tiling.exact import supports_exact
 from .collectives import DistCollective, process_group_trusted, run_on_devices
 from .sharded import sharded_pass
@@ -80,11 +80,10 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     in_scale = 1 if decode else f
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
     latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
-    pixel_frames = vae.latent_format.pixel_frames(latent_frames)
-    tile_lat = resolve_tile_latent(vae, tile_px, "exact", h_lat, w_lat, pixel_frames, decode=decode)
+    tile_lat, planned_slice = resolve_tile_latent(vae, tile_px, h_lat, w_lat, latent_frames, decode=decode)
     if temporal_slice is None:
-        px = min(tile_lat, h_lat) * f * min(tile_lat, w_lat) * f
-        temporal_slice = vae.temporal_slice_for(latent_frames, px, decode=decode)
+        temporal_slice = planned_slice if tile_px == 0 else _slice_for_tile(vae, tile_lat, h_lat, w_lat,
+                                                                              latent_frames, decode)
     out_device = torch.device(output_device) if output_device is not None else vae.device
     # a given (or default) tile is shared by the bands; tile_px=0 sized it from the budget on each rank's device
     kwargs = dict(decode=decode, tile_latent=tile_lat, temporal_slice=temporal_slice, output_device=out_device,
@@ -109,6 +108,15 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     out = run_on_devices(devs, lambda comm: sharded_pass(models[comm.rank], x, comm,
                                                          progress=progress if comm.rank == 0 else None, **kwargs))
     return out.to(vae.dtype)
+
+
+def _slice_for_tile(vae: TurboVAE, tile_lat: int, h_lat: int, w_lat: int, latent_frames: int,
+                    decode: bool) -> Optional[int]:
+    """The temporal slice the single-device plan of exact tiles of this size takes under the VAE's budget."""
+    fmt, f = vae.latent_format, vae.spatial_factor
+    shape = (1, fmt.channels, latent_frames, h_lat, w_lat) if decode else \
+        (1, fmt.image_channels, fmt.pixel_frames(latent_frames), h_lat * f, w_lat * f)
+    return vae.plan(shape, decode=decode, mode="exact", tile_px=tile_lat * f, allow_host=False).temporal_slice
 
 
 def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList = None, group=None,

@@ -73,7 +73,7 @@ def frame_group_stats(x: torch.Tensor, groups: int, eps: float, policy: SplitPol
     rows = max(1, policy.budget_elems // max(1, c * t * w))
     s1 = torch.zeros(b, groups, t, dtype=torch.float64, device=x.device)
     s2 = torch.zeros_like(s1)
-    for r0 in range(0, h, rows):
+    for r0 in representative(range(0, h, rows), x):
         chunk = x[:, :, :, r0:r0 + rows].to(torch.float64).view(b, groups, c // groups, t, -1, w)
         s1 += chunk.sum(dim=(2, 4, 5))
         s2 += chunk.square().sum(dim=(2, 4, 5))
@@ -153,6 +153,16 @@ def _crop_padded(x: Union[torch.Tensor, Sequence[torch.Tensor]], rows: tuple[int
         buf[..., top:top + n, left:left + width] = pre(p, 0) if pre is not None else p
         top += n
     return buf
+
+
+def representative(starts: Sequence[int], x: torch.Tensor) -> Sequence[int]:
+    """A loop's chunk starts, or on meta tensors (a predicted pass) only its first and last chunk: the chunks before
+    the last are of one size, each frees its temporaries before the next, and what they write goes into buffers
+    made before the loop, so the peak is the same (a meta op costs Python time; a 1080p frame has thousands)."""
+    starts = list(starts)
+    if x.device.type != "meta" or len(starts) <= 2:
+        return starts
+    return [starts[0], starts[-1]]
 
 
 class RepresentativeTiles:
@@ -239,7 +249,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, src, prev, pre, image, e, ctx.fetch_held), conv)
+        ctx.put(_memory(conv, src, prev, pre, image, e, ctx, policy), conv, held=True)
     return out
 
 
@@ -260,25 +270,36 @@ def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
 
 
 def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre: Pre, image: bool,
-            e: int, fetch: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """The last `memory_frames` frames of the (normalised, right/bottom padded) conv input, whose rows are
-    the pieces `src` (a band between its halo rows, or one tensor); `prev` is the history as held, `fetch`
-    brings a part of it to the device."""
+            e: int, ctx, policy: SplitPolicy) -> torch.Tensor:
+    """The conv's next causal memory: the last `memory_frames` frames of its (normalised, right/bottom padded)
+    input, whose rows are the pieces `src` (a band between its halo rows, or one tensor). Made where the pass keeps
+    its memory (`ctx.new_held`: on the device, or in host memory) a band of rows at a time, so only a band is
+    normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `prev` is the history as
+    held: a slice shorter than the memory reaches back into it."""
     mf = conv.memory_frames
-    t0 = max(0, src[0].shape[2] - mf)
-    last = torch.cat([p[:, :, t0:] for p in src], dim=-2) if len(src) > 1 else src[0][:, :, t0:]
-    last = pre(last, t0) if pre is not None else last
+    first = src[0]
+    b, c, t = first.shape[:3]
+    t0 = max(0, t - mf)
+    new = 1 if image else t - t0  # frames of this input the memory keeps (an image: its one frame, repeated)
+    older = mf - new
+    h, w = sum(p.shape[-2] for p in src), first.shape[-1]
+    held = ctx.new_held((b, c, mf, h + e, w + e), first.dtype, first.device)
     if e:
-        last = F.pad(last, (0, e, 0, e))
-    if image:
-        return last[:, :, -1:].expand(-1, -1, mf, -1, -1).contiguous()
-    if last.shape[2] < mf:  # short slice: the memory reaches back into the head
-        if prev is not None:
-            older = fetch(prev[:, :, -(mf - last.shape[2]):])
-        else:
-            older = last[:, :, :1].expand(-1, -1, mf - last.shape[2], -1, -1)
-        last = torch.cat([older, last], dim=2)
-    return last.contiguous()
+        held[..., h:, :].zero_()
+        held[..., :h, w:].zero_()
+    if older and prev is not None:
+        held[:, :, :older].copy_(prev[:, :, -older:])
+    rows = max(1, policy.budget_elems // max(1, c * new * w))
+    for r0 in representative(range(0, h, rows), first):
+        pieces = _row_pieces(src, r0, min(h, r0 + rows), slice(None))
+        band = torch.cat([p[:, :, t0:] for p in pieces], dim=-2) if len(pieces) > 1 else pieces[0][:, :, t0:]
+        band = pre(band, t0) if pre is not None else band
+        held[:, :, older:, r0:r0 + band.shape[-2], :w].copy_(band[:, :, -1:] if image else band)
+        del band
+    if older and prev is None:  # first slice: the history is the first kept frame repeated
+        for j in range(older):
+            held[:, :, j].copy_(held[:, :, older])
+    return held
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from torch import nn
 
 from ..base import LatentFormat, WorkingSetModel, State, VAEModel, run_slices
 from ..exact_tiling import LayerwisePlan
-from ..frame_stages import FrameStage, FrameStages
+from ..frame_stages import FrameStage, FrameStages, run_frame_stages
+from ..placement import Placement
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
@@ -186,10 +187,16 @@ class SeedVR2VAE(VAEModel):
         """Exact tiles run the whole forward layer by layer with tile-bounded working memory
         (GroupNorm statistics span the frame, so no tile of the network is independent)."""
         def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress,
-                shard=None) -> torch.Tensor:
+                shard=None, *, stages: bool = False, canvas: Optional[Placement] = None,
+                sample: bool = False) -> torch.Tensor:
             f = self.latent_format.spatial_factor
             policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0],
                                  shard=shard)
+            fmt = self.latent_format
+            frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
+            if stages:  # progress per input frame step (vae/frame_stages.py)
+                return run_frame_stages(self.frame_stages(decode=decode), x, out_frames=frames, canvas=canvas,
+                                        split=policy, progress=progress, sample=sample)
             bounds = self.slice_bounds(x.shape[2], temporal_slice, decode=decode)
             total = len(bounds) * normalised_convs(self.decoder if decode else self.encoder)
             done = 0
@@ -201,10 +208,8 @@ class SeedVR2VAE(VAEModel):
                     progress(done, total)
 
             kwargs = {"split": policy, "tick": tick}
-            fmt = self.latent_format
-            frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
             return run_slices(self.decode_step if decode else self.encode_step, x, bounds, kwargs,
-                              out_frames=frames)
+                              out_frames=frames, canvas=canvas, sample=sample)
 
         return LayerwisePlan(run)
 

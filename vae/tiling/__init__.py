@@ -1,5 +1,2 @@
-"""Spatial tiling and temporal slicing over any `VAEModel` (fast, exact and auto modes)."""
-
-from .tiler import decode_tiled, encode_tiled
-
-__all__ = ["decode_tiled", "encode_tiled"]
+"""The tile executors below the planner: exact tiles (exact.py), fast blended tiles (fast.py), the tile grid
+(grid.py) and out-of-memory retries (retry.py). The public tiled passes are vae/tiled.py."""

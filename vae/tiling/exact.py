@@ -27,6 +27,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..oom import OutOfMemory, attempt
+from ..placement import OnDevice, Placement
 from ..exact_tiling import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid
@@ -102,36 +103,47 @@ class _TileChain:
 
 def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_slice: Optional[int],
               progress: Progress, output_device: Optional[torch.device] = None,
-              retry: Optional[TileRetry] = None) -> torch.Tensor:
-    """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns fp32.
-    `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`)."""
+              retry: Optional[TileRetry] = None, canvas: Optional[Placement] = None, frame_stages: bool = False,
+              sample: bool = False) -> torch.Tensor:
+    """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns the output in
+    the model's dtype (exact tiles do not blend: nothing to accumulate), in a canvas `canvas` allocates (default:
+    on `output_device`, else `x`'s device).
+    `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`).
+    `frame_stages`: a layer-wise plan streams the model's frame stages (vae/frame_stages.py).
+    `sample` (meta predictions, vae/planning): one core of the largest halo'd size, the first two temporal steps and
+    the last, into canvases of the full size: the same peak as the whole pass, for a fraction of its ops."""
     plan = model.exact_plan(decode=decode)
     if plan is None:
         raise ValueError(f"{type(model).__name__} declares no exact tiling (VAEModel.exact_plan); use mode='fast'")
-    return plan.run_with(_SingleDevice(model, x, grid, decode, temporal_slice, progress,
-                                       output_device or x.device, retry))
+    canvas = canvas or OnDevice(output_device or x.device)
+    return plan.run_with(_SingleDevice(model, x, grid, decode, temporal_slice, progress, canvas, retry,
+                                       frame_stages, sample))
 
 
 class _SingleDevice:
     """`run_exact` for each kind of exact plan (an `ExactTilingRunner`)."""
 
     def __init__(self, model, x: torch.Tensor, grid: TileGrid, decode: bool, temporal_slice: Optional[int],
-                 progress: Progress, device: torch.device, retry: Optional[TileRetry]):
+                 progress: Progress, canvas: Placement, retry: Optional[TileRetry], frame_stages: bool,
+                 sample: bool):
         self.model, self.x, self.grid, self.decode = model, x, grid, decode
-        self.temporal_slice, self.progress, self.device, self.retry = temporal_slice, progress, device, retry
+        self.temporal_slice, self.progress, self.canvas, self.retry = temporal_slice, progress, canvas, retry
+        self.frame_stages, self.sample = frame_stages, sample
 
     def layerwise(self, plan: LayerwisePlan) -> torch.Tensor:
         tile = max(self.grid.rows.tile, self.grid.cols.tile)
-        out = plan.run(self.x, tile, self.temporal_slice, self.progress)
-        return out.to(device=self.device, dtype=torch.float32)
+        return plan.run(self.x, tile, self.temporal_slice, self.progress, stages=self.frame_stages,
+                        canvas=self.canvas, sample=self.sample)
 
     def staged(self, plan: ExactPlan) -> torch.Tensor:
-        x, grid, decode, retry, device = self.x, self.grid, self.decode, self.retry, self.device
+        x, grid, decode, retry, sample = self.x, self.grid, self.decode, self.retry, self.sample
         lf = self.model.latent_format
         f = lf.spatial_factor
         h_lat, w_lat = grid.rows.length, grid.cols.length
         tile = max(grid.rows.tile, grid.cols.tile)
         cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
+        if sample:
+            cores = [largest_core(h_lat, w_lat, tile)]
         out_channels = lf.image_channels if decode else 2 * lf.channels
         in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
         slices = in_geom.slices(x.shape[2], self.temporal_slice)
@@ -140,39 +152,81 @@ class _SingleDevice:
 
         b, t_in = x.shape[0], x.shape[2]
         if decode:
-            glob = run_global(plan, x, slices, tick)
-            out = torch.empty(b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f,
-                              dtype=torch.float32, device=device)
+            glob = run_global(plan, x, slices, tick, sample=sample)
+            out = self.canvas.empty((b, lf.image_channels, in_geom.out_frames(t_in), h_lat * f, w_lat * f), x.dtype)
             run_tiles(plan, glob, out, cores, Fraction(1), (h_lat, w_lat), slices, in_geom, f, tick, retry=retry,
-                      grow=counter.grow)
+                      grow=counter.grow, sample=sample)
             return out
         # encode: local prefix per tile into a latent-resolution buffer, then the global part
         t_lat = in_geom.out_frames(t_in)
         mid = torch.empty(b, plan.global_channels, t_lat, h_lat, w_lat, dtype=x.dtype, device=x.device)
         run_tiles(plan, x, mid, cores, Fraction(f), (h_lat, w_lat), slices, in_geom, 1, tick, retry=retry,
-                  grow=counter.grow)
+                  grow=counter.grow, sample=sample)
         lat_slices = [in_geom.out_frame_range(t0, t1) for t0, t1 in slices]
-        moments = run_global(plan, mid, lat_slices, tick)
-        return moments.to(device=device, dtype=torch.float32)
+        return run_global(plan, mid, lat_slices, tick, sample=sample, canvas=self.canvas)
 
 
-def run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None) -> torch.Tensor:
-    """The global part over the whole latent clip; `shard` (multi-device passes) is handed to the plan."""
-    parts = []
+def largest_core(h_lat: int, w_lat: int, tile: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The core of the partition whose crop is largest once its halo is added: the largest span per axis,
+    preferring one with neighbours on both sides (its halo is read on both)."""
+    def best(length: int) -> tuple[int, int]:
+        spans = partition(length, tile)
+        return max(spans, key=lambda s: (s[1] - s[0]) * 4 + (s[0] > 0) + (s[1] < length))
+
+    return best(h_lat), best(w_lat)
+
+
+def sampled(steps: Sequence, sample: bool) -> list:
+    """All steps, or (sampling a meta run) the first two and the last."""
+    steps = list(steps)
+    return [steps[0], steps[1], steps[-1]] if sample and len(steps) > 3 else steps
+
+
+def run_global(plan: ExactPlan, x: torch.Tensor, slices, tick, shard=None, *, sample: bool = False,
+               canvas: Optional[Placement] = None) -> torch.Tensor:
+    """The global part over the whole latent clip, each step's output written into one buffer as it finishes
+    (`canvas` allocates it; default: where the outputs are made); `shard` (multi-device passes) is handed to the
+    plan. `sample`: the first two steps and the last (meta predictions)."""
+    slices = list(slices)
+    out = None
     with (plan.open_global() if shard is None else plan.open_global(shard)) as stream:
-        for t0, t1 in slices:
-            parts.append(stream.step(x[:, :, t0:t1]))
+        for t0, t1 in sampled(slices, sample):
+            y = stream.step(x[:, :, t0:t1])
+            if len(slices) == 1 and (canvas is None or not canvas.on_host):
+                tick()
+                return y
+            if out is None:
+                frames = _out_frames(slices, y, t1 - t0)
+                shape = (*y.shape[:2], frames, *y.shape[3:])
+                out = canvas.empty(shape, y.dtype) if canvas is not None else \
+                    torch.empty(shape, dtype=y.dtype, device=y.device)
+            o0 = _out_start(slices, (t0, t1), y.shape[2], out.shape[2])
+            out[:, :, o0:o0 + y.shape[2]].copy_(y)
+            del y
             tick()
-    return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    return out
+
+
+def _out_frames(slices, y: torch.Tensor, first_len: int) -> int:
+    """Output frames of the global part over all `slices`: it maps frames one to one (latent resolution)."""
+    if y.shape[2] != first_len:
+        raise RuntimeError("the global part of an exact plan must keep the frame count (latent resolution)")
+    return slices[-1][1] - slices[0][0]
+
+
+def _out_start(slices, span: tuple[int, int], frames: int, total: int) -> int:
+    return min(span[0] - slices[0][0], total - frames)
 
 
 def run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, slices, geom: PassGeometry,
                out_scale: int, tick, dst_row0: int = 0, device: Optional[torch.device] = None,
-               retry: Optional[TileRetry] = None, grow: Optional[Callable[[int], None]] = None) -> None:
+               retry: Optional[TileRetry] = None, grow: Optional[Callable[[int], None]] = None,
+               sample: bool = False) -> None:
     """Every core's local chain into `dst`, which holds the output rows from latent row `dst_row0` on;
     `device`: where the chains run (default: `src`'s). With `retry` (and `grow`, which adds units of work
     to the progress total), a core that runs out of memory is redone as smaller cores — exact whatever the
-    partition — and the cores after it are split the same way; finished cores are kept."""
+    partition — and the cores after it are split the same way; finished cores are kept. `sample` (meta
+    predictions): each core's first two temporal steps and its last."""
     pending = deque(cores)
     budget = len(slices)  # units of work each core was counted for in the progress total
     done = 0
@@ -191,7 +245,7 @@ def run_tiles(plan: ExactPlan, src, dst, cores, res_in: Fraction, full_latent, s
         def run_core() -> None:
             with ExitStack() as stack:
                 chain = _TileChain(plan.local, plan.open_local, res_in, (ry, rx), full_latent, stack)
-                for t0, t1 in core_slices:
+                for t0, t1 in sampled(core_slices, sample):
                     y = chain.run(src[:, :, t0:t1], device)
                     o0, o1 = geom.out_frame_range(t0, t1)
                     r0, r1 = (ry[0] - dst_row0) * out_scale, (ry[1] - dst_row0) * out_scale

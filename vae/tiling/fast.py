@@ -14,6 +14,7 @@ import torch
 
 from ..base import CausalStream, Progress, check_temporal_slice, split_slices
 from ..oom import OutOfMemory, attempt
+from ..placement import OnDevice, Placement
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry
 
@@ -55,7 +56,8 @@ class PassGeometry:
 def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
               whole: Callable[[torch.Tensor], torch.Tensor], *, blend: int, temporal_slice: Optional[int],
               progress: Progress, accum_device: Optional[torch.device] = None,
-              retry: Optional[TileRetry] = None) -> torch.Tensor:
+              retry: Optional[TileRetry] = None, canvas: Optional[Placement] = None,
+              sample: bool = False) -> torch.Tensor:
     """Blend per-tile outputs into one pre-allocated fp32 accumulator; returns fp32.
 
     A tile done in one temporal slice runs `whole` (the model's whole-clip pass, which keeps no
@@ -67,26 +69,33 @@ def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: 
     With `retry`, a tile that runs out of memory is redone as a fast-tiled pass of its own crop at the
     shrunk size (frames it had already added are kept), and the tiles after it are run that way too;
     finished tiles are kept (vae/tiling/retry.py).
+
+    `canvas` allocates the accumulator (default: on `accum_device`, else `x`'s device). `sample` (meta
+    predictions, vae/planning): one tile of the largest size, its first two temporal steps and its last.
     """
     slices = geom.slices(x.shape[2], temporal_slice)
     counter = StepCounter(progress, len(grid) * len(slices))
-    return _blend_tiles(x, grid, geom, open_stream, whole, blend, temporal_slice, counter, accum_device, retry)
+    canvas = canvas or OnDevice(accum_device or x.device)
+    return _blend_tiles(x, grid, geom, open_stream, whole, blend, temporal_slice, counter, canvas, retry, sample)
 
 
 def _blend_tiles(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: Callable[[], CausalStream],
                  whole: Callable[[torch.Tensor], torch.Tensor], blend: int, temporal_slice: Optional[int],
-                 counter: StepCounter, accum_device: Optional[torch.device],
-                 retry: Optional[TileRetry]) -> torch.Tensor:
+                 counter: StepCounter, canvas: Placement, retry: Optional[TileRetry],
+                 sample: bool = False) -> torch.Tensor:
     b, _, t_in = x.shape[:3]
     h_lat, w_lat = grid.rows.length, grid.cols.length
     oh, ow = h_lat * geom.out_scale, w_lat * geom.out_scale
     t_out = geom.out_frames(t_in)
-    device = accum_device or x.device
-    out = torch.zeros(b, geom.out_channels, t_out, oh, ow, dtype=torch.float32, device=device)
-    weight = torch.zeros(oh, ow, dtype=torch.float32, device=device)
+    out = canvas.empty((b, geom.out_channels, t_out, oh, ow), torch.float32).zero_()
+    weight = canvas.empty((oh, ow), torch.float32).zero_()
+    device = out.device
     s_in, s_out = geom.in_scale, geom.out_scale
     budget = len(geom.slices(t_in, temporal_slice))  # units of work each tile was counted for
-    for i, j, r, c in grid:
+    tiles = list(grid)
+    if sample:  # the tile with the largest crop stands for all (each tile's temporaries are freed before the next)
+        tiles = [max(tiles, key=lambda t: t[2].size * t[3].size)]
+    for i, j, r, c in tiles:
         wy = grid.rows.weights(i, s_out, blend, device)
         wx = grid.cols.weights(j, s_out, blend, device)
         w2 = wy[:, None] * wx[None, :]
@@ -98,7 +107,7 @@ def _blend_tiles(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_strea
 
         def run_tile() -> None:
             with open_stream() as stream:
-                for t0, t1 in slices:
+                for t0, t1 in (slices if not sample or len(slices) <= 3 else [slices[0], slices[1], slices[-1]]):
                     y = whole(crop) if len(slices) == 1 else stream.step(crop[:, :, t0:t1])
                     o0, o1 = geom.out_frame_range(t0, t1)
                     out[:, :, o0:o1, ys, xs].addcmul_(y.to(device=device, dtype=torch.float32), w2)
@@ -117,7 +126,7 @@ def _blend_tiles(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_strea
         # own weight plane, at the current size
         sub = TileGrid.build(r.size, c.size, retry.tile_latent, blend // s_out)  # the pass's overlap, in latents
         counter.grow(len(sub) * len(geom.slices(t_in, retry.temporal_slice)) - (len(slices) - added[1]))
-        y = _blend_tiles(crop, sub, geom, open_stream, whole, blend, retry.temporal_slice, counter, device, retry)
+        y = _blend_tiles(crop, sub, geom, open_stream, whole, blend, retry.temporal_slice, counter, canvas, retry)
         out[:, :, added[0]:, ys, xs].addcmul_(y[:, :, added[0]:], w2)
         del y
         weight[ys, xs].add_(w2)

@@ -1,0 +1,10 @@
+"""Planning a pass before it runs: what runs (untiled, temporal slices, exact or fast tiles, frame stages, host
+memory), its predicted peak, its expected time; and running exactly that plan."""
+
+from .execute import run_plan
+from .plan import MODES, PassPlan
+from .predict import predict_plan
+from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, plan_pass
+
+__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "plan_pass", "predict_plan",
+           "run_plan"]

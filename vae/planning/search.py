@@ -1,0 +1,346 @@
+"""The planner: every way this package can run a pass, the fastest whose predicted peak fits the budget.
+
+Given the pass (shape, direction, dtype, the paths it will run on its device) and a budget (device memory the
+pass may use besides the weights and its input), it lists the plans the library can run — untiled with temporal
+slices; exact tiles; fast tiles when asked for; the model's frame stages; caches and output in host memory — each
+with its expected time (the cost model, vae/planning/cost.py), and predicts their peaks by running their own
+executor on meta tensors (vae/planning/predict.py). The fastest plan is taken when it fits (the common case).
+Otherwise, host memory level by level (none; the output; the output and the caches: copies cost time, so only
+where the device alone cannot hold a plan), each kind of plan (untiled, exact or fast tiles, with or without frame
+stages) is searched for its largest tile that fits, then its largest slice at that tile, and the fastest of those
+runs. Nothing that does not fit is run: a budget below every plan is `BudgetTooSmall`, naming the smallest budget
+that works and the plan that needs it.
+
+Why the taken plan's own prediction, never a neighbour's: a pass's peak is not monotone in its slice or tile (a
+slice that splits the clip into one more step can need less than a smaller one). Bisection over the tiles steers
+the search, so a non-monotone step may cost speed (a smaller tile than possible), never memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional
+
+import torch
+
+from ..base import VAEModel
+from ..exact_tiling import ExactPlan, partition
+from ..free_memory import FASTEST_SLICE
+from ..memory_budget import BudgetTooSmall
+from ..peak_memory import MetaPasses, PassPaths
+from ..tiling.grid import TileGrid
+from ..tiling.retry import MIN_TILE_LATENT
+from .cost import estimate_s
+from .plan import MB, MODES, PassPlan
+from .predict import conv_flops, predict_plan
+
+DEFAULT_TILE_PX = 512  # fast/exact tiles asked for without a size (ComfyUI's default too)
+DEFAULT_OVERLAP_PX = 64
+SLICE_LADDER = (16, 8, 4, 2, 1)  # temporal slices tried below the whole clip, in latent frames
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the caller fixed. `mode` "auto" (any exact plan; untiled when it fits), "exact" (exact tiles), "fast"
+    (blended tiles). `tile_px`: None — chosen in auto mode, DEFAULT_TILE_PX in exact/fast mode; 0 — chosen in any
+    mode; else that tile. `temporal_slice` None: chosen. `output_on_host` None: chosen; True/False: where the
+    caller wants the output. `host_is_separate`: whether host memory is apart from the budgeted memory (default:
+    everywhere but on the CPU, whose host memory is the same memory; the CPU proofs of GPU plans set it)."""
+
+    mode: str = "auto"
+    tile_px: Optional[int] = None
+    overlap_px: Optional[int] = None
+    temporal_slice: Optional[int] = None
+    max_temporal_slice: Optional[int] = None  # at most this many latents per step (e.g. for progress between steps)
+    output_on_host: Optional[bool] = None
+    allow_host: bool = True
+    allow_tiles: bool = True  # False: untiled plans only (benchmarks that measure the untiled pass)
+    host_is_separate: Optional[bool] = None
+
+
+def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
+              dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
+              copies: Optional[MetaPasses] = None) -> PassPlan:
+    """The fastest plan for a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for
+    encode; 5-D) whose predicted device peak fits `budget_bytes`; BudgetTooSmall when none does."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive integer number of bytes")
+    if request.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {request.mode!r}")
+    shape = tuple(int(d) for d in shape)
+    dtype = dtype or model.dtype
+    copies = copies or MetaPasses(model)
+    separate = request.host_is_separate if request.host_is_separate is not None else paths.device_type != "cpu"
+    cands = candidates(model, shape, decode=decode, dtype=dtype, device_type=paths.device_type, request=request,
+                       host_is_separate=separate)
+    if not cands:
+        raise ValueError(f"no {request.mode} plan exists for a {model.kind} "
+                         f"{'decode' if decode else 'encode'} of {shape}")
+    flops = copies.memo(("flops", shape, decode, dtype),
+                        lambda: pass_flops(model, shape, decode=decode, dtype=dtype, copies=copies))
+    held = copies.memo(("caches", shape, decode, dtype), lambda: cache_bytes(model, shape, decode=decode, dtype=dtype)) \
+        if any(c.cache_on_host for c in cands) else 0
+
+    def cost(c: PassPlan) -> float:
+        return estimate_s(model, c, flops, host_bytes=held if c.cache_on_host else 0)
+
+    def predicted(c: PassPlan) -> PassPlan:
+        return _predicted(model, c, copies, paths, budget_bytes, flops)
+
+    def fits(p: PassPlan) -> bool:
+        return _fits(p, budget_bytes, separate)
+
+    fastest = predicted(min(cands, key=cost))
+    if fits(fastest):
+        return fastest  # the common case: the fastest plan fits
+    held_bytes = held or cache_bytes(model, shape, decode=decode, dtype=dtype)
+    out_bytes = output_bytes(model, shape, decode=decode, dtype=dtype)
+    floor = fastest
+    for level in _host_levels(cands):  # host memory only where the device alone cannot hold a plan
+        best: Optional[PassPlan] = None
+        for group in _groups(level, cost):
+            if best is not None and min(cost(c) for c in group) >= best.cost_s:
+                break  # groups come cheapest first: none after this can beat the plan found
+            if _held_on_device(model, group[0], held_bytes, out_bytes) > budget_bytes:
+                continue  # what it must hold on the device alone is over the budget: no member fits
+            found, least = _best_in_group(group, predicted, fits)
+            floor = min(floor, least, key=lambda p: _need(p, separate))
+            if found is not None and (best is None or found.cost_s < best.cost_s):
+                best = found
+        if best is not None:
+            return best
+    # nothing fits: the smallest budget that works is the least of the thriftiest level's kinds, each predicted
+    for group in _groups(_host_levels(cands)[-1], cost):
+        least = predicted(_thriftiest(group))
+        floor = min(floor, least, key=lambda p: _need(p, separate))
+    raise BudgetTooSmall(_too_small(floor, budget_bytes, separate))
+
+
+def _thriftiest(group: list[PassPlan]) -> PassPlan:
+    """A kind's plan of the smallest tile and slice."""
+    return min(group, key=lambda c: (_size(c.tile_latent), _size(c.temporal_slice)))
+
+
+def _held_on_device(model: VAEModel, plan: PassPlan, caches: int, output: int) -> int:
+    """Bytes a plan holds on the device whatever its tile and slice (a lower bound of its peak): the output canvas
+    unless in host memory, and the whole-frame causal caches of an untiled or layer-wise pass unless in host
+    memory (exact staged tiles hold their tile's caches only)."""
+    held = 0 if plan.output_on_host else output
+    whole_frame_caches = plan.mode == "untiled" or (plan.mode == "exact" and
+                                                    not isinstance(model.exact_plan(decode=plan.decode), ExactPlan))
+    if whole_frame_caches and not plan.cache_on_host and plan.temporal_slice is not None or \
+            whole_frame_caches and plan.frame_stages and not plan.cache_on_host:
+        held += caches
+    return held
+
+
+def _host_levels(cands: list[PassPlan]) -> list[list[PassPlan]]:
+    """The candidates by how much they keep in host memory: nothing, the output, the output and the caches."""
+    levels: dict[tuple, list[PassPlan]] = {}
+    for c in cands:
+        levels.setdefault((c.cache_on_host, c.output_on_host), []).append(c)
+    return [levels[k] for k in sorted(levels)]
+
+
+def _groups(level: list[PassPlan], cost) -> list[list[PassPlan]]:
+    """A level's candidates by kind (untiled / exact / fast tiles, with or without frame stages), the group with the
+    cheapest member first."""
+    groups: dict[tuple, list[PassPlan]] = {}
+    for c in level:
+        groups.setdefault((c.mode, c.frame_stages), []).append(c)
+    return sorted(groups.values(), key=lambda g: min(cost(c) for c in g))
+
+
+def _size(v: Optional[int]) -> float:
+    return math.inf if v is None else v
+
+
+def _best_in_group(group: list[PassPlan], predicted, fits) -> tuple[Optional[PassPlan], PassPlan]:
+    """(the cheapest plan of one kind that fits, or None; its thriftiest plan, predicted). The largest tile that fits
+    at the smallest slice is found by bisection over the tiles, then every larger slice at that tile is predicted
+    (a slice's peak is not monotone in it: each is asked, none inferred). Bisection over tiles only steers the
+    search: every plan returned fits by its own prediction."""
+    tiles = sorted({c.tile_latent for c in group}, key=_size)  # smallest first; None (untiled) last
+    slices = sorted({c.temporal_slice for c in group}, key=_size)
+    by_key = {(c.tile_latent, c.temporal_slice): c for c in group}
+    smallest = slices[0]
+    least = predicted(_thriftiest(group))
+    if not fits(least):
+        return None, least
+    lo, hi = 0, len(tiles) - 1  # tiles[lo] fits; the largest index that fits, by bisection
+    best = least
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        cand = by_key.get((tiles[mid], smallest))
+        plan = predicted(cand) if cand is not None else None
+        if plan is not None and fits(plan):
+            lo, best = mid, plan
+        else:
+            hi = mid - 1
+    tile = best.tile_latent
+    for ts in slices[1:]:  # a larger slice at that tile: fewer steps, usually more memory
+        cand = by_key.get((tile, ts))
+        if cand is None:
+            continue
+        plan = predicted(cand)
+        if fits(plan) and plan.cost_s < best.cost_s:
+            best = plan
+    return best, least
+
+
+def _predicted(model: VAEModel, cand: PassPlan, copies: MetaPasses, paths: PassPaths, budget_bytes: int,
+               flops: float) -> PassPlan:
+    pred = predict_plan(copies, cand, paths)
+    cost = estimate_s(model, cand, flops, host_bytes=pred.host_bytes)
+    return replace(cand, predicted=pred, budget_bytes=budget_bytes, cost_s=cost)
+
+
+def _need(plan: PassPlan, separate: bool) -> int:
+    p = plan.predicted
+    return p.pass_bytes + (0 if separate else p.host_bytes)
+
+
+def _fits(plan: PassPlan, budget_bytes: int, separate: bool) -> bool:
+    """The predicted device peak within the budget; where host memory is the budgeted memory (the CPU), with the
+    host-held bytes added."""
+    return _need(plan, separate) <= budget_bytes
+
+
+def _too_small(floor: PassPlan, budget_bytes: int, separate: bool) -> str:
+    need = _need(floor, separate)
+    what = "decode" if floor.decode else "encode"
+    return (f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits the "
+            f"budget of {budget_bytes / MB:.0f} MB; the smallest needs {math.ceil(need / MB)} MB ({floor.layout()}). "
+            "Free memory on the device (unload other models), give the pass a budget of at least that "
+            "(vae.budget = turbovae.MemoryBudget(bytes), or budget_bytes=), or pass fewer frames or a smaller "
+            "frame per call")
+
+
+def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype, device_type: str,
+               request: PlanRequest, host_is_separate: bool) -> list[PassPlan]:
+    """Every plan the library can run for this pass under `request` (unpredicted)."""
+    fmt = model.latent_format
+    f = fmt.spatial_factor
+    h_lat, w_lat = (shape[-2], shape[-1]) if decode else (shape[-2] // f, shape[-1] // f)
+    latents = shape[2] if decode else fmt.latent_frames(shape[2])
+    exact = model.exact_plan(decode=decode)
+    staged = isinstance(exact, ExactPlan)
+    has_stages = model.frame_stages(decode=decode) is not None
+    overlap = _overlap(request)
+    base = dict(decode=decode, shape=shape, dtype=dtype, device_type=device_type, requested=request.mode,
+                latent_hw=(h_lat, w_lat), spatial_factor=f, overlap_px=overlap)
+    slices = _slices(latents, decode, device_type, request.temporal_slice, request.max_temporal_slice)
+    outputs = [request.output_on_host] if request.output_on_host is not None else \
+        ([False, True] if request.allow_host and host_is_separate else [False])
+    cache_opts = [False, True] if request.allow_host and host_is_separate else [False]
+    out: list[PassPlan] = []
+    for tile in _tiles(request, h_lat, w_lat, f):
+        if tile is None:
+            mode = "untiled"
+        elif request.mode == "fast" or exact is None:
+            mode = "fast"
+        else:
+            mode = "exact"
+        if tile is None:
+            tiles = 1
+        elif mode == "exact":
+            tiles = len(partition(h_lat, tile)) * len(partition(w_lat, tile))  # cores, no overlap
+        else:
+            tiles = len(TileGrid.build(h_lat, w_lat, tile, overlap // f))
+        if mode == "exact" and request.mode == "auto" and tiles == 1:
+            continue  # one exact tile is the untiled pass, listed already
+        stage_opts = [False, True] if has_stages and mode != "fast" and request.temporal_slice is None else [False]
+        for stages in stage_opts:
+            # staged exact tiles hold per-tile caches (small): host memory for them is not worth a copy
+            caches = [False] if mode == "exact" and staged or mode == "fast" else cache_opts
+            for ts in ([None] if stages else slices):
+                for on_host in outputs:
+                    for cache_host in caches:
+                        out.append(PassPlan(mode=mode, temporal_slice=ts, tile_latent=tile, tiles=tiles,
+                                            frame_stages=stages, cache_on_host=cache_host, output_on_host=on_host,
+                                            **base))
+    return out
+
+
+def _overlap(request: PlanRequest) -> int:
+    if request.overlap_px is not None:
+        return request.overlap_px
+    if request.tile_px:
+        return min(DEFAULT_OVERLAP_PX, request.tile_px // 4)
+    return DEFAULT_OVERLAP_PX
+
+
+def _slices(latents: int, decode: bool, device_type: str, fixed: Optional[int],
+            cap: Optional[int] = None) -> list[Optional[int]]:
+    """Temporal slices to try: the caller's; else the whole clip and the ladder below it, at most `cap` (a decode
+    on a device type with a measured fastest slice never above it: slicing is exact, so that is speed alone)."""
+    if fixed is not None:
+        return [None if fixed >= latents - 1 else fixed]
+    if latents <= 1:
+        return [None]
+    top = FASTEST_SLICE.get(device_type) if decode else None
+    if cap is not None:
+        top = cap if top is None else min(top, cap)
+    ks = sorted({k for k in (*SLICE_LADDER, top or 1) if k < latents - 1 and (top is None or k <= top)},
+                reverse=True)
+    whole = [None] if top is None or latents - 1 <= top else []
+    return [*whole, *ks]
+
+
+def _tiles(request: PlanRequest, h_lat: int, w_lat: int, f: int) -> list[Optional[int]]:
+    """Tile sides (latent px) to try; None is the whole frame."""
+    if request.tile_px:
+        return [max(MIN_TILE_LATENT, request.tile_px // f)]
+    if request.tile_px is None and request.mode != "auto":
+        return [max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f)]
+    # the whole frame first: untiled in auto mode, else one tile of its size (what exact/fast tiles of 0 px allow)
+    if not request.allow_tiles:
+        return [None]
+    ladder: list[Optional[int]] = [None] if request.mode == "auto" else [max(MIN_TILE_LATENT, h_lat, w_lat)]
+    side = max(h_lat, w_lat)
+    while side > MIN_TILE_LATENT:
+        side = max(MIN_TILE_LATENT, (side * 3) // 4)
+        if side < max(h_lat, w_lat):
+            ladder.append(side)
+    return ladder or [MIN_TILE_LATENT]
+
+
+def pass_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+               copies: MetaPasses) -> float:
+    """The untiled pass's conv FLOPs, counted on a clip of at most three latents and extended linearly (every
+    latent after the first costs the same)."""
+    fmt = model.latent_format
+    latents = shape[2] if decode else fmt.latent_frames(shape[2])
+
+    def of(n: int) -> float:
+        s = (*shape[:2], n if decode else fmt.pixel_frames(n), *shape[3:])
+        return conv_flops(model, s, decode=decode, dtype=dtype, copies=copies)
+
+    if latents <= 3:
+        return of(latents)
+    three, two = of(3), of(2)
+    return three + (latents - 3) * (three - two)
+
+
+def output_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype) -> int:
+    """Bytes of the pass's output (pixels of a decode, moments of an encode) in `dtype`."""
+    fmt = model.latent_format
+    b, _c, t, h, w = shape
+    f = fmt.spatial_factor
+    if decode:
+        n = b * fmt.image_channels * fmt.pixel_frames(t) * h * f * w * f
+    else:
+        n = b * 2 * fmt.channels * fmt.latent_frames(t) * (h // f) * (w // f)
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def cache_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype) -> int:
+    """Bytes of the causal caches an untiled step over the whole frame holds (`VAEModel.memory_layout`): what a
+    plan with caches in host memory keeps there."""
+    fmt = model.latent_format
+    h, w = shape[-2], shape[-1]
+    first = 2 if decode else 1 + fmt.temporal_factor
+    layout = model.memory_layout(decode=decode, batch=shape[0], height=h, width=w, first_frames=first)
+    esize = torch.empty((), dtype=dtype).element_size()
+    return sum(math.prod(s) for _name, s in layout) * esize

@@ -1,0 +1,199 @@
+"""`decode_tiled` / `encode_tiled`: passes run by a plan the caller can steer — tile size in pixels, three modes,
+within a memory budget, OOM-safe, with progress and cancel.
+
+Modes:
+- "auto" (default): the fastest exact plan whose predicted peak fits the budget (vae/planning): untiled when that
+  fits, else exact tiles, the model's frame stages, caches and output in host memory — equal to the untiled pass.
+- "exact": exact tiles (equal to the untiled pass, fp32 ≤ 1e-4) of `tile_px` (512 px by default; 0: sized by the
+  budget).
+- "fast": independent tiles blended with raised-cosine ramps (not exact; PSNR in the docs).
+On out-of-memory (any allocation failure `vae.oom` recognises) the tile that failed is redone at half the size and
+the finished tiles are kept (vae/tiling/retry.py); at the floor the temporal slice is halved; then a clear
+MemoryError states the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .api import TurboVAE, moments_to_latents
+from .base import Progress, check_temporal_slice
+from .oom import OutOfMemory, attempt
+from .planning import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, MODES, PassPlan, run_plan
+from .tiling.exact import supports_exact
+from .tiling.retry import MIN_TILE_LATENT, TileRetry
+
+__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MIN_TILE_LATENT", "MODES", "check_tiling", "decode_tiled",
+           "encode_tiled", "plan_tiling"]
+
+
+def check_tiling(tile_px: Optional[int], overlap_px: Optional[int], mode: str, spatial_factor: int,
+                 temporal_slice: Optional[int] = None) -> int:
+    """ValueError naming the fix for a mode, tile, overlap or temporal_slice the tiler cannot honour; returns the
+    overlap in pixels (`overlap_px=None`: 64 px, or a quarter of a smaller explicit tile)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if overlap_px is None:
+        overlap_px = min(DEFAULT_OVERLAP_PX, tile_px // 4) if isinstance(tile_px, int) and tile_px > 0 \
+            else DEFAULT_OVERLAP_PX
+    check_temporal_slice(temporal_slice)
+    f = spatial_factor
+    for name, value in (("tile_px", tile_px), ("overlap_px", overlap_px)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if tile_px is not None and tile_px < 0:
+        raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
+                         "from the memory budget")
+    if tile_px and tile_px < MIN_TILE_LATENT * f:
+        raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
+                         "(or 0 to size tiles from the memory budget)")
+    if overlap_px < 0:
+        raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
+    if tile_px and 2 * overlap_px >= tile_px:
+        raise ValueError(f"overlap_px={overlap_px} must be less than half the tile ({tile_px} px): tiles would "
+                         f"overlap their neighbours' neighbours; use overlap_px ≤ {tile_px // 2 - f}")
+    return overlap_px
+
+
+def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int], overlap_px: Optional[int],
+                mode: str, decode: bool, temporal_slice: Optional[int] = None, budget_bytes: Optional[int] = None,
+                output_device: Optional[torch.device] = None, device: Optional[torch.device] = None) -> PassPlan:
+    """The plan `decode_tiled` / `encode_tiled` run for input `shape` ([B, C, T, H, W] latents for decode, pixels
+    for encode, whose clip the encode pads to 1 + 4n frames; 4-D images too), the arguments checked as they check
+    them; under `budget_bytes` (default `vae.budget`; the nodes pass ComfyUI's), with the output on
+    `output_device`, the pass on `device` (default the model's)."""
+    overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 4:
+        shape = (shape[0], shape[1], 1, shape[2], shape[3])
+    if not decode:
+        tf = vae.temporal_factor
+        shape = (*shape[:2], shape[2] + (-(shape[2] - 1)) % tf, *shape[3:])  # the clip the encode pads to
+    if mode == "exact" and not supports_exact(vae.model, decode=decode):
+        raise ValueError(f"exact tiled {'decode' if decode else 'encode'} is not available for a {vae.kind} VAE; "
+                         "use mode='fast'")
+    return vae.plan(shape, decode=decode, mode=mode, tile_px=tile_px, overlap_px=overlap_px,
+                    temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device,
+                    device=device)
+
+
+def _tiled_pass(vae: TurboVAE, x: torch.Tensor, plan: PassPlan, *, progress: Progress,
+                output_device: Optional[torch.device]) -> torch.Tensor:
+    """Run `plan` (both directions) over validated `x` on the model's device and dtype, redoing a tile that runs
+    out of memory smaller (finished tiles kept); returns the output in the model's dtype."""
+    decode = plan.decode
+    what = "decode" if decode else "encode"
+    f = vae.spatial_factor
+    in_scale = 1 if decode else f
+    if (x.shape[-2] // in_scale, x.shape[-1] // in_scale) != plan.latent_hw or tuple(x.shape) != plan.shape:
+        raise ValueError(f"the plan was made for input {plan.shape}, this input is {tuple(x.shape)}; make the plan "
+                         "(plan_tiling) from this input's shape")
+    if plan.mode == "untiled":
+        with torch.inference_mode():
+            out = vae.run_decode(x, plan=plan, progress=progress, output_device=output_device) if decode else \
+                vae.run_encode(x, plan=plan, progress=progress, output_device=output_device)
+        return out.to(vae.dtype)
+    latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
+    retry = TileRetry(what, f, vae.device, plan.tile_latent, plan.temporal_slice, latent_frames)
+    whole = vae.tile_pass(decode=decode)
+
+    def run(retry: TileRetry) -> torch.Tensor:
+        with torch.inference_mode():
+            return run_plan(vae.model, x, plan, progress=progress, output_device=output_device, retry=retry,
+                            whole=whole)
+
+    while True:  # an out-of-memory that escaped the tile loop (the global part, a layer-wise plan): shrink, rerun
+        result = attempt(lambda: run(retry))
+        if not isinstance(result, OutOfMemory):
+            return result.to(vae.dtype)
+        retry.shrink(result)
+
+
+def _checked_plan(plan: PassPlan, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
+                  temporal_slice: Optional[int]) -> PassPlan:
+    """A plan handed in replaces the tiling arguments, so none may be given beside it (it would be ignored)."""
+    if not isinstance(plan, PassPlan):
+        raise ValueError(f"plan must be a PassPlan (from plan_tiling or TurboVAE.plan), got {type(plan).__name__}")
+    if plan.decode != decode:
+        raise ValueError(f"this is a{'n encode' if plan.decode else ' decode'} plan; make the plan with "
+                         f"decode={decode}")
+    given = [n for n, v, default in (("tile_px", tile_px, None), ("overlap_px", overlap_px, None),
+                                     ("mode", mode, "auto"), ("temporal_slice", temporal_slice, None)) if v != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} given beside a plan, which already holds them; pass either the plan "
+                         "or the tiling arguments")
+    return plan
+
+
+def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int] = None,
+                 overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
+                 progress: Progress = None, output_device: Optional[torch.device] = None,
+                 plan: Optional[PassPlan] = None, budget_bytes: Optional[int] = None) -> torch.Tensor:
+    """Decode raw latents as the plan for these arguments says (module docstring: the modes).
+
+    `tile_px=None`: 512 px in fast/exact mode, chosen by the budget in auto mode; `tile_px=0`: chosen by the budget
+    in any mode. `overlap_px` must be below half the tile; None: 64 px, or a quarter of a smaller tile. Both in
+    pixels (output pixels for decode, input pixels for encode), whatever the VAE's spatial factor.
+    `temporal_slice` None: chosen by the budget (`budget_bytes`, default `vae.budget`).
+
+    `progress(done, total)` is called after every step; an exception it raises (e.g. a UI interrupt) propagates
+    and leaves the model usable. `output_device` is where the output goes (e.g. CPU to keep a long clip off the
+    GPU: the plan then writes it there as it is made). Returns pixels in [-1, 1], model dtype.
+
+    `plan`: a `plan_tiling(..., decode=True)` made for these latents (what the nodes log), run as it is, in place
+    of the tiling arguments."""
+    if plan is not None:
+        plan = _checked_plan(plan, True, tile_px, overlap_px, mode, temporal_slice)
+    else:
+        check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+    squeeze = latents.ndim == 4
+    z = vae.check_latents(latents)
+    vae.check_decoded_size(z, output_device)
+    z = z.to(device=vae.device, dtype=vae.dtype)
+    if plan is None:
+        plan = plan_tiling(vae, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
+                           temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device)
+    out = _tiled_pass(vae, z, plan, progress=progress, output_device=output_device)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] = None,
+                 overlap_px: Optional[int] = None, mode: str = "auto", temporal_slice: Optional[int] = None,
+                 progress: Progress = None, sample: bool = False, generator: Optional[torch.Generator] = None,
+                 output_device: Optional[torch.device] = None, plan: Optional[PassPlan] = None,
+                 budget_bytes: Optional[int] = None) -> torch.Tensor:
+    """Encode pixels as the plan for these arguments says; returns raw latents (the posterior mean, or a sample).
+
+    Moments (mean ‖ log-variance) are blended by fast tiles, then the mean (or a posterior sample) is taken.
+    Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`
+    (`plan`: one made with decode=False)."""
+    if plan is not None:
+        plan = _checked_plan(plan, False, tile_px, overlap_px, mode, temporal_slice)
+    else:
+        check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+    squeeze = pixels.ndim == 4
+    x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
+    if plan is None:
+        plan = plan_tiling(vae, tuple(x.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=False,
+                           temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device)
+    moments = _tiled_pass(vae, x, plan, progress=progress, output_device=output_device)
+    out = moments_to_latents(moments, sample=sample, generator=generator)
+    return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], h_lat: int, w_lat: int, latent_frames: int, *,
+                        decode: bool, budget_bytes: Optional[int] = None) -> tuple[int, Optional[int]]:
+    """(tile side in latent pixels, temporal slice) of exact tiles for a pass that runs its own tiles (the parallel
+    passes): `tile_px` as asked (512 px when None), or (0) the plan's own for this budget."""
+    f = vae.spatial_factor
+    if tile_px:
+        return max(MIN_TILE_LATENT, tile_px // f), None
+    if tile_px is None:
+        return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f), None
+    fmt = vae.latent_format
+    shape = (1, fmt.channels, latent_frames, h_lat, w_lat) if decode else \
+        (1, fmt.image_channels, fmt.pixel_frames(latent_frames), h_lat * f, w_lat * f)
+    plan = vae.plan(shape, decode=decode, mode="exact", tile_px=0, budget_bytes=budget_bytes, allow_host=False)
+    return plan.tile_latent or max(h_lat, w_lat), plan.temporal_slice
