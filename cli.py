@@ -27,6 +27,7 @@ BENCH_SECTIONS = {
     "profile": "profile_layers",
     "bytes": "bytes_roofline",
     "cuts": "byte_cuts",
+    "budget": "budget",
 }
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).
@@ -263,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-mb", type=float, default=None,
                    help="memory the pass may use besides weights and input, in MB (default: the stated default "
                         "budget, docs/memory.md)")
-    p.add_argument("--mode", choices=("auto", "exact", "fast"), default="auto",
+    from .vae.planning import MODES as PLAN_MODES
+
+    p.add_argument("--mode", choices=PLAN_MODES, default="auto",
                    help="auto: any exact plan (default); exact: exact tiles; fast: blended tiles (not exact)")
     p.add_argument("--no-host-memory", action="store_true",
                    help="plans that keep caches and output on the device only")

@@ -208,10 +208,27 @@ def cuts_cells(row: Row) -> list[str]:
             _num(row.get("max_abs_err"), ".1e"), "×".join(str(d) for d in row.get("cpu_shape", ()))]
 
 
+BUDGET_HEADER = ("case", "budget", "budget MB", "plan", "time", "vs untiled", "peak MB (allocator)",
+                 "predicted MB", "host MB", "max abs diff vs untiled")
+
+
+def budget_cells(row: Row) -> list[str]:
+    """A budget row (bench/budget.py): the plan taken at a budget, its time, measured and predicted peaks."""
+    ms, base = float(row["ms"]), row.get("baseline_ms")
+    if not ms:  # no plan fits this budget: the floor the planner named
+        return [str(row["case"]), str(row["variant"]).removeprefix("budget "), _num(row.get("budget_mb"), ".0f"),
+                f"none fits ({row.get('note', '')})", "", "", "", "", "", ""]
+    return [str(row["case"]), str(row["variant"]).removeprefix("budget "), _num(row.get("budget_mb"), ".0f"),
+            str(row.get("plan", "")), _seconds(ms), f"{ms / float(base):.2f}x" if base else "",
+            _num(row.get("peak_mb"), ".0f"), _num(row.get("predicted_peak_mb"), ".0f"), _num(row.get("host_mb"), ".0f"),
+            _num(row.get("max_abs_err"), ".1e")]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
-           "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells)}
+           "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells),
+           "budget": (BUDGET_HEADER, budget_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):
@@ -287,6 +304,10 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
     rows = list(rows)
     if not rows:
         return "no rows; no chart written"
+    if all(table_of(r) == "budget" for r in rows):
+        from .budget import budget_chart  # time and peak against budget (bench/budget.py)
+
+        return budget_chart(rows, path)
     labels = [f"{r['case']}\n{r['variant']}"[:90] for r in rows]
     secs = [float(r["ms"]) / 1e3 for r in rows]
     colors = ["#9a9a9a" if c[3] == "reference" else "#d98c2b" if is_core(r) else "#2b7bba"

@@ -24,11 +24,11 @@ import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
 from ..vae.planning import PassPlan
-from ..vae.tiled import MIN_TILE_LATENT, check_tiling, decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+from ..vae.tiled import MIN_TILE_LATENT, decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
-from .pass_budget import plan_in_comfy, plan_item
+from .pass_budget import plan_item, tiled_plan
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_cap, progress_callback
 
@@ -252,15 +252,9 @@ class ComfyTurboVAE:
 
     def tiled_plan(self, shape, *, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
                    temporal_slice: Optional[int]) -> PassPlan:
-        """The plan of a tiled pass of ours over `shape` (the whole batch at once) under the ComfyUI budget, the
-        arguments checked as `decode_tiled` checks them, the output into ComfyUI's intermediate device."""
-        overlap_px = check_tiling(tile_px, overlap_px, mode, self.turbo.spatial_factor, temporal_slice)
-        shape = tuple(int(d) for d in shape)
-        if not decode:
-            t = shape[2]
-            shape = (*shape[:2], t + (-(t - 1)) % self.turbo.temporal_factor, *shape[3:])
-        return plan_in_comfy(self.turbo, shape, self.device, decode=decode, mode=mode, tile_px=tile_px,
-                             overlap_px=overlap_px, temporal_slice=temporal_slice, output_device=self.output_device)
+        """The plan of a tiled pass of ours over `shape` (nodes/pass_budget.py `tiled_plan`)."""
+        return tiled_plan(self.turbo, shape, self.device, decode=decode, tile_px=tile_px, overlap_px=overlap_px,
+                          mode=mode, temporal_slice=temporal_slice, output_device=self.output_device)
 
     def load_for_parallel(self, shape, *, decode: bool, tile_px: Optional[int],
                           temporal_slice: Optional[int]) -> PassPlan:
@@ -273,8 +267,7 @@ class ComfyTurboVAE:
         return plan
 
     def latents_for_pass(self, samples: torch.Tensor) -> torch.Tensor:
-        """Checked raw latents for a pass of ours that plans and loads itself (the tiled nodes, the multi-GPU
-        nodes)."""
+        """Checked raw latents for a pass of ours that plans and loads itself (tiled, multi-GPU nodes)."""
         self.throw_exception_if_invalid()
         return self._check_latents(samples)
 

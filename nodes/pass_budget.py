@@ -10,6 +10,7 @@ model management could free by unloading other models and asks it for the plan's
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 
@@ -19,6 +20,7 @@ from ..vae.api import TurboVAE
 from ..vae.free_memory import USABLE_FRACTION
 from ..vae.memory_budget import BudgetTooSmall
 from ..vae.planning import PassPlan
+from ..vae.tiled import check_tiling
 from .device_memory import budget_source, freeable_bytes
 
 log = logging.getLogger("turbovae")
@@ -83,3 +85,17 @@ def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log
     """`plan_in_comfy` for the pass one node call runs over input `shape` (`item_shape`)."""
     return plan_in_comfy(turbo, item_shape(turbo, shape, decode=decode), device, decode=decode, log_it=log_it,
                          **request)
+
+
+def tiled_plan(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, tile_px: Optional[int],
+               overlap_px: Optional[int], mode: str, temporal_slice: Optional[int],
+               output_device: Optional[torch.device] = None) -> PassPlan:
+    """The plan of a tiled pass of ours over `shape` (the whole batch at once) under the ComfyUI budget, the arguments
+    checked as `decode_tiled` checks them (an encode's clip padded to 1 + 4n frames)."""
+    overlap_px = check_tiling(tile_px, overlap_px, mode, turbo.spatial_factor, temporal_slice)
+    shape = tuple(int(d) for d in shape)
+    if not decode:
+        t = shape[2]
+        shape = (*shape[:2], t + (-(t - 1)) % turbo.temporal_factor, *shape[3:])
+    return plan_in_comfy(turbo, shape, device, decode=decode, mode=mode, tile_px=tile_px, overlap_px=overlap_px,
+                         temporal_slice=temporal_slice, output_device=output_device)

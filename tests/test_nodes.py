@@ -32,9 +32,9 @@ from turbovae.nodes.paths import UnsafePathError, register_tensorrt_folder, reso
 from turbovae.nodes.tiled_nodes import TurboVAETiledDecode, TurboVAETiledEncode  # noqa: E402
 
 # The doubles exactly as the node modules bound them (another test module may have imported them first).
-from turbovae.nodes import comfy_vae as _cv, paths as _paths  # noqa: E402
+from turbovae.nodes import comfy_vae as _cv, paths as _paths, progress as _progress  # noqa: E402
 
-mm, comfy, folder_paths = _cv.mm, _cv.comfy, _paths.folder_paths
+mm, comfy, folder_paths = _cv.mm, _progress.comfy, _paths.folder_paths
 node_helpers.hide_comfy_stubs()
 
 NODES_DIR = Path(loader_nodes.__file__).parent
@@ -193,9 +193,10 @@ def test_vae_loaded_and_run_under_inference_mode_like_comfyui(name):
         assert out.shape == (5, 32, 32, 3)
 
 
-def test_memory_estimate_is_the_predicted_peak_of_the_slice_the_comfyui_budget_allows(caplog):
-    """memory_used_decode is the predicted peak of one slice step chosen under ComfyUI's free memory, not of the
-    whole clip; a tighter budget gives a smaller slice and a smaller figure; decode logs what it will need."""
+def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
+    """memory_used_decode is the predicted peak of the plan core VAE Decode runs under ComfyUI's budget (so core does
+    not tile on top of us): within the budget, less than the untiled whole clip for a long clip, smaller under a
+    tighter budget; decode logs the plan, its predicted peak and where the budget came from."""
     from turbovae.nodes.pass_budget import comfy_budget_bytes
     from turbovae.vae.peak_memory import predict_pass
 
@@ -207,19 +208,41 @@ def test_memory_estimate_is_the_predicted_peak_of_the_slice_the_comfyui_budget_a
         mm.free_memory_bytes = 8 * 2**30
         budget = comfy_budget_bytes(vae.turbo, vae.device)
         long_clip = vae.memory_used_decode(long_shape, torch.bfloat16)
-        plan = vae.turbo.plan_temporal_slice(long_shape, decode=True, budget_bytes=budget, device=vae.device)
-        assert long_clip == plan.predicted.pass_bytes <= budget
+        assert long_clip <= budget
         assert long_clip < predict_pass(vae.turbo.model, long_shape, decode=True).pass_bytes  # not the whole clip
-        one = vae.memory_used_decode((1, c, 1, 32, 32), torch.bfloat16)
-        assert one == predict_pass(vae.turbo.model, (1, c, 1, 32, 32), decode=True).pass_bytes
-        mm.free_memory_bytes = int(long_clip * 0.9 / 0.6)  # the slice that fitted no longer does
+        mm.free_memory_bytes = int(long_clip * 0.9 / 0.6)  # the plan that fitted no longer does
         tight = vae.memory_used_decode(long_shape, torch.bfloat16)
-        assert tight < long_clip
+        assert tight < long_clip and tight <= comfy_budget_bytes(vae.turbo, vae.device)
         with caplog.at_level("INFO", logger="turbovae"):
             vae.decode(torch.randn(1, c, 3, 4, 4))
         assert any("predicted peak" in r.getMessage() and "ComfyUI" in r.getMessage() for r in caplog.records)
     finally:
         mm.free_memory_bytes = saved
+
+
+def test_tiled_node_plans_first_then_asks_for_the_plans_peak():
+    """The tiled decode asks model management for the peak of the plan it runs (review item: it asked for a square
+    of the frame's longer side before planning, 31 GB for a 720p frame that needs 17.6)."""
+    vae = _vae("qwen_image_tiny.safetensors")
+    z = torch.randn(1, vae.latent_channels, 3, 8, 24)
+    before = len(mm.load_calls)
+    vae.decode_tiled_px(z, tile_px=0, overlap_px=16, mode="auto", temporal_slice=None)
+    asked = mm.load_calls[before]["memory_required"]
+    plan = vae.tiled_plan(z.shape, decode=True, tile_px=0, overlap_px=16, mode="auto", temporal_slice=None)
+    assert asked == plan.predicted.pass_bytes
+    assert vae.last_report.how == plan.layout() and vae.last_report.predicted_mb == asked / 2**20
+
+
+def test_encode_plans_every_clip_of_a_batch():
+    """A 5-D IMAGE of B clips encodes them together, so its plan is for B clips (review item: it planned one)."""
+    from turbovae.nodes.pass_budget import item_shape
+
+    vae = _vae("qwen_image_tiny.safetensors")
+    assert item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False)[0] == 3
+    assert item_shape(vae.turbo, (3, vae.latent_channels, 5, 8, 8), decode=True)[0] == 1  # latents: item by item
+    one = vae.memory_used_encode((1, 3, 5, 64, 64), torch.float32)
+    three = vae.memory_used_encode((3, 3, 5, 64, 64), torch.float32)
+    assert three > one
 
 
 def test_loader_dtype_choice_and_validation():
@@ -508,15 +531,16 @@ def test_nodes_report_mode_tiles_backend_and_time(name, caplog):
         out = TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=64, overlap=16, mode="auto")
     report = vae.last_report
     chosen = "exact" if supports_exact(vae.turbo.model, decode=True) else "fast"
-    assert report.how == f"auto: {chosen} tiles 64 px ×2" and len(calls) >= 2  # 96 px wide: two 64 px tiles
+    assert report.how == f"{chosen} tiles 64 px ×2, whole clip" and len(calls) >= 2  # 96 px wide: two 64 px tiles
+    assert report.requested == "auto" and report.predicted_mb > 0
     assert report.what == "decode" and report.backend == "PyTorch" and report.seconds > 0
     assert out.ui == {"text": [report.line()]} and report.line() in caplog.text
     TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=256, overlap=16, mode="auto")
-    assert vae.last_report.how == "auto: untiled"
+    assert vae.last_report.how == "untiled, whole clip"
     enc = TurboVAETiledEncode.execute(pixels=torch.rand(1, 64, 64, 3), vae=vae, tile_size=0, mode="fast")
-    assert vae.last_report.what == "encode" and enc.ui["text"][0].startswith("TurboVAE encode: fast: ")
+    assert vae.last_report.what == "encode" and enc.ui["text"][0].startswith("TurboVAE encode (fast): ")
     vae.decode(z)  # core VAE Decode
-    assert vae.last_report.how == "untiled" and "temporal slice auto" in vae.last_report.line()
+    assert vae.last_report.how == "untiled, whole clip" and "predicted" in vae.last_report.line()
 
 
 def test_core_vae_decode_shows_progress_and_stops_on_cancel():
@@ -600,7 +624,7 @@ def test_fixed_combo_options_are_the_librarys_tables():
     from turbovae.vae.accel import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
     from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
-    from turbovae.vae.tiling.tiler import MODES as TILE_MODES
+    from turbovae.vae.tiled import MODES as TILE_MODES
 
     library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
                compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC), COMPILE_ARCHITECTURES}

@@ -20,9 +20,9 @@ from turbovae.nodes import all_nodes  # noqa: E402
 from turbovae.nodes.comfy_vae import ComfyTurboVAE  # noqa: E402
 from turbovae.nodes.parallel_nodes import TurboVAEMultiGPUDecode, TurboVAEMultiGPUEncode  # noqa: E402
 from turbovae.nodes.tiled_nodes import TurboVAETiledDecode, TurboVAETiledEncode  # noqa: E402
-from turbovae.nodes import comfy_vae as _cv  # noqa: E402
+from turbovae.nodes import comfy_vae as _cv, progress as _progress  # noqa: E402
 
-mm, comfy = _cv.mm, _cv.comfy
+mm, comfy = _cv.mm, _progress.comfy
 node_helpers.hide_comfy_stubs()
 
 

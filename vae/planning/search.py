@@ -235,7 +235,11 @@ def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
         ([False, True] if request.allow_host and host_is_separate else [False])
     cache_opts = [False, True] if request.allow_host and host_is_separate else [False]
     out: list[PassPlan] = []
-    for tile in _tiles(request, h_lat, w_lat, f):
+    tiles_asked = _tiles(request, h_lat, w_lat, f)
+    if request.mode == "auto":  # one tile covering the frame is the untiled pass
+        tiles_asked = list(dict.fromkeys(None if t is not None and t >= max(h_lat, w_lat) else t
+                                         for t in tiles_asked))
+    for tile in tiles_asked:
         if tile is None:
             mode = "untiled"
         elif request.mode == "fast" or exact is None:

@@ -1,0 +1,255 @@
+"""The GPU proof of the planner (issue 40 item 7): each case in its own process under a per-process memory limit
+(`torch.cuda.set_per_process_memory_fraction`: the caching allocator refuses anything past it, as a smaller card
+would), planned under a budget, run, and measured by the allocator (`max_memory_allocated` above the weights and
+input) — no out-of-memory, the measured peak within the budget, the time beside the unconstrained pass's.
+
+    python -m turbovae.bench.budget_gpu --out DIR [--budget-s 480] [--only a,b]   # on a GPU, priority order
+    python -m turbovae.bench.budget_gpu --out DIR --dry-run                       # CPU, tiny configs, same steps
+
+The results file (DIR/budget-gpu.json) is rewritten after every case, so a call cut short keeps every finished
+case; a case that would not finish inside what is left of `--budget-s` is recorded as skipped, never started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+GB = 2**30
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class GpuCase:
+    """`family` (registry key), a pass over `frames` pixel frames of `height`×`width`, planned under `budget_gb`
+    in a process limited to `limit_gb` of device memory (None: unconstrained, the default budget); `expected_s` what
+    it should take on an H100/H200 (the start, the model's build and the pass), `kinds`: what it checks."""
+
+    key: str
+    family: str
+    decode: bool
+    frames: int
+    height: int
+    width: int
+    budget_gb: Optional[float]
+    limit_gb: Optional[float]
+    expected_s: float
+    check: str = "budget"  # "budget": plan, run, measure; "kinds": every plan kind at a small size vs untiled
+
+
+CASES = (
+    GpuCase("kinds-seedvr2", "seedvr2", True, 9, 256, 384, None, None, 40, check="kinds"),
+    GpuCase("kinds-qwen", "qwen_image", True, 9, 256, 384, None, None, 30, check="kinds"),
+    GpuCase("seedvr2-dec-1080p81-6g", "seedvr2", True, 81, 1080, 1920, 6, 8, 150),
+    GpuCase("wan21-dec-1080p81-6g", "qwen_image", True, 81, 1080, 1920, 6, 8, 60),
+    GpuCase("wan22-dec-1088x1920x81-6g", "wan2.2", True, 81, 1088, 1920, 6, 8, 60),
+    GpuCase("seedvr2-dec-720p21-12g", "seedvr2", True, 21, 720, 1280, 12, 16, 40),
+    GpuCase("seedvr2-dec-720p21-free", "seedvr2", True, 21, 720, 1280, None, None, 40),
+    GpuCase("wan21-dec-720p81-10g", "qwen_image", True, 81, 720, 1280, 10.3, 12, 40),
+    GpuCase("wan21-dec-720p81-free", "qwen_image", True, 81, 720, 1280, None, None, 40),
+    GpuCase("seedvr2-enc-1080p81-6g", "seedvr2", False, 81, 1080, 1920, 6, 8, 120),
+    GpuCase("wan21-enc-1080p81-6g", "qwen_image", False, 81, 1080, 1920, 6, 8, 60),
+    GpuCase("wan22-enc-1088x1920x81-6g", "wan2.2", False, 81, 1088, 1920, 6, 8, 60),
+    GpuCase("seedvr2-dec-720p81-4g", "seedvr2", True, 81, 720, 1280, 4, 6, 90),
+    GpuCase("wan21-dec-720p81-4g", "qwen_image", True, 81, 720, 1280, 4, 6, 40),
+    GpuCase("wan21-dec-720p81-24g", "qwen_image", True, 81, 720, 1280, 24, 24, 40),
+    GpuCase("wan21-dec-720p81-12g", "qwen_image", True, 81, 720, 1280, 12, 12, 40),
+    GpuCase("wan21-dec-720p81-8g", "qwen_image", True, 81, 720, 1280, 8, 8, 40),
+)
+DRY = {"frames": 9, "height": 64, "width": 96}  # the dry run's size (tiny configs), budgets scaled below
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def run_case(case: GpuCase, dry: bool) -> dict:
+    """One case, in this process: the row it measured."""
+    import torch
+
+    from ..vae.allocator_peak import measure_peak
+    from ..vae.api import TurboVAE
+    from ..vae.memory_budget import BudgetTooSmall
+    from ..vae.planning import PassPlan
+    from ..vae.registry import family
+    from .common import environment
+    from .models import seeded_init
+
+    device = torch.device("cpu" if dry else "cuda")
+    dtype = torch.float32 if dry else torch.bfloat16
+    t0 = _now()
+    if case.limit_gb is not None and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, case.limit_gb * GB / total), device)
+    fam = family(case.family)
+    model = seeded_init(fam.build_model(fam.config(real=not dry))).eval().to(device=device, dtype=dtype)
+    vae = TurboVAE(model)
+    fmt = vae.latent_format
+    frames, height, width = (DRY["frames"], DRY["height"], DRY["width"]) if dry else \
+        (case.frames, case.height, case.width)
+    f = fmt.spatial_factor
+    g = torch.Generator().manual_seed(0)
+    if case.decode:
+        x = torch.randn(1, fmt.channels, fmt.latent_frames(frames), height // f, width // f, generator=g)
+    else:
+        x = torch.randn(1, fmt.image_channels, frames, height, width, generator=g).clamp_(-1, 1)
+    x = x.to(device=device, dtype=dtype)
+    row = {"case": case.key, "family": case.family, "decode": case.decode, "shape": list(x.shape),
+           "dtype": str(dtype), "limit_gb": case.limit_gb, "budget_gb": case.budget_gb,
+           "environment": environment(), "build_s": round(_now() - t0, 1)}
+    if case.check == "kinds":
+        row["kinds"] = _kinds(vae, x, case.decode, device)
+        row["status"] = "done"
+        return row
+    budget = None
+    if case.budget_gb is not None:
+        budget = int(case.budget_gb * GB) if not dry else int(case.budget_gb * 4 * MB)
+    t = _now()
+    try:
+        plan: PassPlan = vae.plan(tuple(x.shape), decode=case.decode, budget_bytes=budget)
+    except BudgetTooSmall as e:
+        row.update(status="no plan", error=str(e))
+        return row
+    row.update(plan=plan.describe(), layout=plan.layout(), plan_s=round(_now() - t, 1),
+               predicted_mb=plan.predicted.pass_bytes / MB, host_mb=plan.predicted.host_bytes / MB,
+               budget_mb=plan.budget_bytes / MB)
+
+    def once():
+        with torch.inference_mode():
+            return vae.run_decode(x, plan=plan) if case.decode else vae.run_encode(x, plan=plan)
+
+    t = _now()
+    try:
+        peak, out = measure_peak(once, device)
+    except Exception as e:  # noqa: BLE001 - the row records any failure, out-of-memory included
+        row.update(status="failed", error=f"{type(e).__name__}: {str(e)[:400]}", seconds=round(_now() - t, 2))
+        return row
+    row.update(status="done", seconds=round(_now() - t, 3), measured_mb=peak.device_bytes / MB,
+               within_budget=peak.device_bytes <= plan.budget_bytes, measured_by=peak.source,
+               finite=bool(torch.isfinite(out.float()).all()))
+    del out
+    return row
+
+
+def _kinds(vae, x, decode: bool, device) -> list[dict]:
+    """Every plan kind the library has at a small size on this device: equal to the untiled pass (PSNR), its
+    allocator peak beside its prediction."""
+    import torch
+
+    from ..vae.allocator_peak import measure_peak
+    from ..vae.planning import PassPlan, predict_plan, run_plan
+    from .common import max_abs, psnr
+
+    fmt = vae.latent_format
+    hw = (x.shape[-2], x.shape[-1]) if decode else (x.shape[-2] // fmt.spatial_factor, x.shape[-1] // fmt.spatial_factor)
+    base = dict(decode=decode, shape=tuple(x.shape), dtype=vae.dtype, device_type=device.type, latent_hw=hw,
+                spatial_factor=fmt.spatial_factor)
+    kinds = [dict(mode="untiled", temporal_slice=1), dict(mode="untiled", temporal_slice=1, cache_on_host=True,
+                                                          output_on_host=True),
+             dict(mode="exact", temporal_slice=1, tile_latent=max(8, hw[0] // 2)),
+             dict(mode="exact", temporal_slice=1, tile_latent=max(8, hw[0] // 2), output_on_host=True)]
+    if vae.model.frame_stages(decode=decode) is not None:
+        kinds += [dict(mode="untiled", frame_stages=True), dict(mode="untiled", frame_stages=True, cache_on_host=True),
+                  dict(mode="exact", frame_stages=True, tile_latent=max(8, hw[0] // 2), cache_on_host=True,
+                       output_on_host=True)]
+    with torch.inference_mode():
+        ref = vae.model.decode_latents(x) if decode else vae.model.encode_moments(x)
+    rows = []
+    paths = vae._paths(device)  # noqa: SLF001
+    for kind in kinds:
+        plan = PassPlan(**base, **kind)
+        entry = {"layout": plan.layout()}
+        try:
+            pred = predict_plan(vae._meta(), plan, paths)  # noqa: SLF001
+            with torch.inference_mode():
+                run_plan(vae.model, x, plan)  # warm-up: kernels chosen, compiled
+                peak, out = measure_peak(lambda: run_plan(vae.model, x, plan), device)
+            out = out.to(ref.device)
+            entry.update(predicted_mb=pred.pass_bytes / MB, measured_mb=peak.device_bytes / MB,
+                         host_mb=pred.host_bytes / MB, max_abs=max_abs(out, ref), psnr_db=psnr(out, ref))
+        except Exception as e:  # noqa: BLE001
+            entry.update(error=f"{type(e).__name__}: {str(e)[:300]}", trace=traceback.format_exc()[-800:])
+        rows.append(entry)
+    return rows
+
+
+def orchestrate(out_dir: Path, budget_s: float, only: Optional[set], dry: bool) -> int:
+    """Every case in priority order, each in a fresh process with its own timeout, the results file rewritten after
+    each; returns 0."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "budget-gpu.json"
+    start = _now()
+    results = {"script": "python -m turbovae.bench.budget_gpu", "dry_run": dry, "cases": []}
+    for case in CASES:
+        if only and case.key not in only:
+            continue
+        left = budget_s - (_now() - start)
+        entry = {"case": case.key, "spec": asdict(case)}
+        if left < case.expected_s:
+            entry.update(status="skipped", why=f"{left:.0f} s left of the call's budget, the case expects "
+                                               f"{case.expected_s:.0f} s")
+            results["cases"].append(entry)
+            _write(path, results)
+            continue
+        argv = [sys.executable, "-m", "turbovae.bench.budget_gpu", "--case", case.key] + (["--dry-run"] if dry else [])
+        t = _now()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=max(30.0, min(left, 3 * case.expected_s)),
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+            try:
+                entry.update(json.loads(line))
+            except ValueError:
+                entry.update(status="crashed", returncode=proc.returncode, stderr=proc.stderr[-2000:])
+        except subprocess.TimeoutExpired:
+            entry.update(status="timed out", seconds=round(_now() - t, 1))
+        entry["wall_s"] = round(_now() - t, 1)
+        results["cases"].append(entry)
+        _write(path, results)
+        print(json.dumps({k: entry.get(k) for k in ("case", "status", "layout", "seconds", "measured_mb",
+                                                     "predicted_mb", "budget_mb", "within_budget", "error")}),
+              flush=True)
+    results["complete"] = True
+    _write(path, results)
+    return 0
+
+
+def _write(path: Path, payload: dict) -> None:
+    from ..engines.fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(payload, indent=1, default=str), overwrite=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m turbovae.bench.budget_gpu", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="folder of the results file (orchestrator)")
+    ap.add_argument("--case", help="run one case in this process and print its row (the orchestrator's child)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="seconds the whole run may take")
+    ap.add_argument("--only", default="", help="comma-separated case keys")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny configs, small sizes: the same steps")
+    args = ap.parse_args(argv)
+    if args.case:
+        case = next(c for c in CASES if c.key == args.case)
+        try:
+            row = run_case(case, args.dry_run)
+        except Exception as e:  # noqa: BLE001 - the orchestrator reads one JSON line
+            row = {"case": case.key, "status": "failed", "error": f"{type(e).__name__}: {str(e)[:400]}",
+                   "trace": traceback.format_exc()[-1500:]}
+        print(json.dumps(row, default=str), flush=True)
+        return 0
+    if args.out is None:
+        ap.error("--out is required (or --case)")
+    only = {k for k in args.only.split(",") if k} or None
+    return orchestrate(args.out, args.budget_s, only, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
