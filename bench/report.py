@@ -224,11 +224,23 @@ def budget_cells(row: Row) -> list[str]:
             _num(row.get("max_abs_err"), ".1e")]
 
 
+PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s")
+
+
+def plans_cells(row: Row) -> list[str]:
+    """A planner row (bench/plans_table.py): the plan taken, or the smallest budget that works."""
+    if not row.get("fits"):
+        return [str(row["case"]), str(row["variant"]), f"none fits: needs {_num(row.get('floor_mb'), '.0f')} MB "
+                f"({row.get('floor_plan', '')})", "", "", ""]
+    return [str(row["case"]), str(row["variant"]), str(row.get("plan", "")), _num(row.get("pass_mb"), ".0f"),
+            _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f")]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
            "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells),
-           "budget": (BUDGET_HEADER, budget_cells)}
+           "budget": (BUDGET_HEADER, budget_cells), "plans": (PLANS_HEADER, plans_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):

@@ -170,13 +170,19 @@ class CausalMemory(CausalState):
         self._pos += 1
         return self.fetch_held(t) if fetch else t
 
-    def new_held(self, shape: Sequence[int], dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+    def new_held(self, shape: Sequence[int], dtype: torch.dtype, device: Optional[torch.device] = None, *,
+                 frame_major: bool = False) -> torch.Tensor:
         """An empty memory tensor where this pass keeps its memory (host memory under a host placement, else on
-        `device`, default the placement's), for a caller that fills it piece by piece (`put(..., held=True)`)."""
+        `device`, default the placement's), for a caller that fills it piece by piece (`put(..., held=True)`);
+        `frame_major`: stored frame by frame ([B, C, T, H, W] viewed from [B, T, C, H, W]), so a run of frames is
+        one dense range."""
         if self.placement is not None and self.placement.on_host:
-            return self.placement.held_empty(shape, dtype)
-        return torch.empty(tuple(shape), dtype=dtype, device=device if device is not None else
-                           (self.placement.device if self.placement is not None else None))
+            return self.placement.held_empty(shape, dtype, frame_major=frame_major)
+        where = device if device is not None else (self.placement.device if self.placement is not None else None)
+        if frame_major:
+            b, c, t, h, w = shape
+            return torch.empty((b, t, c, h, w), dtype=dtype, device=where).permute(0, 2, 1, 3, 4)
+        return torch.empty(tuple(shape), dtype=dtype, device=where)
 
     def fetch_held(self, t: torch.Tensor) -> torch.Tensor:
         """A held memory tensor (or a part of one) where the pass computes."""

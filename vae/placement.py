@@ -39,9 +39,9 @@ class Placement(Protocol):
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A new contiguous buffer where this placement keeps things (output canvases)."""
 
-    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
         """A new buffer for state `hold` would keep, filled by its maker (pinned host memory on CUDA: the fetches
-        that read it back are asynchronous)."""
+        that read it back are asynchronous); `frame_major`: a [B, C, T, H, W] buffer stored frame by frame."""
 
 
 class OnDevice:
@@ -61,8 +61,8 @@ class OnDevice:
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=dtype, device=self.device)
 
-    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return self.empty(shape, dtype)
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
+        return _frame_major(self.empty, shape, dtype) if frame_major else self.empty(shape, dtype)
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, *, pinned: bool) -> torch.Tensor:
@@ -75,6 +75,17 @@ def host_empty(shape: Sequence[int], dtype: torch.dtype, *, pinned: bool) -> tor
     return raw.view(dtype).view(shape)
 
 
+def host_like(t: torch.Tensor, *, pinned: bool) -> torch.Tensor:
+    """A host buffer (`host_empty`) of `t`'s shape, and of its strides where `t` is dense (channels-last stays
+    channels-last), so copies between the two are single dense transfers."""
+    dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last_3d) if t.ndim == 5 else \
+        t.is_contiguous()
+    buf = host_empty((t.numel(),), t.dtype, pinned=pinned)
+    if dense:
+        return buf.as_strided(t.shape, t.stride())
+    return buf.view(t.shape)
+
+
 class OnHost:
     """Held tensors live in host memory; `fetch` copies one to the compute device (nothing on the CPU)."""
 
@@ -85,8 +96,8 @@ class OnHost:
         self._pinned = self.device.type == "cuda"
 
     def hold(self, t: torch.Tensor) -> torch.Tensor:
-        buf = host_empty(t.shape, t.dtype, pinned=self._pinned)
-        buf.copy_(t, non_blocking=self._pinned)
+        buf = host_like(t, pinned=self._pinned)
+        buf.copy_(t, non_blocking=self._pinned)  # the same strides on both sides: one dense copy
         return buf
 
     def fetch(self, t: torch.Tensor) -> torch.Tensor:
@@ -97,8 +108,11 @@ class OnHost:
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return host_empty(shape, dtype, pinned=False)
 
-    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return host_empty(shape, dtype, pinned=self._pinned)
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
+        def make(s, d):
+            return host_empty(s, d, pinned=self._pinned)
+
+        return _frame_major(make, shape, dtype) if frame_major else make(shape, dtype)
 
 
 class OnMetaHost:
@@ -128,8 +142,14 @@ class OnMetaHost:
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         return self._host(shape, dtype)
 
-    def held_empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return self._host(shape, dtype)
+    def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
+        return _frame_major(self._host, shape, dtype) if frame_major else self._host(shape, dtype)
+
+
+def _frame_major(make, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """`make`'s buffer of [B, T, C, H, W] viewed as the [B, C, T, H, W] `shape`: each frame one dense block."""
+    b, c, t, h, w = shape
+    return make((b, t, c, h, w), dtype).permute(0, 2, 1, 3, 4)
 
 
 _CACHE_PLACEMENT: ContextVar[Optional[Placement]] = ContextVar("turbovae_cache_placement", default=None)

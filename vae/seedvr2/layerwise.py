@@ -206,8 +206,10 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     if policy.shard is not None:  # x is a band: the neighbours' halo rows around it, the band's output rows
         src, row0, frame_rows, out_row0, h_out = _with_halo(policy.shard, x, kh, sh, ph, e)
     image = ctx.image(x) and conv.head_frames == kt - 1
-    # the history as it is held (host memory under a host placement): each tile copies in only its crop
+    # the history as it is held (host memory under a host placement), and on the device for this conv's tiles: one
+    # copy of the whole held tensor (dense, so it moves at the link's speed; crops of it would be staged on the host)
     prev = None if image or not conv.memory_frames else ctx.take(fetch=False)
+    prev_here = ctx.fetch_held(prev) if prev is not None else None
     head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
     t_out = 1 if image else (head + t - kt) // st + 1
     w_out = (w + e + 2 * pw - kw) // sw + 1
@@ -237,7 +239,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 out[:, :, :, oy0:oy1, ox0:ox1] = y
                 continue
             if prev is not None:
-                hist = ctx.fetch_held(_crop_padded(prev, rows, cols, None, row0, frame_rows))
+                hist = _crop_padded(prev_here, rows, cols, None, row0, frame_rows)
             elif head:
                 hist = xin[:, :, :1].expand(-1, -1, head, -1, -1)
             else:
@@ -248,6 +250,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 y += residual(slice(oy0, oy1), slice(ox0, ox1))
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
+    del prev_here
     if conv.memory_frames and ctx.collect:
         ctx.put(_memory(conv, src, prev, pre, image, e, ctx, policy), conv, held=True)
     return out
@@ -283,23 +286,38 @@ def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre
     new = 1 if image else t - t0  # frames of this input the memory keeps (an image: its one frame, repeated)
     older = mf - new
     h, w = sum(p.shape[-2] for p in src), first.shape[-1]
-    held = ctx.new_held((b, c, mf, h + e, w + e), first.dtype, first.device)
+    shape = (b, c, mf, h + e, w + e)
+    held = ctx.new_held(shape, first.dtype, first.device, frame_major=True)
+    on_host = ctx.placement is not None and ctx.placement.on_host
+    # the new frames are made on the device (a band at a time) and go to host memory in one dense copy
+    fresh = frame_major_empty((b, c, new, h + e, w + e), first.dtype, first.device) if on_host else \
+        held[:, :, older:]
     if e:
-        held[..., h:, :].zero_()
-        held[..., :h, w:].zero_()
-    if older and prev is not None:
-        held[:, :, :older].copy_(prev[:, :, -older:])
+        fresh[..., h:, :].zero_()
+        fresh[..., :h, w:].zero_()
     rows = max(1, policy.budget_elems // max(1, c * new * w))
     for r0 in representative(range(0, h, rows), first):
         pieces = _row_pieces(src, r0, min(h, r0 + rows), slice(None))
         band = torch.cat([p[:, :, t0:] for p in pieces], dim=-2) if len(pieces) > 1 else pieces[0][:, :, t0:]
         band = pre(band, t0) if pre is not None else band
-        held[:, :, older:, r0:r0 + band.shape[-2], :w].copy_(band[:, :, -1:] if image else band)
+        fresh[:, :, :, r0:r0 + band.shape[-2], :w].copy_(band[:, :, -1:] if image else band)
         del band
-    if older and prev is None:  # first slice: the history is the first kept frame repeated
+    if on_host:
+        held[:, :, older:].copy_(fresh, non_blocking=True)  # frame-major on both sides: one dense copy
+    del fresh
+    if older and prev is not None:
+        held[:, :, :older].copy_(prev[:, :, -older:])  # where the memory is held (host to host under a host placement)
+    elif older:  # first slice: the history is the first kept frame repeated
         for j in range(older):
             held[:, :, j].copy_(held[:, :, older])
     return held
+
+
+def frame_major_empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """An empty [B, C, T, H, W] tensor stored frame by frame (each frame's [C, H, W] one dense block): a run of
+    frames is then one dense range, copied between host and device in one piece."""
+    b, c, t, h, w = shape
+    return torch.empty((b, t, c, h, w), dtype=dtype, device=device).permute(0, 2, 1, 3, 4)
 
 
 # ------------------------------------------------------------------------------------------------

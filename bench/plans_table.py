@@ -1,0 +1,95 @@
+"""The plans the planner makes for the issue-40 targets on a GPU, computed on any machine (meta tensors only), and
+written as a results file that docs/memory.md's table is rendered from (a test recomputes a row from the code).
+
+    python -m turbovae.bench.plans_table --out docs/results/DATE-plans-cuda-bf16.json
+
+Every family of the registry, decode and encode, at 1080p × 81 under 6 GB and 720p × 81 under 4 GB (what an 8 GB
+card can spare after the weights and ComfyUI's reserve, and a 6 GB card), plus the untiled pass at the default
+budget: the plan taken (or, when none fits, the smallest budget that works), its predicted device peak, the memory
+it holds in host memory, and the expected time by the cost model. CUDA bf16 paths as `python -m turbovae plan`
+takes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..vae.memory_budget import DEFAULT_PASS_BUDGET_BYTES, BudgetTooSmall
+from ..vae.memory_plan import plan_dict, plan_pass
+from ..vae.registry import families, family
+
+TABLE = "plans"
+GB = 2**30
+
+
+@dataclass(frozen=True)
+class Target:
+    """A clip of `frames` pixel frames of `height`×`width` (rounded down to the family's spatial factor × 8, as
+    a pipeline pads/crops) under `budget_gb` (None: the default budget)."""
+
+    name: str
+    frames: int
+    height: int
+    width: int
+    budget_gb: Optional[float]
+
+
+TARGETS = (Target("1080p×81, 6 GB", 81, 1080, 1920, 6), Target("720p×81, 4 GB", 81, 720, 1280, 4),
+           Target("720p×81, default budget", 81, 720, 1280, None))
+
+
+def pixel_shape(key: str, target: Target) -> tuple[int, ...]:
+    """The clip's pixels for a family: height and width rounded to its spatial factor (Wan 2.2's 16: 1088 × 1920)."""
+    f = family(key).meta_model().latent_format.spatial_factor
+    h = -(-target.height // f) * f
+    w = -(-target.width // f) * f
+    return (1, 3, target.frames, h, w)
+
+
+def row_for(key: str, decode: bool, target: Target) -> dict:
+    """One plan of the table, computed now."""
+    shape = pixel_shape(key, target)
+    budget = int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
+    t = time.perf_counter()
+    row = {"section": "plans", "table": TABLE, "case": f"{key} {'decode' if decode else 'encode'}",
+           "variant": target.name, "pixels": list(shape), "budget_mb": round(budget / 2**20, 1), "ms": 0.0}
+    try:
+        plan = plan_pass(key, shape, decode=decode, dtype="bf16", device_type="cuda", budget_bytes=budget)
+    except BudgetTooSmall as e:
+        need = re.search(r"the smallest needs (\d+) MB \(([^)]*)\)", str(e))
+        row.update(fits=False, plan="none fits", floor_mb=float(need.group(1)) if need else None,
+                   floor_plan=need.group(2) if need else "")
+    else:
+        d = plan_dict(plan)
+        row.update(fits=True, plan=d["layout"], exact=d["exact"], pass_mb=d["pass_mb"], host_mb=d["host_mb"],
+                   weights_mb=d["weights_mb"], expected_s=d["expected_s"])
+    row["plan_s"] = round(time.perf_counter() - t, 1)
+    return row
+
+
+def compute() -> list[dict]:
+    return [row_for(fam.key, decode, target) for fam in families() for decode in (True, False) for target in TARGETS]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m turbovae.bench.plans_table", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="the results file to write (a new one)")
+    args = ap.parse_args(argv)
+    from ..engines.fileio import atomic_write_text
+    from .common import environment
+
+    rows = compute()
+    atomic_write_text(args.out, json.dumps({"environment": environment(), "complete": True, "rows": rows},
+                                           indent=1))
+    print(f"wrote {args.out} ({len(rows)} plans)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
