@@ -90,7 +90,7 @@ def run_case(case: GpuCase, dry: bool) -> dict:
     t0 = _now()
     if case.limit_gb is not None and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, case.limit_gb * GB / total), device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, case.limit_gb * GB / total), torch.cuda.current_device())
     fam = family(case.family)
     model = seeded_init(fam.build_model(fam.config(real=not dry))).eval().to(device=device, dtype=dtype)
     vae = TurboVAE(model)

@@ -40,8 +40,13 @@ class Placement(Protocol):
         """A new contiguous buffer where this placement keeps things (output canvases)."""
 
     def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
-        """A new buffer for state `hold` would keep, filled by its maker (pinned host memory on CUDA: the fetches
-        that read it back are asynchronous); `frame_major`: a [B, C, T, H, W] buffer stored frame by frame."""
+        """A new buffer for state `hold` would keep, filled by its maker through `write` (pinned host memory on
+        CUDA: the copies in and out are asynchronous); `frame_major`: a [B, C, T, H, W] buffer stored frame by
+        frame."""
+
+    def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy `src` (on the device) into `dst` (a part of a `held_empty` buffer). Asynchronous on CUDA: nothing
+        may read `dst` on the CPU after this, only `fetch` it back (which the stream orders after the write)."""
 
 
 class OnDevice:
@@ -63,6 +68,9 @@ class OnDevice:
 
     def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
         return _frame_major(self.empty, shape, dtype) if frame_major else self.empty(shape, dtype)
+
+    def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, *, pinned: bool) -> torch.Tensor:
@@ -97,7 +105,7 @@ class OnHost:
 
     def hold(self, t: torch.Tensor) -> torch.Tensor:
         buf = host_like(t, pinned=self._pinned)
-        buf.copy_(t, non_blocking=self._pinned)  # the same strides on both sides: one dense copy
+        self.write(buf, t)  # the same strides on both sides: one dense copy
         return buf
 
     def fetch(self, t: torch.Tensor) -> torch.Tensor:
@@ -113,6 +121,9 @@ class OnHost:
             return host_empty(s, d, pinned=self._pinned)
 
         return _frame_major(make, shape, dtype) if frame_major else make(shape, dtype)
+
+    def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=self._pinned)
 
 
 class OnMetaHost:
@@ -144,6 +155,10 @@ class OnMetaHost:
 
     def held_empty(self, shape: Sequence[int], dtype: torch.dtype, *, frame_major: bool = False) -> torch.Tensor:
         return _frame_major(self._host, shape, dtype) if frame_major else self._host(shape, dtype)
+
+    def write(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A meta run: the copy allocates nothing (a cross-device copy of a non-dense source would stage it on the
+        device; the sources here are dense or a one-frame expansion)."""
 
 
 def _frame_major(make, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

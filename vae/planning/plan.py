@@ -61,7 +61,8 @@ class PassPlan:
 
     @property
     def fits(self) -> bool:
-        """Whether the predicted device peak is within the budget (True when either is unknown)."""
+        """Whether the predicted device peak is within the budget (True when either is unknown; the planner also
+        keeps a device type's headroom, `search.PREDICTED_SHARE`)."""
         if self.predicted is None or self.budget_bytes is None:
             return True
         return self.predicted.pass_bytes <= self.budget_bytes

@@ -201,10 +201,17 @@ def _need(plan: PassPlan, separate: bool) -> int:
     return p.pass_bytes + (0 if separate else p.host_bytes)
 
 
+# The share of the budget a plan's prediction may use, per device type: on CUDA the rest is headroom for what the
+# allocator counts that the meta count misses (cuDNN workspaces of large contiguous crops); the first GPU proof
+# measured at most 5.3 % above the prediction (docs/results/2026-11-27-h200-budget-gpu-call2.json, SeedVR2
+# 1080p x 81 decode with caches in host memory), every other case within 1 %.
+PREDICTED_SHARE = {"cuda": 0.94}
+
+
 def _fits(plan: PassPlan, budget_bytes: int, separate: bool) -> bool:
-    """The predicted device peak within the budget; where host memory is the budgeted memory (the CPU), with the
-    host-held bytes added."""
-    return _need(plan, separate) <= budget_bytes
+    """The predicted device peak within the budget (on CUDA within PREDICTED_SHARE of it); where host memory is the
+    budgeted memory (the CPU), with the host-held bytes added."""
+    return _need(plan, separate) <= budget_bytes * PREDICTED_SHARE.get(plan.device_type, 1.0)
 
 
 def _too_small(floor: PassPlan, budget_bytes: int, separate: bool) -> str:

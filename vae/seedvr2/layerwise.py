@@ -250,9 +250,8 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 y += residual(slice(oy0, oy1), slice(ox0, ox1))
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
-    del prev_here
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, src, prev, pre, image, e, ctx, policy), conv, held=True)
+        ctx.put(_memory(conv, src, prev_here, pre, image, e, ctx, policy), conv, held=True)
     return out
 
 
@@ -272,13 +271,17 @@ def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
     return parts, lo - (above.shape[-2] if above is not None else 0), frame, out_lo, out_hi - out_lo
 
 
-def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre: Pre, image: bool,
+def _memory(conv, src: Sequence[torch.Tensor], prev_here: Optional[torch.Tensor], pre: Pre, image: bool,
             e: int, ctx, policy: SplitPolicy) -> torch.Tensor:
     """The conv's next causal memory: the last `memory_frames` frames of its (normalised, right/bottom padded)
     input, whose rows are the pieces `src` (a band between its halo rows, or one tensor). Made where the pass keeps
     its memory (`ctx.new_held`: on the device, or in host memory) a band of rows at a time, so only a band is
-    normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `prev` is the history as
-    held: a slice shorter than the memory reaches back into it."""
+    normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `prev_here` is the
+    history on the device: a slice shorter than the memory reaches back into it.
+
+    Host memory is only ever written, from the device (`ctx.placement.write`), never read here: on CUDA those
+    writes are asynchronous, so a read of held memory by the CPU could see it before they land (the first GPU run
+    caught a host-to-host copy of the older frames doing so: 16.8 dB)."""
     mf = conv.memory_frames
     first = src[0]
     b, c, t = first.shape[:3]
@@ -302,14 +305,15 @@ def _memory(conv, src: Sequence[torch.Tensor], prev: Optional[torch.Tensor], pre
         band = pre(band, t0) if pre is not None else band
         fresh[:, :, :, r0:r0 + band.shape[-2], :w].copy_(band[:, :, -1:] if image else band)
         del band
+    if older:  # the frames before: the history's last ones, or (first slice) the first kept frame repeated
+        before = prev_here[:, :, -older:] if prev_here is not None else \
+            fresh[:, :, :1].expand(-1, -1, older, -1, -1)
+        if on_host:
+            ctx.placement.write(held[:, :, :older], before)
+        else:
+            held[:, :, :older].copy_(before)
     if on_host:
-        held[:, :, older:].copy_(fresh, non_blocking=True)  # frame-major on both sides: one dense copy
-    del fresh
-    if older and prev is not None:
-        held[:, :, :older].copy_(prev[:, :, -older:])  # where the memory is held (host to host under a host placement)
-    elif older:  # first slice: the history is the first kept frame repeated
-        for j in range(older):
-            held[:, :, j].copy_(held[:, :, older])
+        ctx.placement.write(held[:, :, older:], fresh)  # frame-major on both sides: one dense copy
     return held
 
 
