@@ -16,6 +16,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._prims_common import suggest_memory_format
+
+from . import cpu_conv_memory
 
 aten = torch.ops.aten
 
@@ -57,12 +60,21 @@ class CudaOpMemory:
 
 
 class CpuOpMemory:
-    """The CPU kernels' memory inside ops: none modelled yet."""
+    """The CPU kernels' memory inside ops and their output layouts (module docstring: the rules)."""
 
     def real_output(self, func, args: tuple, kwargs: dict, out):
+        conv = cpu_conv_memory.conv_params(func, args, kwargs)
+        if conv is not None and isinstance(out, torch.Tensor):
+            return cpu_conv_memory.real_output(conv, out)
         return out
 
     def transient_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
+        conv = cpu_conv_memory.conv_params(func, args, kwargs)
+        if conv is not None and isinstance(out, torch.Tensor):
+            return cpu_conv_memory.transient_bytes(conv, out)
+        if func == aten.group_norm.default:
+            x = args[0]
+            return 0 if x.is_contiguous(memory_format=suggest_memory_format(x)) else _nbytes(x)
         return 0
 
 
