@@ -43,7 +43,7 @@ _CONVS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.co
           aten._convolution.default}
 
 _ONEDNN_BLOCK = 16  # channels per block of oneDNN's blocked layouts on AVX-512
-_ONEDNN_EXTRA = 12 * 1024  # what every channels-last oneDNN convolution held beyond its layouts (measured; module docstring)
+_ONEDNN_EXTRA = 12 * 1024  # held by every channels-last oneDNN convolution beyond its layouts (module docstring)
 
 
 def _nbytes(t: torch.Tensor) -> int:
