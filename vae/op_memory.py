@@ -9,6 +9,14 @@ measurement, named where it is used:
   conv3d on contiguous tensors holds a transposed copy of its input and of its output while it runs
   (extra = input + output); channels-last convs hold nothing measurable; scaled-dot-product attention holds twice
   its output.
+- CPU (one AMD EPYC with AVX-512, torch 2.13, fp32; vae/allocator_peak.py's profiler allocation events of single
+  ops and whole passes, tests/test_prediction_accuracy.py): convolutions by the kernel PyTorch picks for the
+  call's shapes (vae/cpu_conv_memory.py: im2col columns and plain copies for its own kernels; oneDNN's blocked
+  reorders, and channels-last outputs where the meta kernel says contiguous); `aten.group_norm` on an input not
+  dense in its suggested layout holds a copy of it (a frame-major view of a contiguous clip, [5, 16, 256, 256]:
+  20.0 MiB, the input's size). Paths the CPU takes by device rather than by op (the in-place channels-last
+  GroupNorm, the 1×1-conv GEMM, the reused weight-packing buffer) are taken by the meta pass itself
+  (vae/peak_memory.py `MetaCpuNorms`, vae/meta_device.py), not modelled here.
 """
 
 from __future__ import annotations
