@@ -284,10 +284,13 @@ def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[
     starts = range(0, h, rows)
     sq_devs = x.new_empty((len(starts), n, c))
     centred = None
+    arithmetic = x.device.type != "meta"  # a meta pass (vae/peak_memory.py) needs the loop's buffers, not its sums
     for i, r0 in enumerate(starts):
-        chunk = x[:, :, r0:r0 + rows]
-        if centred is None or centred.shape != chunk.shape:
+        chunk = x[:, :, r0:r0 + rows] if arithmetic or centred is None or h - r0 < rows else None
+        if centred is None or (chunk is not None and centred.shape != chunk.shape):
             centred = torch.empty_like(chunk)
+        if not arithmetic:
+            continue  # nothing below allocates (results go to `out=` and in place)
         torch.sub(chunk, centre, out=centred)
         centred.mul_(centred)
         torch.sum(centred, dim=(2, 3), out=sq_devs[i])
