@@ -176,11 +176,11 @@ def test_backend_is_asked_without_memory_and_answers_as_for_real_tensors(xs, ws,
 
 
 def test_channels_last_group_norm_is_predicted_in_place():
-    """The CPU's channels-last GroupNorm writes into its input when the caller allows it (vae/norms.py); the meta
-    pass for the CPU does the same (peak_memory.MetaCpuNorms), so a norm that allocates nothing measurable beyond
-    its small statistics is predicted so, not as a new activation-sized output."""
+    """The CPU's channels-last GroupNorm writes into its input when the caller allows it (vae/norms.py); a meta
+    pass for the CPU takes the same path (vae/meta_device.py), so a norm that allocates nothing beyond its chunked
+    statistics is predicted so, not as a new activation-sized output."""
     from turbovae.vae import norms
-    from turbovae.vae.peak_memory import MetaCpuNorms
+    from turbovae.vae.peak_memory import meta_pass_for
 
     x = torch.randn(1, 64, 2, 250, 256).contiguous(memory_format=torch.channels_last_3d)  # chunks: 15×16+10 rows
     w, b = torch.ones(64), torch.zeros(64)
@@ -189,7 +189,7 @@ def test_channels_last_group_norm_is_predicted_in_place():
                                                                  32, w, b, 1e-6, inplace=True), "cpu")
         xm = x.to("meta")
         tracker = LiveBytes(exclude=[xm], op_memory=CpuOpMemory())
-        with norms.meta_fused_norms(MetaCpuNorms()), tracker:
+        with meta_pass_for("cpu"), tracker:
             norms.group_norm_silu(xm.clone(memory_format=torch.channels_last_3d), 32, w.to("meta"), b.to("meta"),
                                   1e-6, inplace=True)
     activation = x.numel() * x.element_size()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .accel import self_checks
 from .accel.tensor_layout import memory_format_of
 from .autograd import records_grad
+from .meta_device import path_device_type
 from .oom import is_out_of_memory
 from .tracing import tracing
 
@@ -82,10 +83,8 @@ _META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `me
 
 @contextmanager
 def meta_fused_norms(dispatch) -> Iterator[None]:
-    """Inside the block, norms (and `matmul`) of meta tensors go to `dispatch` (a fused dispatcher's methods, plus
-    `matmul`): a meta pass then allocates what the device's own path allocates (the fused GPU kernels, or the CPU
-    path's in-place channels-last GroupNorm and 1×1-conv GEMM), so vae/peak_memory.py predicts that path's
-    memory, not the one a meta tensor would take by itself."""
+    """Inside the block, norms of meta tensors go to `dispatch` (same methods as a fused dispatcher): a meta
+    pass then allocates what the fused kernels allocate, so vae/peak_memory.py predicts the GPU path's memory."""
     with _module_setting("_META_FUSED", dispatch):
         yield
 
@@ -183,7 +182,7 @@ def _group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Te
     if _NORM_INPUT_OBSERVER is not None:
         _NORM_INPUT_OBSERVER(x, num_groups)
     if _META_FUSED is not None and x.device.type == "meta":
-        return _META_FUSED.group_norm_silu(x, num_groups, weight, bias, eps, silu, inplace=inplace)
+        return _META_FUSED.group_norm_silu(x, num_groups, weight, bias, eps, silu)
     dispatch = None if records_grad(x, weight, bias) else _fused_for(x)  # the kernels have no backward
     if dispatch is not None:
         out = _run_fused(x, f"group_norm_silu C={x.shape[1]} G={num_groups} affine={weight is not None} silu={silu}",
@@ -196,33 +195,29 @@ def _group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Te
 
 def group_norm_silu_reference(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
                               bias: Optional[torch.Tensor], eps: float, *, silu: bool = True,
-                              inplace: bool = False, device_type: Optional[str] = None) -> torch.Tensor:
-    """`device_type`: whose path to take (default x's device); "cpu" on meta tensors allocates what the CPU path
-    allocates (vae/peak_memory.py predicts CPU passes so)."""
+                              inplace: bool = False) -> torch.Tensor:
     dtype = x.dtype
-    device_type = device_type or x.device.type
     if x.ndim == 5:
         b, c, t, h, w = x.shape
         if t == 1:
-            y = _gn2d(x[:, :, 0], num_groups, weight, bias, eps, inplace, device_type).unsqueeze(2)
+            y = _gn2d(x[:, :, 0], num_groups, weight, bias, eps, inplace).unsqueeze(2)
         else:
             x4 = x.transpose(1, 2).reshape(b * t, c, h, w)
-            y = _gn2d(x4, num_groups, weight, bias, eps, inplace, device_type).view(b, t, c, h, w).transpose(1, 2)
+            y = _gn2d(x4, num_groups, weight, bias, eps, inplace).view(b, t, c, h, w).transpose(1, 2)
     else:
-        y = _gn2d(x, num_groups, weight, bias, eps, inplace, device_type)
+        y = _gn2d(x, num_groups, weight, bias, eps, inplace)
     if silu:
         y = F.silu(y, inplace=True)
     return y.to(dtype)
 
 
-def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: bool = False,
-          device_type: Optional[str] = None) -> torch.Tensor:
+def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: bool = False) -> torch.Tensor:
     if x.dtype in (torch.float16, torch.bfloat16):
         w = weight.float() if weight is not None else None
         b = bias.float() if bias is not None else None
-        return _gn2d(x.float(), num_groups, w, b, eps, True, device_type).to(x.dtype)  # the fp32 copy is ours
-    if _STABLE_CHANNELS_LAST_STATS and (device_type or x.device.type) == "cpu" and _channels_innermost(x) \
-            and not tracing():
+        return _gn2d(x.float(), num_groups, w, b, eps, inplace=True).to(x.dtype)  # the fp32 copy is ours
+    # path_device_type: a meta pass predicting a CPU pass takes the CPU's path (in place, vae/meta_device.py)
+    if _STABLE_CHANNELS_LAST_STATS and path_device_type(x) == "cpu" and _channels_innermost(x) and not tracing():
         if records_grad(x, weight, bias):  # autograd: the contiguous kernel (stable statistics, differentiable)
             return F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
         return group_norm_channels_last(x, num_groups, weight, bias, eps, out=x if inplace else None)
@@ -359,14 +354,12 @@ def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional
     return y
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, device_type: Optional[str] = None) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`a @ b` for 2-D fp32 tensors; on CPU computed as a 1×1 conv2d over `a`'s rows (channels-last, no copy of
     `a`): oneDNN's convolution runs these products at about twice the rate of `torch.mm` on the CPUs measured
-    (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`.
-    `device_type` as in `group_norm_silu_reference` (meta tensors inside `meta_fused_norms` take the stand-in's)."""
-    if device_type is None and _META_FUSED is not None and a.device.type == "meta":
-        return _META_FUSED.matmul(a, b)
-    if (device_type or a.device.type) != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
+    (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`; meta
+    tensors take the path of the device a meta pass predicts (vae/meta_device.py)."""
+    if path_device_type(a) != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
         return a @ b
     m, k = a.shape
     n = b.shape[1]

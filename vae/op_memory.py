@@ -16,7 +16,7 @@ measurement, named where it is used:
   dense in its suggested layout holds a copy of it (a frame-major view of a contiguous clip, [5, 16, 256, 256]:
   20.0 MiB, the input's size). Paths the CPU takes by device rather than by op (the in-place channels-last
   GroupNorm, the 1×1-conv GEMM, the reused weight-packing buffer) are taken by the meta pass itself
-  (vae/peak_memory.py `MetaCpuNorms`, vae/meta_device.py), not modelled here.
+  (vae/meta_device.py), not modelled here.
 """
 
 from __future__ import annotations

@@ -155,55 +155,24 @@ def _numel(shape: Sequence[int]) -> int:
 
 class MetaFusedNorms:
     """The fused norm kernels' allocations on meta tensors (`vae.norms.meta_fused_norms`): one output like the input,
-    in its memory format, where the PyTorch path makes an fp32 copy, the normalised tensor and its cast (never in
-    place: the kernels write a new output). GEMMs are the GPU's `a @ b`."""
+    in its memory format, where the PyTorch path makes an fp32 copy, the normalised tensor and its cast."""
 
-    def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool,
-                        inplace: bool = False) -> torch.Tensor:
+    def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool) -> torch.Tensor:
         return torch.empty_like(x)
 
     def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float,
                       out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return torch.empty_like(x) if out is None else out
 
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a @ b
-
-
-class MetaCpuNorms:
-    """The CPU path's norms and GEMMs on meta tensors (`vae.norms.meta_fused_norms`): the code a CPU pass runs,
-    taken on meta tensors. Without it a meta tensor takes the device-neutral path: `F.group_norm` into a new
-    output where the CPU's channels-last GroupNorm writes into its input (`inplace`) and holds its own chunked
-    statistics buffers, and `a @ b` where the CPU runs a 1×1 conv (vae/norms.py says why)."""
-
-    def group_norm_silu(self, x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool,
-                        inplace: bool = False) -> torch.Tensor:
-        return norms.group_norm_silu_reference(x, num_groups, weight, bias, eps, silu=silu, inplace=inplace,
-                                               device_type="cpu")
-
-    def rms_norm_silu(self, x: torch.Tensor, gamma, bias, silu: bool, eps: float,
-                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return norms.rms_norm_silu_reference(x, gamma, bias, silu=silu, eps=eps, out=out)
-
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return norms.matmul(a, b, device_type="cpu")
-
 
 @contextmanager
 def meta_pass_for(device_type: str, fused_norms: bool = False) -> Iterator[None]:
-    """What a meta pass predicting a pass on `device_type` runs under: that device's norms (the fused kernels'
-    allocations, or the CPU path's own code: `MetaCpuNorms`) and, where code picks its path by the device, that
-    device's path (vae/meta_device.py: attention's fused kernel, the CPU's reused weight-packing buffer)."""
-    with norms.meta_fused_norms(_meta_norms(fused_norms, device_type)), predicting_for(device_type):
+    """What a meta pass predicting a pass on `device_type` runs under: the fused norms' allocations where they run,
+    and wherever code picks its path by the device, that device's path (vae/meta_device.py: attention's fused
+    kernel; on the CPU the in-place channels-last GroupNorm, the 1×1-conv GEMM, the reused weight-packing
+    buffer), so the paths predicted are the paths that will run."""
+    with norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), predicting_for(device_type):
         yield
-
-
-def _meta_norms(fused_norms: bool, device_type: str):
-    """The stand-in whose allocations a meta pass for `device_type` makes in its norms (None: the meta tensors'
-    own path, which is what a GPU without the fused kernels runs)."""
-    if fused_norms:
-        return MetaFusedNorms()
-    return MetaCpuNorms() if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)
