@@ -156,7 +156,7 @@ def predicted_peak_mb(copies: MetaPasses, case: Case, dtype: torch.dtype, tempor
     rise above the memory held before the pass); compile and CUDA graphs run the fused step's ops in it."""
     try:
         p = copies.predict(case.shape, decode=case.kind == "decode", dtype=dtype, temporal_slice=temporal_slice,
-                           paths=PassPaths(model.fast, step.fused))
+                           paths=PassPaths(model.fast, step.fused, "cuda"))
     except Exception:  # noqa: BLE001 - the prediction is informative only; the measured row stands
         log.warning("bench gpu: predicting the peak of %s / %s failed", case.name, step.name, exc_info=True)
         return None

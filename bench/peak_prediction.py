@@ -24,7 +24,8 @@ import torch
 
 from ..vae.accel.switches import FastPaths
 from ..vae.free_memory import auto_temporal_slice
-from ..vae.peak_memory import MetaPasses, PassPaths, measure_pass
+from ..vae.allocator_peak import measure_peak
+from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import environment
 from .gpu import AUTO, cases as gpu_cases
 
@@ -69,7 +70,7 @@ def gpu_rows(path: Path, copies: dict) -> list[dict]:
         fast, fused, modelled = paths
         model = copies.setdefault(case.arch, MetaPasses(_meta(case.arch)))
         p = model.predict(case.shape, decode=case.kind == "decode", dtype=torch.bfloat16, temporal_slice=k,
-                          paths=PassPaths(fast, fused))
+                          paths=PassPaths(fast, fused, "cuda"))
         out.append({"source": path.name, "case": case.name, "variant": row["variant"], "temporal_slice": k,
                     "compared": "pass", "modelled": modelled, "measured_mb": round(row["peak_mb"], 1),
                     "predicted_mb": round(p.pass_bytes / MB, 1), "error_pct": _err(p.pass_bytes / MB, row["peak_mb"])})
@@ -85,7 +86,8 @@ def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
     f = meta.latent_format.spatial_factor
     k = auto_temporal_slice(meta.memory_model, shape[-1] * shape[-2] * f * f, shape[2], torch.bfloat16,
                             torch.device("cuda"), decode=True, budget=free_bytes)
-    p = model.predict(shape, decode=True, dtype=torch.bfloat16, temporal_slice=k, paths=PassPaths(FastPaths(), True))
+    p = model.predict(shape, decode=True, dtype=torch.bfloat16, temporal_slice=k,
+                      paths=PassPaths(FastPaths(), True, "cuda"))
     measured = max(v for key, v in data.items() if key.endswith("_peak_mb"))
     return [{"source": path.name, "case": "seedvr2 decode 720p×21 (public decode)", "variant": "default paths",
              "temporal_slice": k, "compared": "total", "modelled": True, "measured_mb": round(measured, 1),
@@ -93,7 +95,8 @@ def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
 
 
 def cpu_rows() -> list[dict]:
-    """The same counting on real CPU tensors (tiny configs, small sizes) vs the meta prediction, both layouts."""
+    """The same passes on the CPU (tiny configs, small sizes), their allocator peaks (vae/allocator_peak.py) vs the
+    meta prediction, both layouts."""
     from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
     from ..vae.wan import TINY_WAN21, WanVAE
 
@@ -106,7 +109,14 @@ def cpu_rows() -> list[dict]:
             for decode, shape, k in [(True, (1, c, 1, 16, 16), None), (True, (1, c, 3, 12, 12), 1),
                                      (True, (1, c, 6, 16, 16), 2), (False, (1, 3, 1, 128, 128), None),
                                      (False, (1, 3, 9, 128, 128), 1)]:
-                measured, _ = measure_pass(model, torch.randn(shape).clamp(-1, 1), decode=decode, temporal_slice=k)
+                x = torch.randn(shape).clamp(-1, 1)
+
+                def run():
+                    with torch.inference_mode():
+                        return (model.decode_latents if decode else model.encode_moments)(x, temporal_slice=k)
+
+                run()
+                measured = measure_peak(run, "cpu")[0].device_bytes
                 p = MetaPasses(model).predict(shape, decode=decode, dtype=torch.float32, temporal_slice=k,
                                               paths=PassPaths(model.fast, False))
                 out.append({"source": "cpu", "case": f"{model.kind} tiny {'decode' if decode else 'encode'} "

@@ -4,36 +4,22 @@ Why a function of ours: on real tensors it is `F.scaled_dot_product_attention`, 
 memory-efficient on CUDA, flash on the CPU) never hold the tokens × tokens score matrix. On meta tensors PyTorch
 takes its math path instead, which materialises that matrix (4 GB for a 1080p frame's 32,400 tokens), so a pass
 predicted on meta tensors would be predicted to need memory the real pass never allocates. Here a meta call runs
-the fused kernel's own op for the device type the prediction is made for (`meta_attention_for`), whose meta
-kernel allocates what the real kernel returns; vae/op_memory.py adds what it holds inside.
+the fused kernel's own op for the device type the prediction is made for (`vae.meta_device.predicting_for`),
+whose meta kernel allocates what the real kernel returns; vae/op_memory.py adds what it holds inside.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Iterator
-
 import torch
 import torch.nn.functional as F
 
-_META_DEVICE_TYPE: ContextVar[str] = ContextVar("turbovae_meta_attention_device", default="cpu")
-
-
-@contextmanager
-def meta_attention_for(device_type: str) -> Iterator[None]:
-    """Within the block, attention on meta tensors allocates what `device_type`'s fused kernel allocates."""
-    token = _META_DEVICE_TYPE.set(device_type)
-    try:
-        yield
-    finally:
-        _META_DEVICE_TYPE.reset(token)
+from .meta_device import path_device_type
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q·kᵀ/√d)·v over the last two dims of [..., tokens, d] tensors (no mask, no dropout)."""
     if q.device.type != "meta":
         return F.scaled_dot_product_attention(q, k, v)
-    if _META_DEVICE_TYPE.get() == "cuda":
+    if path_device_type(q) == "cuda":
         return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False)[0]
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]

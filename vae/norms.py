@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .accel import self_checks
 from .accel.tensor_layout import memory_format_of
 from .autograd import records_grad
+from .meta_device import path_device_type
 from .oom import is_out_of_memory
 from .tracing import tracing
 
@@ -215,7 +216,8 @@ def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: b
         w = weight.float() if weight is not None else None
         b = bias.float() if bias is not None else None
         return _gn2d(x.float(), num_groups, w, b, eps, inplace=True).to(x.dtype)  # the fp32 copy is ours
-    if _STABLE_CHANNELS_LAST_STATS and x.device.type == "cpu" and _channels_innermost(x) and not tracing():
+    # path_device_type: a meta pass predicting a CPU pass takes the CPU's path (in place, vae/meta_device.py)
+    if _STABLE_CHANNELS_LAST_STATS and path_device_type(x) == "cpu" and _channels_innermost(x) and not tracing():
         if records_grad(x, weight, bias):  # autograd: the contiguous kernel (stable statistics, differentiable)
             return F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
         return group_norm_channels_last(x, num_groups, weight, bias, eps, out=x if inplace else None)
@@ -277,10 +279,13 @@ def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[
     starts = range(0, h, rows)
     sq_devs = x.new_empty((len(starts), n, c))
     centred = None
+    arithmetic = x.device.type != "meta"  # a meta pass (vae/peak_memory.py) needs the loop's buffers, not its sums
     for i, r0 in enumerate(starts):
-        chunk = x[:, :, r0:r0 + rows]
-        if centred is None or centred.shape != chunk.shape:
+        chunk = x[:, :, r0:r0 + rows] if arithmetic or centred is None or h - r0 < rows else None
+        if centred is None or (chunk is not None and centred.shape != chunk.shape):
             centred = torch.empty_like(chunk)
+        if not arithmetic:
+            continue  # nothing below allocates (results go to `out=` and in place)
         torch.sub(chunk, centre, out=centred)
         centred.mul_(centred)
         torch.sum(centred, dim=(2, 3), out=sq_devs[i])
@@ -352,8 +357,9 @@ def rms_norm_silu_reference(x: torch.Tensor, gamma: torch.Tensor, bias: Optional
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`a @ b` for 2-D fp32 tensors; on CPU computed as a 1×1 conv2d over `a`'s rows (channels-last, no copy of
     `a`): oneDNN's convolution runs these products at about twice the rate of `torch.mm` on the CPUs measured
-    (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`."""
-    if a.device.type != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
+    (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`; meta
+    tensors take the path of the device a meta pass predicts (vae/meta_device.py)."""
+    if path_device_type(a) != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
         return a @ b
     m, k = a.shape
     n = b.shape[1]

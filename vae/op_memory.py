@@ -9,6 +9,14 @@ measurement, named where it is used:
   conv3d on contiguous tensors holds a transposed copy of its input and of its output while it runs
   (extra = input + output); channels-last convs hold nothing measurable; scaled-dot-product attention holds twice
   its output.
+- CPU (one AMD EPYC with AVX-512, torch 2.13, fp32; vae/allocator_peak.py's profiler allocation events of single
+  ops and whole passes, tests/test_prediction_accuracy.py): convolutions by the kernel PyTorch picks for the
+  call's shapes (vae/cpu_conv_memory.py: im2col columns and plain copies for its own kernels; oneDNN's blocked
+  reorders, and channels-last outputs where the meta kernel says contiguous); `aten.group_norm` on an input not
+  dense in its suggested layout holds a copy of it (a frame-major view of a contiguous clip, [5, 16, 256, 256]:
+  20.0 MiB, the input's size). Paths the CPU takes by device rather than by op (the in-place channels-last
+  GroupNorm, the 1×1-conv GEMM, the reused weight-packing buffer) are taken by the meta pass itself
+  (vae/meta_device.py), not modelled here.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch._prims_common import suggest_memory_format
+
+from . import cpu_conv_memory
 
 aten = torch.ops.aten
 
@@ -57,12 +68,21 @@ class CudaOpMemory:
 
 
 class CpuOpMemory:
-    """The CPU kernels' memory inside ops: none modelled yet."""
+    """The CPU kernels' memory inside ops and their output layouts (module docstring: the rules)."""
 
     def real_output(self, func, args: tuple, kwargs: dict, out):
+        conv = cpu_conv_memory.conv_params(func, args, kwargs)
+        if conv is not None and isinstance(out, torch.Tensor):
+            return cpu_conv_memory.real_output(conv, out)
         return out
 
     def transient_bytes(self, func, args: tuple, kwargs: dict, out) -> int:
+        conv = cpu_conv_memory.conv_params(func, args, kwargs)
+        if conv is not None and isinstance(out, torch.Tensor):
+            return cpu_conv_memory.transient_bytes(conv, out)
+        if func == aten.group_norm.default:
+            x = args[0]
+            return 0 if x.is_contiguous(memory_format=suggest_memory_format(x)) else _nbytes(x)
         return 0
 
 

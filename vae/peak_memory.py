@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Protocol, Sequence, Union
+from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from . import norms
 from .base import VAEModel, run_slices
 from .accel.switches import FastPaths, active
 from .accel import self_checks
-from .attention import meta_attention_for
+from .meta_device import predicting_for
 from .op_memory import op_memory_for
 from .accel.kernels import fused_norms_possible
 from .gpu_defaults import channels_last_applies
@@ -164,6 +165,16 @@ class MetaFusedNorms:
         return torch.empty_like(x) if out is None else out
 
 
+@contextmanager
+def meta_pass_for(device_type: str, fused_norms: bool = False) -> Iterator[None]:
+    """What a meta pass predicting a pass on `device_type` runs under: the fused norms' allocations where they run,
+    and wherever code picks its path by the device, that device's path (vae/meta_device.py: attention's fused
+    kernel; on the CPU the in-place channels-last GroupNorm, the 1×1-conv GEMM, the reused weight-packing
+    buffer), so the paths predicted are the paths that will run."""
+    with norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), predicting_for(device_type):
+        yield
+
+
 @dataclass(frozen=True)
 class PassPaths:
     """The paths a pass runs that change its memory: the model's `FastPaths` (channels-last among them) and
@@ -245,8 +256,7 @@ def meta_pass_peak(clone: VAEModel, shape: tuple[int, ...], *, decode: bool, dty
     bounds = clone.slice_bounds(shape[2], temporal_slice, decode=decode)
     step = clone.decode_step if decode else clone.encode_step
     frames = fmt.pixel_frames(shape[2]) if decode else fmt.latent_frames(shape[2])
-    with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), \
-            meta_attention_for(device_type), tracker:
+    with torch.inference_mode(), meta_pass_for(device_type, fused_norms), tracker:
         out = run_slices(step, x, bounds, {"clamp": True} if decode else {}, out_frames=frames, sample=sample)
     del out
     return tracker.peak
@@ -279,7 +289,8 @@ def predict_pass(model: VAEModel, shape: Sequence[int], *, decode: bool, dtype: 
 def measure_pass(model: VAEModel, x: torch.Tensor, *, decode: bool,
                  temporal_slice: Optional[int] = None) -> tuple[int, torch.Tensor]:
     """(peak bytes the pass's own tensors held, output) of the real pass on `x`, counted by `LiveBytes` on real
-    tensors: what `predict_pass` predicts, measured."""
+    tensors: the op outputs `predict_pass` counts, without what kernels allocate inside ops (the allocator's
+    peak, vae/allocator_peak.py, has those too; it is what CPU predictions are checked against)."""
     tracker = LiveBytes(exclude=[x, *model.parameters(), *model.buffers()])
     with torch.inference_mode(), tracker:
         out = model.decode_latents(x, temporal_slice=temporal_slice) if decode \

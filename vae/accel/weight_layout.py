@@ -27,6 +27,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
+from ..meta_device import path_device_type
 from ..tracing import tracing
 from .tensor_layout import channels_last_format
 
@@ -70,7 +71,9 @@ class PassScratch:
     nothing beside the parameters outlives a call. Fresh tensors instead where reusing storage is unsafe or
     buys nothing: under tracing, in grad mode (a conv whose input or weight requires grad saves the packed
     weight for its backward, and the next conv's copy would overwrite it; the input is not seen here), and on
-    CUDA (its caching allocator makes a fresh tensor free, and kernels may still read the previous one)."""
+    CUDA (its caching allocator makes a fresh tensor free, and kernels may still read the previous one). A meta
+    pass predicting a CPU pass takes the CPU's path (`vae.meta_device`): the buffer is held from the first
+    packed tap to the end of the pass."""
 
     def __init__(self) -> None:
         self._buf: Optional[torch.Tensor] = None
@@ -79,7 +82,7 @@ class PassScratch:
         """`weight` contiguous in `memory_format`: itself when it already is, else a copy in the scratch."""
         if weight.is_contiguous(memory_format=memory_format):
             return weight
-        if weight.device.type != "cpu" or tracing() or torch.is_grad_enabled() or weight.ndim not in (4, 5):
+        if path_device_type(weight) != "cpu" or tracing() or torch.is_grad_enabled() or weight.ndim not in (4, 5):
             return weight.contiguous(memory_format=memory_format)
         n = weight.numel()
         buf = self._buf

@@ -3,7 +3,8 @@
 A meta pass allocates nothing and computes nothing, but every op makes its outputs with their real sizes and
 layouts and frees them when the last reference goes, as the real pass would (vae/peak_memory.py `LiveBytes`); what
 the real kernels allocate inside ops is added per device type (vae/op_memory.py), attention runs as its fused
-kernel (vae/attention.py) and the fused norms as the one output they make. Host-held tensors are counted apart.
+kernel (vae/attention.py), the fused norms as the one output they make and the CPU's device-specific paths as the
+CPU takes them (vae/peak_memory.py `meta_pass_for`). Host-held tensors are counted apart.
 The run is sampled where its steps repeat (`run_plan(..., sample=True)`): the first two temporal steps and the
 last, one tile of each shape, one core of the largest size — into canvases of the full size, so the peak is that
 of the whole pass.
@@ -17,11 +18,10 @@ from typing import Optional
 
 import torch
 
-from .. import norms
-from ..attention import meta_attention_for
 from ..base import VAEModel
+from ..meta_device import predicting_for
 from ..op_memory import op_memory_for
-from ..peak_memory import LiveBytes, MetaFusedNorms, MetaPasses, PassPaths, PeakPrediction, weight_bytes
+from ..peak_memory import LiveBytes, MetaPasses, PassPaths, PeakPrediction, meta_pass_for, weight_bytes
 from .execute import run_plan
 from .plan import PassPlan
 
@@ -37,8 +37,7 @@ def _predict_plan(copies: MetaPasses, plan: PassPlan, paths: PassPaths) -> PeakP
     clone = copies.copy(plan.dtype, paths.fast)
     x = torch.empty(plan.shape, device="meta", dtype=plan.dtype)
     tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()], op_memory=op_memory_for(plan.device_type))
-    with torch.inference_mode(), norms.meta_fused_norms(MetaFusedNorms() if paths.fused_norms else None), \
-            meta_attention_for(plan.device_type), tracker:
+    with torch.inference_mode(), meta_pass_for(plan.device_type, paths.fused_norms), tracker:
         out = run_plan(clone, x, plan, sample=True, meta_tracker=tracker)
     del out
     esize = torch.empty((), dtype=plan.dtype).element_size()
@@ -55,7 +54,7 @@ def conv_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
     clone = copies.copy(dtype, model.fast)
     counter = _FlopCounter()
     x = torch.empty(shape, device="meta", dtype=dtype)
-    with torch.inference_mode(), meta_attention_for("cpu"), counter:
+    with torch.inference_mode(), predicting_for("cpu"), counter:
         if decode:
             clone.decode_latents(x, temporal_slice=1)
         else:

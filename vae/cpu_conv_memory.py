@@ -1,0 +1,149 @@
+"""What a CPU convolution allocates inside itself, and how it lays out its output, per kernel PyTorch picks.
+
+Why: on meta tensors a convolution allocates its output only, contiguous (torch/_meta_registrations.py,
+`meta_conv`: "Memory format is left as contiguous"). On the CPU, PyTorch picks a kernel per call by a shape
+heuristic (aten/src/ATen/native/Convolution.cpp: `_select_conv_backend`, `ConvParams::use_mkldnn`: oneDNN for
+fp32 only when N·C·D·H > 20480 or the kernel is larger than 3×3 or …, else PyTorch's own im2col kernels), and
+the kernels differ by tens of times the output in what they hold while they run. The choice is PyTorch's own
+(`torch._C._select_conv_backend`, asked with stride-0 CPU tensors of the call's shapes: it reads shapes, dtype,
+parameters and the thread count, never the data, so nothing is allocated), and so is the output's layout
+(`torch._C._conv_determine_backend_memory_format`). Measured with vae/allocator_peak.py on one AMD EPYC
+(AVX-512), torch 2.13 CPU, fp32, 2 threads, single convs (tests/test_prediction_accuracy.py keeps checking them):
+
+- `Slow3d` / `Slow2d` (ConvolutionMM3d.cpp, ConvolutionMM2d.cpp): a contiguous copy of the input and of the
+  weight where they are not contiguous in the kernel's layout (Slow3d: always plain; Slow2d: channels-last when
+  either is), plus the im2col "columns" buffer, C_in·k_t·k_h·k_w × N·T_out·H_out·W_out elements, skipped for a
+  1×1(×1) kernel of stride 1 and no padding. Measured to the byte (e.g. 64→64 ch 3×3×3 on 3×32×32: 5.933 MiB
+  columns; channels-last input adds its 0.750 MiB copy and the weight's 0.422 MiB).
+- `Mkldnn` (mkldnn/Conv.cpp): the input and weight made contiguous in the kernel's layout (channels-last when
+  either is, else plain). Channels-last: oneDNN reorders only the weight into its blocked layout (+ the weight,
+  channels padded to 16; e.g. 0.434 MiB for a 0.422 MiB weight). Plain: it reorders the input, the weight and
+  its output into blocked layouts, then copies the output back to a plain tensor: extra = the most of
+  (input + weight + output blocked − the plain output, output blocked), e.g. 3.422 MiB for a 3 MiB input and a
+  0.422 MiB weight; 6.0 MiB (the blocked output) for a 1×3×3 conv doubling 64 channels on 3 MiB.
+  Channels are rounded up to 16 (AVX-512's block; AVX2's is 8, so there this is an upper bound), except that an
+  input of fewer than 16 channels is read as it is (oneDNN's "first convolution" kernels: 8 → 8 channels on
+  256×256 holds 4.0 MiB, the padded output alone). A channels-last call also holds 12 KiB more (12,336 B at 64
+  and 256 channels, 2-D and 3-D; nothing like it in plain calls).
+
+Not modelled (no model here runs them): transposed and grouped convolutions, other backends (NNPACK, XNNPACK).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+aten = torch.ops.aten
+
+_CONVS = {aten.conv1d.default, aten.conv2d.default, aten.conv3d.default, aten.convolution.default,
+          aten._convolution.default}
+
+_ONEDNN_BLOCK = 16  # channels per block of oneDNN's blocked layouts on AVX-512
+_ONEDNN_EXTRA = 12 * 1024  # held by every channels-last oneDNN convolution beyond its layouts (module docstring)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def conv_params(func, args: tuple, kwargs: dict) -> Optional[dict]:
+    """The convolution's input, weight and parameters from any of the conv ops a dispatch mode sees
+    (`aten.conv3d` under inference mode, `aten.convolution` outside it), or None for another op."""
+    if func not in _CONVS:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation")
+    names += ("groups",) if func in (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default) \
+        else ("transposed", "output_padding", "groups")
+    p = dict(zip(names, args))
+    p.update({k: v for k, v in kwargs.items() if k in names})
+    dims = p["weight"].ndim - 2
+    p.setdefault("bias", None)
+    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1), ("output_padding", 0)):
+        v = p.get(key, default)
+        v = [int(i) for i in v] if isinstance(v, (list, tuple)) else [int(v)]
+        p[key] = v * dims if len(v) == 1 else v
+    p.setdefault("transposed", False)
+    p["groups"] = int(p.get("groups", 1))
+    return p
+
+
+@functools.lru_cache(maxsize=4096)
+def _backend(x_shape: tuple, w_shape: tuple, dtype: torch.dtype, stride: tuple, padding: tuple, dilation: tuple,
+             transposed: bool, output_padding: tuple, groups: int, _threads: int, _mkldnn: bool):
+    """PyTorch's own kernel choice for these shapes on the CPU (the last two arguments only key the cache: the
+    choice reads the thread count and whether oneDNN is enabled)."""
+    x = torch.empty((), dtype=dtype).expand(x_shape)  # stride 0: a CPU tensor of the shape, no memory
+    w = torch.empty((), dtype=dtype).expand(w_shape)
+    return torch._C._select_conv_backend(x, w, None, list(stride), list(padding), list(dilation), transposed,
+                                         list(output_padding), groups, None)
+
+
+def cpu_backend(p: dict):
+    """The `torch._C._ConvBackend` a CPU convolution of `p`'s shapes runs."""
+    x, w = p["input"], p["weight"]
+    return _backend(tuple(x.shape), tuple(w.shape), x.dtype, tuple(p["stride"]), tuple(p["padding"]),
+                    tuple(p["dilation"]), bool(p["transposed"]), tuple(p["output_padding"]), p["groups"],
+                    torch.get_num_threads(), torch.backends.mkldnn.enabled)
+
+
+def cpu_layout(p: dict, backend) -> torch.memory_format:
+    """The layout the kernel computes in and returns: channels-last for oneDNN and the 2-D im2col kernel when
+    the input or weight is channels-last (the rule PyTorch applies to both; asked of oneDNN's, which needs no
+    CPU tensor), plain for everything else."""
+    B = torch._C._ConvBackend
+    if backend in (B.Mkldnn, B.Slow2d):
+        return torch._C._conv_determine_backend_memory_format(p["input"], p["weight"], B.Mkldnn)
+    return torch.contiguous_format
+
+
+def _copy_bytes(t: torch.Tensor, fmt: torch.memory_format) -> int:
+    return 0 if t.is_contiguous(memory_format=fmt) else _nbytes(t)
+
+
+def _is_pointwise(p: dict) -> bool:
+    w = p["weight"]
+    return all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in p["stride"]) \
+        and all(q == 0 for q in p["padding"])
+
+
+def transient_bytes(p: dict, out: torch.Tensor) -> int:
+    """Bytes the CPU convolution holds beyond its inputs and `out` (module docstring: the measurements)."""
+    if p["transposed"] or p["groups"] != 1:
+        return 0
+    B = torch._C._ConvBackend
+    backend = cpu_backend(p)
+    x, w = p["input"], p["weight"]
+    fmt = cpu_layout(p, backend)
+    copies = _copy_bytes(x, fmt) + _copy_bytes(w, fmt)
+    esize = x.element_size()
+    if backend in (B.Slow3d, B.Slow2d):
+        columns = 0 if _is_pointwise(p) else \
+            x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(out.shape[2:]) * esize
+        return copies + columns
+    if backend == B.Mkldnn:
+        c_out, c_in = _round_up(w.shape[0], _ONEDNN_BLOCK), _round_up(w.shape[1], _ONEDNN_BLOCK)
+        w_blocked = c_out * c_in * math.prod(w.shape[2:]) * esize
+        if fmt != torch.contiguous_format:
+            return copies + w_blocked + _ONEDNN_EXTRA
+        x_blocked = 0 if w.shape[1] < _ONEDNN_BLOCK else x.shape[0] * c_in * math.prod(x.shape[2:]) * esize
+        y_blocked = out.shape[0] * c_out * math.prod(out.shape[2:]) * esize
+        return copies + max(x_blocked + w_blocked + y_blocked - _nbytes(out), y_blocked)
+    return 0
+
+
+def real_output(p: dict, out: torch.Tensor) -> torch.Tensor:
+    """`out` (the meta kernel's plain output) in the layout the CPU kernel returns."""
+    if p["transposed"] or out.ndim not in (4, 5):
+        return out
+    fmt = cpu_layout(p, cpu_backend(p))
+    if out.is_contiguous(memory_format=fmt):
+        return out
+    return torch.empty_like(out, memory_format=fmt)
