@@ -261,6 +261,38 @@ def _write(path: Path, payload: dict) -> None:
     atomic_write_text(path, json.dumps(payload, indent=1, default=str), overwrite=True)
 
 
+PROOF_TABLE = "budget-gpu"
+KINDS_TABLE = "kinds-gpu"
+UNRUN_TABLE = "budget-gpu-unrun"  # cases that failed before a plan was made (the harness, not the planner)
+
+
+def proof_rows(results: dict) -> list[dict]:
+    """The rows of a results file for bench/report.py's tables: one per budget or diffusers case (`PROOF_TABLE`),
+    one per plan kind of a kinds case (`KINDS_TABLE`); a case that failed before it was planned goes to
+    `UNRUN_TABLE` (the docs say which call reran it). Each row keeps its case's environment."""
+    rows: list[dict] = []
+    for case in results.get("cases", []):
+        base = {"case": case["case"], "environment": case.get("environment") or {},
+                "dtype": str(case.get("dtype", "")).removeprefix("torch."), "budget_mb": case.get("budget_mb"),
+                "limit_gb": case.get("limit_gb"), "status": case.get("status"), "error": case.get("error")}
+        if case.get("kinds"):
+            rows += [dict(base, table=KINDS_TABLE, **kind) for kind in case["kinds"]]
+            continue
+        table = UNRUN_TABLE if case.get("status") != "done" and "plan" not in case else PROOF_TABLE
+        rows.append(dict(base, table=table, layout=case.get("layout", ""), seconds=case.get("seconds"),
+                         predicted_mb=case.get("predicted_mb"), measured_mb=case.get("measured_mb"),
+                         host_mb=case.get("host_mb"), within_budget=case.get("within_budget")))
+    return rows
+
+
+def proof_environment(results: dict) -> dict:
+    """The machine of a results file: its first measured case's environment, with the dtype it ran in."""
+    for case in results.get("cases", []):
+        if case.get("environment"):
+            return dict(case["environment"], dtype=str(case.get("dtype", "")).removeprefix("torch."))
+    return {}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m turbovae.bench.budget_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="folder of the results file (orchestrator)")

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
+from .budget_gpu import proof_environment, proof_rows
+
 Row = Mapping[str, object]
 HEADER = ("case", "path", "time", "vs reference", "peak MB", "held MB", "max abs err", "PSNR dB")
 # Added when the rows hold a ComfyUI core baseline (`bench --comfyui`): core's time over the row's time, and
@@ -29,10 +31,15 @@ def load_rows(path: Path) -> list[dict]:
     path, _, table = str(path).partition("#")
     try:
         data = json.loads(Path(path).read_text())
-        rows = data["rows"]
+        rows = proof_rows(data) if _is_budget_proof(data) else data["rows"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
     return [r for r in rows if not table or table_of(r) == table]
+
+
+def _is_budget_proof(data: object) -> bool:
+    """A results file of the GPU proof (bench/budget_gpu.py): cases, not rows."""
+    return isinstance(data, dict) and "cases" in data and "rows" not in data
 
 
 def table_of(row: Row) -> str:
@@ -52,7 +59,10 @@ def load_environment(path: Path) -> dict:
     """The `environment` record of a results JSON (`FILE.json#TABLE` names the file's environment too)."""
     path = Path(str(path).partition("#")[0])
     try:
-        return dict(json.loads(path.read_text()).get("environment") or {})
+        data = json.loads(path.read_text())
+        if _is_budget_proof(data):
+            return proof_environment(data)
+        return dict(data.get("environment") or {})
     except (OSError, ValueError, AttributeError) as e:
         raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
 
@@ -236,11 +246,40 @@ def plans_cells(row: Row) -> list[str]:
             _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f")]
 
 
+PROOF_HEADER = ("case", "dtype", "process limit GB", "budget MB", "plan", "time", "predicted MB",
+                "peak MB (allocator)", "within budget", "host MB")
+
+
+def proof_cells(row: Row) -> list[str]:
+    """A GPU proof case (bench/budget_gpu.py): the plan made under the budget, then run and measured by the
+    allocator; a case that ran out of memory says so."""
+    done = row.get("status") == "done"
+    within = {True: "yes", False: "**no**"}.get(row.get("within_budget"), "")
+    outcome = "" if done else f"{row.get('status')}: {str(row.get('error') or '').split(':')[0]}"
+    return [str(row["case"]), str(row.get("dtype", "")), _num(row.get("limit_gb"), "g"),
+            _num(row.get("budget_mb"), ".0f"), str(row.get("layout") or ""),
+            f"{float(row['seconds']):.2f} s" if done and row.get("seconds") else outcome,
+            _num(row.get("predicted_mb"), ".0f"), _num(row.get("measured_mb"), ".0f") if done else "", within,
+            _num(row.get("host_mb"), ".0f")]
+
+
+KINDS_HEADER = ("case", "plan kind", "predicted MB", "peak MB (allocator)", "host MB", "max abs vs plain pass",
+                "PSNR dB")
+
+
+def kinds_cells(row: Row) -> list[str]:
+    """One plan kind of a GPU kinds case: its peak and its output against the untiled pass."""
+    return [str(row["case"]), str(row.get("layout", "")), _num(row.get("predicted_mb"), ".0f"),
+            _num(row.get("measured_mb"), ".0f"), _num(row.get("host_mb"), ".0f"), _num(row.get("max_abs"), ".3g"),
+            _num(row.get("psnr_db"), ".1f")]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
            "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells),
-           "budget": (BUDGET_HEADER, budget_cells), "plans": (PLANS_HEADER, plans_cells)}
+           "budget": (BUDGET_HEADER, budget_cells), "plans": (PLANS_HEADER, plans_cells),
+           "budget-gpu": (PROOF_HEADER, proof_cells), "kinds-gpu": (KINDS_HEADER, kinds_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):

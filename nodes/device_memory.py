@@ -11,7 +11,7 @@ size but not in the loaded size would read as memory still to load while the VAE
 `TurboVAEPatcher.loaded_size` adds what the VAE holds beside its weights (the engines loaded now, the graph
 pools): held memory is counted in both, memory not yet held (engines not loaded yet) only in the size.
 
-Dynamic VRAM (core's comfy-aimdo path, docs/dynamic_vram.md) changes two things this module answers for:
+Dynamic VRAM (core's comfy-aimdo path, docs/memory.md, "Dynamic VRAM") changes two things this module answers for:
 - what a pass may count on (`freeable_bytes`): core pages dynamic models' weights out on demand, so what it can
   give a pass is its free memory plus those pages (what core's own VAE sizes its batches by,
   `ModelPatcher.get_free_memory`), less the `--vram-headroom` aimdo keeps free for everything else;
