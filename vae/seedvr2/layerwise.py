@@ -251,7 +251,9 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
     if conv.memory_frames and ctx.collect:
-        ctx.put(_memory(conv, src, prev_here, pre, image, e, ctx, policy), conv, held=True)
+        history = [prev_here]  # handed over, so _memory can free the device copy before it makes the new frames
+        del prev_here
+        ctx.put(_memory(conv, src, history, pre, image, e, ctx, policy), conv, held=True)
     return out
 
 
@@ -271,13 +273,14 @@ def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
     return parts, lo - (above.shape[-2] if above is not None else 0), frame, out_lo, out_hi - out_lo
 
 
-def _memory(conv, src: Sequence[torch.Tensor], prev_here: Optional[torch.Tensor], pre: Pre, image: bool,
+def _memory(conv, src: Sequence[torch.Tensor], history: list, pre: Pre, image: bool,
             e: int, ctx, policy: SplitPolicy) -> torch.Tensor:
     """The conv's next causal memory: the last `memory_frames` frames of its (normalised, right/bottom padded)
     input, whose rows are the pieces `src` (a band between its halo rows, or one tensor). Made where the pass keeps
     its memory (`ctx.new_held`: on the device, or in host memory) a band of rows at a time, so only a band is
-    normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `prev_here` is the
-    history on the device: a slice shorter than the memory reaches back into it.
+    normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `history` holds the
+    history on the device (or None), which a slice shorter than the memory reaches back into; its frames are
+    written first and the device copy freed before the new frames are made (a 1080p SeedVR2 history is a GB).
 
     Host memory is only ever written, from the device (`ctx.placement.write`), never read here: on CUDA those
     writes are asynchronous, so a read of held memory by the CPU could see it before they land (the first GPU run
@@ -292,6 +295,14 @@ def _memory(conv, src: Sequence[torch.Tensor], prev_here: Optional[torch.Tensor]
     shape = (b, c, mf, h + e, w + e)
     held = ctx.new_held(shape, first.dtype, first.device, frame_major=True)
     on_host = ctx.placement is not None and ctx.placement.on_host
+    prev_here = history.pop()
+    if older and prev_here is not None:  # the frames before: the history's last ones
+        if on_host:
+            ctx.placement.write(held[:, :, :older], prev_here[:, :, -older:])
+        else:
+            held[:, :, :older].copy_(prev_here[:, :, -older:])
+    first_slice = prev_here is None
+    del prev_here  # (a pending asynchronous write keeps its source: the allocator orders reuse on the stream)
     # the new frames are made on the device (a band at a time) and go to host memory in one dense copy
     fresh = frame_major_empty((b, c, new, h + e, w + e), first.dtype, first.device) if on_host else \
         held[:, :, older:]
@@ -305,9 +316,8 @@ def _memory(conv, src: Sequence[torch.Tensor], prev_here: Optional[torch.Tensor]
         band = pre(band, t0) if pre is not None else band
         fresh[:, :, :, r0:r0 + band.shape[-2], :w].copy_(band[:, :, -1:] if image else band)
         del band
-    if older:  # the frames before: the history's last ones, or (first slice) the first kept frame repeated
-        before = prev_here[:, :, -older:] if prev_here is not None else \
-            fresh[:, :, :1].expand(-1, -1, older, -1, -1)
+    if older and first_slice:  # first slice: the history is the first kept frame repeated
+        before = fresh[:, :, :1].expand(-1, -1, older, -1, -1)
         if on_host:
             ctx.placement.write(held[:, :, :older], before)
         else:
