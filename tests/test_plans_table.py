@@ -1,0 +1,34 @@
+"""docs/memory.md's plans table is the planner's output: one row of the committed results file
+(docs/results/*-plans-cuda-bf16.json, written by `python -m turbovae.bench.plans_table`) recomputed from the code
+must name the same plan and the same predicted peak, so a planner or prediction change shows up as a stale doc."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from turbovae.bench import plans_table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = sorted((ROOT / "docs" / "results").glob("*-plans-cuda-bf16.json"))[-1]
+
+
+def _committed(case: str, variant: str) -> dict:
+    rows = json.loads(RESULTS.read_text())["rows"]
+    return next(r for r in rows if r["case"] == case and r["variant"] == variant)
+
+
+@pytest.mark.parametrize("key,decode,target", [
+    ("qwen_image", True, plans_table.TARGETS[0]),  # Wan 2.1 / Qwen-Image 1080p x 81 in 6 GB
+    pytest.param("seedvr2", True, plans_table.TARGETS[0], marks=pytest.mark.slow),  # host memory, frame stages
+], ids=["wan2.1-decode-1080p81-6gb", "seedvr2-decode-1080p81-6gb"])
+def test_a_plans_row_is_what_the_planner_plans_now(key, decode, target):
+    committed = _committed(f"{key} {'decode' if decode else 'encode'}", target.name)
+    now = plans_table.row_for(key, decode, target)
+    assert now["fits"] and committed["fits"], (now, committed)
+    assert now["plan"] == committed["plan"], f"stale {RESULTS.name}: rerun python -m turbovae.bench.plans_table"
+    assert now["pass_mb"] == committed["pass_mb"] and now["host_mb"] == committed["host_mb"]
+    assert now["pass_mb"] <= target.budget_gb * 1024
+    assert plans_table.TABLE in RESULTS.read_text() and RESULTS.name in (ROOT / "docs" / "memory.md").read_text()
