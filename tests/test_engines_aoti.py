@@ -65,7 +65,7 @@ def test_static_bucket_is_exact(built):
 
 def test_fast_tiles_of_the_engine_size_run_on_the_engines(built):
     """Tiled passes use engines too: with 64 px tiles every tile of a 128 px image fits the static bucket."""
-    from turbovae.vae.tiling import decode_tiled, encode_tiled
+    from turbovae.vae.tiled import decode_tiled, encode_tiled
 
     root, _ckpt, vae, _paths = built
     ev = turbovae.load_vae(root / "set", device="cpu")

@@ -151,7 +151,7 @@ def test_triton_norm_launch_out_of_memory_inside_a_tiled_pass_is_retried(on_cpu,
     """Through the public tiled decode: the out-of-memory reaches the tiler, which frees and retries, and the
     result equals the plain pass while the kernels stay on."""
     from turbovae.vae.api import TurboVAE
-    from turbovae.vae.tiling.tiler import decode_tiled
+    from turbovae.vae.tiled import decode_tiled
     from turbovae.vae.wan import TINY_WAN21, WanVAE
 
     torch.manual_seed(0)

@@ -398,7 +398,7 @@ def test_huge_latent_is_refused_before_allocating(built):
     z = torch.zeros(1, 4, 1, 1, 1).expand(1, 4, 1, 100000, 100000)  # a view: no memory behind it
     with pytest.raises(InputTooLarge, match="GiB"):
         vae.decode(z)
-    from turbovae.vae.tiling import decode_tiled
+    from turbovae.vae.tiled import decode_tiled
 
     with pytest.raises(InputTooLarge):
         decode_tiled(vae, z, mode="fast")
@@ -434,7 +434,7 @@ def test_loader_arguments_for_engines_only(built):
                                       ({"tile_px": -64}, "negative"), ({"overlap_px": -8}, "overlap_px"),
                                       ({"tile_px": "64"}, "integer"), ({"overlap_px": 8.5}, "integer")])
 def test_tiled_api_validates_arguments(built, kw, match):
-    from turbovae.vae.tiling import decode_tiled, encode_tiled
+    from turbovae.vae.tiled import decode_tiled, encode_tiled
 
     with pytest.raises(ValueError, match=match):
         decode_tiled(built[2], torch.zeros(1, 4, 1, 8, 8), **kw)
@@ -443,7 +443,7 @@ def test_tiled_api_validates_arguments(built, kw, match):
 
 
 def test_cpu_out_of_memory_retries_with_smaller_tiles(caplog):
-    from turbovae.vae.tiling.tiler import _run_with_oom_retry
+    from turbovae.vae.tiled import run_with_oom_retry
     from turbovae.vae.tiling.retry import TileRetry
 
     tiles = []
@@ -457,20 +457,20 @@ def test_cpu_out_of_memory_retries_with_smaller_tiles(caplog):
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes.")
         return torch.zeros(1)
 
-    assert _run_with_oom_retry(run, retry_at(64)).shape == (1,)
+    assert run_with_oom_retry(run, retry_at(64)).shape == (1,)
     assert tiles == [64, 32, 16]
 
     def other(retry):
         raise RuntimeError("Expected all tensors to be on the same device")
 
     with pytest.raises(RuntimeError, match="same device"):  # not an allocation failure: no retry
-        _run_with_oom_retry(other, retry_at(64))
+        run_with_oom_retry(other, retry_at(64))
 
     def always(retry):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes.")
 
     with pytest.raises(MemoryError, match="even with 64 px tiles"):
-        _run_with_oom_retry(always, retry_at(8))
+        run_with_oom_retry(always, retry_at(8))
 
 
 # -- the Build Engine node ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ MemoryError states the numbers.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -104,10 +104,17 @@ def _tiled_pass(vae: TurboVAE, x: torch.Tensor, plan: PassPlan, *, progress: Pro
             return run_plan(vae.model, x, plan, progress=progress, output_device=output_device, retry=retry,
                             whole=whole)
 
-    while True:  # an out-of-memory that escaped the tile loop (the global part, a layer-wise plan): shrink, rerun
+    return run_with_oom_retry(run, retry).to(vae.dtype)
+
+
+def run_with_oom_retry(run: Callable[[TileRetry], torch.Tensor], retry: TileRetry) -> torch.Tensor:
+    """`run(retry)` until it does not run out of memory: an allocation failure that escaped the tile loop (the
+    global part, a layer-wise plan) shrinks the tile (then the slice) and reruns; at the floor `retry.shrink`
+    raises MemoryError. Any other error propagates."""
+    while True:
         result = attempt(lambda: run(retry))
         if not isinstance(result, OutOfMemory):
-            return result.to(vae.dtype)
+            return result
         retry.shrink(result)
 
 
