@@ -514,3 +514,29 @@ def test_load_node_confines_the_recorded_source(comfy_root, built):
     with export_only():
         out = engine_nodes.TurboVAELoadEngine.execute(engine=f"set/{FILES[1]}")
     assert out.args[0] is not None
+
+
+@pytest.mark.parametrize("shape,decode,match", [((1, 16, 5, 8, 8), True, "4 channels"),
+                                                ((1, 4, 0, 8, 8), True, "positive"),
+                                                ((1, 4, 2, 3, 8, 8), True, r"\[B, 4, T, H, W\]"),
+                                                (("a", 4, 1, 8, 8), True, "integers"),
+                                                ((1, 3, 6, 64, 64), False, "1 \\+ 4n"),
+                                                ((1, 3, 5, 60, 64), False, "multiples of 8")])
+def test_plan_names_a_bad_shape(shape, decode, match):
+    """TurboVAE.plan is public: a shape decode / encode would refuse gets the same kind of error before any meta
+    pass (not a RuntimeError from a convolution's shape check)."""
+    from turbovae.vae.api import TurboVAE
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    with pytest.raises(ValueError, match=match):
+        TurboVAE(WanVAE(TINY_WAN21).eval()).plan(shape, decode=decode)
+
+
+def test_plan_temporal_slice_is_a_deprecated_plan():
+    from turbovae.vae.api import TurboVAE
+    from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+    vae = TurboVAE(WanVAE(TINY_WAN21).eval())
+    with pytest.warns(DeprecationWarning, match="TurboVAE.plan"):
+        old = vae.plan_temporal_slice((1, 4, 5, 8, 8), decode=True)
+    assert old == vae.plan((1, 4, 5, 8, 8), decode=True) and old.fits

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from typing import Callable, Mapping, Optional, Union
 
 import torch
@@ -270,6 +271,7 @@ class TurboVAE:
         device as it is made); `allow_host`: whether the plan may keep caches and output in host memory;
         `max_temporal_slice`: at most that many latents per step (progress between steps).
         BudgetTooSmall when no plan fits, naming the smallest budget that works."""
+        shape = self._plan_shape(shape, decode=decode)
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
         on_host = None
@@ -279,6 +281,34 @@ class TurboVAE:
                               max_temporal_slice=max_temporal_slice, output_on_host=on_host, allow_host=allow_host)
         return plan_pass(self.model, tuple(int(d) for d in shape), decode=decode, budget_bytes=budget,
                          paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta())
+
+    def _plan_shape(self, shape, *, decode: bool) -> tuple[int, ...]:
+        """`shape` as a pass's 5-D input shape, or a ValueError naming what is wrong (what decode / encode would
+        say of a tensor of that shape)."""
+        what, channels = ("latents", self.latent_channels) if decode else ("pixels", self.image_channels)
+        try:
+            dims = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"shape must be a sequence of integers, got {shape!r}") from None
+        if len(dims) == 4:
+            dims = dims[:2] + (1,) + dims[2:]
+        if len(dims) != 5 or min(dims) < 1:
+            raise ValueError(f"{what} shape must be [B, {channels}, T, H, W] of positive sizes; got {dims}")
+        if dims[1] != channels:
+            raise ValueError(f"{what} must have {channels} channels for a {self.kind} VAE; got shape {dims}")
+        f, tf = self.spatial_factor, self.temporal_factor
+        if not decode and (dims[3] % f or dims[4] % f or (dims[2] - 1) % tf):
+            raise ValueError(f"pixels shape {dims}: height and width must be multiples of {f} and the frames "
+                             f"1 + {tf}n (pad_frames pads a clip as encode does)")
+        return dims
+
+    def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None,
+                            device: Union[None, str, torch.device] = None) -> PassPlan:
+        """Deprecated (one version): `plan(shape, decode=...)`, whose plan may also tile the frame or keep memory
+        on the host; it keeps `temporal_slice`, `predicted`, `fits` and `describe()`."""
+        warnings.warn("TurboVAE.plan_temporal_slice is deprecated: use TurboVAE.plan (a PassPlan: temporal "
+                      "slice, tiles, frame stages, host memory)", DeprecationWarning, stacklevel=2)
+        return self.plan(shape, decode=decode, budget_bytes=budget_bytes, device=device)
 
     def predict_peak(self, shape: tuple[int, ...], *, decode: bool, temporal_slice: Optional[int] = None,
                      device: Union[None, str, torch.device] = None) -> PeakPrediction:
