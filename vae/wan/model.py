@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, WorkingSetModel, State, VAEModel
+from ..base import LatentFormat, State, VAEModel
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..accel.tensor_layout import channels_last_format
@@ -173,7 +173,6 @@ class WanVAE(VAEModel):
         self.latent_format = LatentFormat(cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor,
                                           mean=cfg.latents_mean, std=cfg.latents_std,
                                           image_channels=cfg.image_channels)
-        self.memory_model = memory_model(cfg)
         self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
     def context(self) -> StreamContext:
@@ -231,19 +230,3 @@ class WanVAE(VAEModel):
         part = self.decoder if decode else self.encoder
         return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
                               prepare=self.to_memory_format, image_path=self.fast.image_path)
-
-
-def memory_model(cfg: WanConfig) -> WorkingSetModel:
-    """Working-set estimate (2-byte dtype) per pixel-space pixel and frame in flight.
-
-    Derived from the widest full-resolution stage: the decoder's last upsample materialises the
-    upsampled input (C_up channels) next to its conv output, and each ResBlock holds input, normed
-    copy, conv output and (for video) the causal-padded copy. Counted as ~8 full-resolution tensors of
-    the widest full-res width plus the upsample input; the encoder as ~6 of its first-stage width.
-    """
-    dec_dims = cfg.decoder_dims()
-    full_res_dec = dec_dims[-1] / cfg.patch_size ** 2
-    up_in = (dec_dims[-2] if cfg.is_residual else dec_dims[-2] // 2) / cfg.patch_size ** 2
-    decode = 2 * (8 * full_res_dec + 2 * up_in)
-    encode = 2 * 6 * cfg.base_dim / cfg.patch_size ** 2
-    return WorkingSetModel(encode_bytes_per_pixel=encode, decode_bytes_per_pixel=decode)
