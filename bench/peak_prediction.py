@@ -23,7 +23,6 @@ from typing import Optional
 import torch
 
 from ..vae.accel.switches import FastPaths
-from ..vae.free_memory import auto_temporal_slice
 from ..vae.allocator_peak import measure_peak
 from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import environment
@@ -77,15 +76,48 @@ def gpu_rows(path: Path, copies: dict) -> list[dict]:
     return out
 
 
+def seedvr2_decode_working_set(config, pixels_per_frame: int, frames: int, dtype: torch.dtype) -> int:
+    """The hand estimate of a SeedVR2 decode's working set that chose the public decode's slice on the first GPU run
+    (before the planner, vae/planning/, chose slices by predicted peak); a baseline of this bench only.
+
+    Decode peaks in the last up block: a 2·C0-channel input, its normalised copy, the padded conv buffer and
+    C0-channel outputs alive together ≈ 11·C0 values per output pixel and frame (2-byte dtype; fp32 doubles it), plus
+    the mid block's per-frame attention for a 1080p frame with a memory-efficient kernel (256 MiB + 8·C_mid values
+    per latent pixel), which does not shrink with tiles."""
+    c0, cm = config.block_out_channels[0], config.block_out_channels[-1]
+    per_px = 11 * c0 * 2 * torch.finfo(dtype).bits / 16
+    return int(per_px * pixels_per_frame * frames + 256 * 2**20 + 8 * cm * 2 * (1920 * 1080 // 64))
+
+
+def hand_estimate_slice(working_set, latent_frames: int, budget: int, temporal_factor: int = 4) -> Optional[int]:
+    """The old slice rule: the largest slice (latent frames, halving from the whole clip) whose `working_set(frames)`
+    (bytes for that many pixel frames in flight; the first slice's extra latent included) fits `budget`; None = the
+    whole clip. On CUDA, where the first GPU run used it, no fastest-slice cap applied."""
+    if latent_frames <= 1:
+        return None
+
+    def fits(k: int) -> bool:
+        return working_set(1 + k * temporal_factor) <= budget
+
+    k = latent_frames - 1
+    if fits(k):
+        return None
+    while k > 1 and not fits(k):
+        k //= 2
+    return max(k, 1)
+
+
 def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
-    """A SeedVR2 public-decode file: measured max_memory_allocated (weights and input included) vs the total."""
+    """A SeedVR2 public-decode file: measured max_memory_allocated (weights and input included) vs the total, at the
+    slice the old rule took from the free memory of then (`hand_estimate_slice`)."""
     data = json.loads(path.read_text())
     shape = tuple(data["shape"])
     model = copies.setdefault("seedvr2", MetaPasses(_meta("seedvr2")))
     meta = _meta("seedvr2")
     f = meta.latent_format.spatial_factor
-    k = auto_temporal_slice(meta.memory_model, shape[-1] * shape[-2] * f * f, shape[2], torch.bfloat16,
-                            torch.device("cuda"), decode=True, budget=free_bytes)
+    pixels = shape[-1] * shape[-2] * f * f
+    k = hand_estimate_slice(lambda frames: seedvr2_decode_working_set(meta.config, pixels, frames, torch.bfloat16),
+                            shape[2], free_bytes)
     p = model.predict(shape, decode=True, dtype=torch.bfloat16, temporal_slice=k,
                       paths=PassPaths(FastPaths(), True, "cuda"))
     measured = max(v for key, v in data.items() if key.endswith("_peak_mb"))

@@ -3,6 +3,7 @@
 Conventions for every node module in this folder (engine_nodes.py included):
 - model-folder lookups and untrusted file names go through `nodes/paths.py` (`resolve_model_file`,
   `list_model_files`, `register_tensorrt_folder`, `engine_output_dir`);
+- a schema is built with `nodes/schema.py` (`node_schema`, and the inputs and outputs several nodes share);
 - combo options are the library's own tables (never restated here); their validation lives in
   `nodes/choices.py` (the server does not check V3 combos);
 - a VAE produced by our loaders is a `nodes/comfy_vae.ComfyTurboVAE` (`is_turbovae(vae)` tells it apart);

@@ -267,9 +267,9 @@ class ComfyTurboVAE:
         return plan
 
     def latents_for_pass(self, samples: torch.Tensor) -> torch.Tensor:
-        """Checked raw latents for a pass of ours that plans and loads itself (tiled, multi-GPU nodes)."""
+        """Raw latents for our tiled / multi-GPU passes (unchecked: their plan checks the shape, the pass the rest)."""
         self.throw_exception_if_invalid()
-        return self._check_latents(samples)
+        return self.core_latents.to_raw(samples)
 
     def clip_for_pass(self, pixels: torch.Tensor) -> torch.Tensor:
         """IMAGE -> the clip to encode, for a pass of ours that plans and loads itself."""

@@ -41,7 +41,10 @@ class CoreLatents:
         return raw if self.is_raw else (raw - self.shift) * self.scale
 
     def to_raw(self, samples: torch.Tensor) -> torch.Tensor:
-        return samples if self.is_raw else samples / self.scale + self.shift
+        """Unchecked samples are fine: anything but a float tensor is returned as it is, for the pass to refuse."""
+        if self.is_raw or not (isinstance(samples, torch.Tensor) and samples.is_floating_point()):
+            return samples
+        return samples / self.scale + self.shift
 
 
 def core_overlap(tile_px: Optional[int], overlap_px: int) -> int:

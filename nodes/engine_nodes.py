@@ -21,11 +21,11 @@ from ..vae.dtypes import DTYPE_NAMES
 from ..vae.registry import titles
 from .choices import check_choice
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
+from .schema import combo, node_schema, vae_file_input
 from .paths import TENSORRT_KEY, VAE_KEY, check_model_name, engine_output_dir, list_model_files, model_roots, \
     register_tensorrt_folder, resolve_model_file
 
 log = logging.getLogger(__name__)
-CATEGORY = "TurboVAE"
 SCOPES = ("folder", "file")
 
 
@@ -37,41 +37,30 @@ def _engine_names() -> list[str]:
 class TurboVAEBuildEngine(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAEBuildEngine",
-            display_name="Build Engine (TurboVAE)",
-            category=CATEGORY,
-            description="Exports a VAE from models/vae and builds encoder/decoder engines into "
-                        f"models/tensorrt/<name> (with video on, also video decode engines for {titles()}). TensorRT "
-                        "needs an NVIDIA GPU and the tensorrt package; AOTInductor needs neither. Builds take "
-                        "minutes; Cancel stops between phases (TensorRT also inside its builder).",
-            inputs=[
-                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
-                               tooltip="VAE checkpoint in models/vae to build engines for"),
-                io.String.Input("name", default="turbovae_engines",
-                                tooltip="Sub-folder of models/tensorrt to create (never overwritten unless asked)"),
-                io.Combo.Input("mode", options=list(MODES), default="static",
-                               tooltip="static: one size (width x height); multi_ratio: a set of ratio buckets "
-                                       "(inputs padded to the smallest that fits, output cropped back); "
-                                       "multi_profile: dynamic engines for <=1 MP, <=2.8 MP, <=4 MP"),
-                io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
-                io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
-                io.Combo.Input("backend", options=list(BACKEND_CHOICES), default=AUTO_BACKEND,
-                               tooltip="auto: tensorrt where it can build here, else aoti (the log says which "
-                                       "and why); tensorrt: fastest, needs an NVIDIA GPU, the tensorrt package "
-                                       "and onnx + onnxscript; aoti: AOTInductor, needs only PyTorch"),
-                io.Combo.Input("dtype", options=list(DTYPE_NAMES), default="fp16",
-                               tooltip="Engine precision (baked into the engine)"),
-                io.Boolean.Input("overwrite", default=False,
-                                 tooltip="Replace engines already in that folder (otherwise the build refuses)"),
-                io.Boolean.Input("video", default=False,
-                                 tooltip="Also build video decode engines (one first-slice and one next-slice engine "
-                                         f"per size) so videos decode on engines too: {titles()} (any VAE with "
-                                         "explicit causal memory). Needs static or multi_ratio mode"),
-            ],
-            outputs=[io.String.Output(display_name="engine_folder")],
-            is_output_node=True,
-        )
+        return node_schema("TurboVAEBuildEngine", "Build Engine (TurboVAE)",
+            [vae_file_input("VAE checkpoint in models/vae to build engines for"),
+             io.String.Input("name", default="turbovae_engines",
+                             tooltip="Sub-folder of models/tensorrt to create (never overwritten unless asked)"),
+             combo("mode", MODES, "static: one size (width x height); multi_ratio: a set of ratio buckets (inputs "
+                   "padded to the smallest that fits, output cropped back); multi_profile: dynamic engines for <=1 MP, "
+                   "<=2.8 MP, <=4 MP", default="static"),
+             io.Int.Input("width", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
+             io.Int.Input("height", default=1024, min=64, max=4096, step=16, tooltip="static mode only"),
+             combo("backend", BACKEND_CHOICES, "auto: tensorrt where it can build here, else aoti (the log says which "
+                   "and why); tensorrt: fastest, needs an NVIDIA GPU, the tensorrt package and onnx + onnxscript; "
+                   "aoti: AOTInductor, needs only PyTorch", default=AUTO_BACKEND),
+             combo("dtype", DTYPE_NAMES, "Engine precision (baked into the engine)", default="fp16"),
+             io.Boolean.Input("overwrite", default=False,
+                              tooltip="Replace engines already in that folder (otherwise the build refuses)"),
+             io.Boolean.Input("video", default=False,
+                              tooltip="Also build video decode engines (one first-slice and one next-slice engine per "
+                                      f"size) so videos decode on engines too: {titles()} (any VAE with explicit "
+                                      "causal memory). Needs static or multi_ratio mode")],
+            [io.String.Output(display_name="engine_folder")], is_output_node=True,
+            description="Exports a VAE from models/vae and builds encoder/decoder engines into models/tensorrt/<name> "
+                        f"(with video on, also video decode engines for {titles()}). TensorRT needs an NVIDIA GPU and "
+                        "the tensorrt package; AOTInductor needs neither. Builds take minutes; Cancel stops between "
+                        "phases (TensorRT also inside its builder).")
 
     @classmethod
     def execute(cls, vae_name: str, name: str, mode: str, width: int, height: int, backend: str, dtype: str,
@@ -130,33 +119,24 @@ class TurboVAEBuildEngine(io.ComfyNode):
 class TurboVAELoadEngine(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAELoadEngine",
-            display_name="Load TRT VAE (TurboVAE)",
-            category=CATEGORY,
-            description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines "
-                        "at the sizes they compute exactly (other sizes on the PyTorch VAE, or padded when "
-                        "pad_to_bucket is on); videos run on them only when the folder has video engines "
-                        "(Build Engine with video on), otherwise on the PyTorch VAE. Sizes outside every bucket and "
-                        "any engine problem also run the PyTorch VAE, with one warning.",
-            inputs=[
-                io.Combo.Input("engine", options=_engine_names(),
-                               tooltip="A folder's manifest.json in models/tensorrt (every engine Build "
-                                       "Engine wrote there, TensorRT or AOTInductor) or one engine file"),
-                io.Combo.Input("scope", options=list(SCOPES), default="folder",
-                               tooltip="folder: load every engine next to this one (encoder + decoder, all "
-                                       "buckets); file: only this engine (a manifest.json always loads its folder)"),
-                io.Combo.Input("fallback_vae", options=["(built from)"] + list_model_files(VAE_KEY),
-                               tooltip="Checkpoint for the PyTorch path; default: the one the engines were "
-                                       "built from"),
-                io.Boolean.Input("lazy", default=False, tooltip="Load each engine on first use"),
-                io.Boolean.Input("pad_to_bucket", default=False,
-                                 tooltip="Run sizes between buckets padded into the next bucket (faster, but "
-                                         "APPROXIMATE: differs from the PyTorch VAE near the edges and through "
-                                         "attention). Off: such sizes run on the PyTorch VAE, exactly"),
-            ],
-            outputs=[io.Vae.Output()],
-        )
+        return node_schema("TurboVAELoadEngine", "Load TRT VAE (TurboVAE)",
+            [combo("engine", _engine_names(), "A folder's manifest.json in models/tensorrt (every engine Build Engine "
+                   "wrote there, TensorRT or AOTInductor) or one engine file"),
+             combo("scope", SCOPES, "folder: load every engine next to this one (encoder + decoder, all buckets); "
+                   "file: only this engine (a manifest.json always loads its folder)", default="folder"),
+             combo("fallback_vae", ["(built from)"] + list_model_files(VAE_KEY), "Checkpoint for the PyTorch path; "
+                   "default: the one the engines were built from"),
+             io.Boolean.Input("lazy", default=False, tooltip="Load each engine on first use"),
+             io.Boolean.Input("pad_to_bucket", default=False,
+                              tooltip="Run sizes between buckets padded into the next bucket (faster, but APPROXIMATE: "
+                                      "differs from the PyTorch VAE near the edges and through attention). Off: such "
+                                      "sizes run on the PyTorch VAE, exactly")],
+            [io.Vae.Output()],
+            description="Loads engines from models/tensorrt as a standard VAE. Single frames run on the engines at "
+                        "the sizes they compute exactly (other sizes on the PyTorch VAE, or padded when pad_to_bucket "
+                        "is on); videos run on them only when the folder has video engines (Build Engine with video "
+                        "on), otherwise on the PyTorch VAE. Sizes outside every bucket and any engine problem also "
+                        "run the PyTorch VAE, with one warning.")
 
     @classmethod
     def execute(cls, engine: str, scope: str = "folder", fallback_vae: str = "(built from)",

@@ -18,37 +18,29 @@ from ..vae.registry import gpu_defaults_by_title, supported_text, titles
 from ..vae.gpu_defaults import COMPILE_ALL, COMPILE_ARCHITECTURES, COMPILE_MEASURED, compile_applies, describe_compile
 from .choices import check_choice, choice_error, first_error
 from .comfy_vae import WORKING_DTYPES, ComfyTurboVAE
-from .paths import VAE_KEY, list_model_files, resolve_model_file
+from .paths import VAE_KEY, resolve_model_file
+from .schema import combo, node_schema, vae_file_input
 
 log = logging.getLogger(__name__)
 
-CATEGORY = "TurboVAE"
 CompileSettingsType = io.Custom("TURBOVAE_COMPILE")
 
 
 class TurboVAELoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAELoader",
-            display_name="Load VAE (TurboVAE)",
-            category=CATEGORY,
-            description=f"Loads a VAE ({titles()}) from models/vae (architecture detected from the weights, every "
-                        "key and shape checked). The result plugs into core VAE Decode/Encode (Tiled) nodes and "
-                        "into the TurboVAE tiled nodes.",
-            inputs=[
-                io.Combo.Input("vae_name", options=list_model_files(VAE_KEY),
-                               tooltip="VAE file in models/vae (or an extra_model_paths.yaml vae folder). "
-                                       f"Supported: {supported_text()}."),
-                io.Combo.Input("dtype", options=list(DTYPE_CHOICES), default="auto",
-                               tooltip="Weights and compute precision. auto: ComfyUI's VAE dtype for the device "
-                                       "(bf16 on recent GPUs, fp32 on CPU). fp16 can overflow in these VAEs."),
-                CompileSettingsType.Input("compile", optional=True,
-                                          tooltip="Optional: connect a 'Compile Settings (TurboVAE)' node to "
-                                                  "torch.compile the VAE's regions (first run is slow)."),
-            ],
-            outputs=[io.Vae.Output(tooltip="A standard VAE: works with core and TurboVAE nodes.")],
-        )
+        return node_schema("TurboVAELoader", "Load VAE (TurboVAE)",
+            [vae_file_input(f"VAE file in models/vae (or an extra_model_paths.yaml vae folder). Supported: "
+                            f"{supported_text()}."),
+             combo("dtype", DTYPE_CHOICES, "Weights and compute precision. auto: ComfyUI's VAE dtype for the device "
+                   "(bf16 on recent GPUs, fp32 on CPU). fp16 can overflow in these VAEs.", default="auto"),
+             CompileSettingsType.Input("compile", optional=True,
+                                       tooltip="Optional: connect a 'Compile Settings (TurboVAE)' node to "
+                                               "torch.compile the VAE's regions (first run is slow).")],
+            [io.Vae.Output(tooltip="A standard VAE: works with core and TurboVAE nodes.")],
+            description=f"Loads a VAE ({titles()}) from models/vae (architecture detected from the weights, every key "
+                        "and shape checked). The result plugs into core VAE Decode/Encode (Tiled) nodes and into the "
+                        "TurboVAE tiled nodes.")
 
     @classmethod
     def validate_inputs(cls, dtype: str = "auto") -> bool | str:
@@ -84,46 +76,35 @@ class TurboVAELoader(io.ComfyNode):
 class TurboVAECompileSettings(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAECompileSettings",
-            display_name="Compile Settings (TurboVAE)",
-            category=CATEGORY,
+        return node_schema("TurboVAECompileSettings", "Compile Settings (TurboVAE)",
+            [combo("backend", COMPILE_BACKENDS, "torch.compile backend. inductor generates fused kernels (needs a C "
+                   "compiler, and Triton on GPU); the others are for debugging.", default="inductor"),
+             combo("mode", COMPILE_MODES, "default is usually best for a VAE. max-autotune-no-cudagraphs tunes kernels "
+                   "(much slower first run). torch.compile's own CUDA graphs (reduce-overhead, max-autotune) are not "
+                   "offered: the VAE's causal caches outlive a replay; use cuda_graphs below.", default="default"),
+             combo("dynamic", COMPILE_DYNAMIC, "auto: static first, dynamic after a shape change. true: dynamic shapes "
+                   "from the start (fewer recompiles, often slower). false: recompile for every new resolution / tile "
+                   "size / frame count.", default="auto"),
+             io.Boolean.Input("fullgraph", default=False,
+                              tooltip="Require each region to compile as one graph (errors instead of graph breaks). "
+                                      "Leave off unless debugging."),
+             io.Int.Input("cache_size_limit", default=64, min=1, max=1024,
+                          tooltip="torch._dynamo cache size per region: how many shape variants are kept before "
+                                  "falling back to eager. Raise it if you switch sizes often."),
+             io.Boolean.Input("cuda_graphs", default=False,
+                              tooltip="NVIDIA GPUs: also capture each whole encode/decode pass as a CUDA graph (one "
+                                      "per input size, at most 4 per direction) to remove kernel-launch gaps. Applies "
+                                      "to the tiled nodes' tiles and to images in core VAE Decode/Encode; clips there "
+                                      "run eagerly so progress and Cancel work per slice. The graphs' memory counts in "
+                                      "the VAE's size and is freed when ComfyUI unloads it. A failed capture runs "
+                                      "eagerly (out of memory: tried again next pass, off after 3 in a row)."),
+             combo("architectures", COMPILE_ARCHITECTURES, describe_compile(gpu_defaults_by_title()),
+                   default=COMPILE_MEASURED)],
+            [CompileSettingsType.Output(display_name="compile", tooltip="Connect to 'Load VAE (TurboVAE)'.")],
             description="torch.compile settings for 'Load VAE (TurboVAE)'. Regions are compiled separately and "
-                        "cached; if compilation fails (e.g. no C compiler) the VAE runs eagerly and one warning "
-                        "is logged. " + describe_compile(gpu_defaults_by_title()),
-            inputs=[
-                io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor",
-                               tooltip="torch.compile backend. inductor generates fused kernels (needs a C "
-                                       "compiler, and Triton on GPU); the others are for debugging."),
-                io.Combo.Input("mode", options=list(COMPILE_MODES), default="default",
-                               tooltip="default is usually best for a VAE. max-autotune-no-cudagraphs tunes "
-                                       "kernels (much slower first run). torch.compile's own CUDA graphs "
-                                       "(reduce-overhead, max-autotune) are not offered: the VAE's causal caches "
-                                       "outlive a replay; use cuda_graphs below."),
-                io.Combo.Input("dynamic", options=list(COMPILE_DYNAMIC), default="auto",
-                               tooltip="auto: static first, dynamic after a shape change. true: dynamic shapes "
-                                       "from the start (fewer recompiles, often slower). false: recompile for "
-                                       "every new resolution / tile size / frame count."),
-                io.Boolean.Input("fullgraph", default=False,
-                                 tooltip="Require each region to compile as one graph (errors instead of "
-                                         "graph breaks). Leave off unless debugging."),
-                io.Int.Input("cache_size_limit", default=64, min=1, max=1024,
-                             tooltip="torch._dynamo cache size per region: how many shape variants are kept "
-                                     "before falling back to eager. Raise it if you switch sizes often."),
-                io.Boolean.Input("cuda_graphs", default=False,
-                                 tooltip="NVIDIA GPUs: also capture each whole encode/decode pass as a CUDA graph "
-                                         "(one per input size, at most 4 per direction) to remove kernel-launch "
-                                         "gaps. Applies to the tiled nodes' tiles and to images in core VAE "
-                                         "Decode/Encode; clips there run eagerly so progress and Cancel work per "
-                                         "slice. The graphs' memory counts in the VAE's size and is freed when "
-                                         "ComfyUI unloads it. A failed capture runs eagerly (out of memory: "
-                                         "tried again next pass, off after 3 in a row)."),
-                io.Combo.Input("architectures", options=list(COMPILE_ARCHITECTURES), default=COMPILE_MEASURED,
-                               tooltip=describe_compile(gpu_defaults_by_title())),
-            ],
-            outputs=[CompileSettingsType.Output(display_name="compile",
-                                                tooltip="Connect to 'Load VAE (TurboVAE)'.")],
-        )
+                        "cached; if compilation fails (e.g. no C compiler) the VAE runs eagerly and one warning is "
+                        "logged. "
+                        + describe_compile(gpu_defaults_by_title()))
 
     @classmethod
     def validate_inputs(cls, backend: str = "inductor", mode: str = "default", dynamic: str = "auto",

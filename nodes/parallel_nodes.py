@@ -11,24 +11,24 @@ from comfy_api.latest import io
 from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
 from .comfy_vae import is_turbovae
 from .progress import progress_callback, running_node_id
-from .tiled_nodes import CATEGORY, MIN_TILE
+from .schema import node_schema, pass_inputs, pass_output, temporal_slice_input, tile_size_input
+from .tiled_nodes import MIN_TILE
 
 log = logging.getLogger(__name__)
 
 DEVICES_HELP = ('"all" = every visible GPU, or a comma list such as "cuda:0,cuda:1". Each device decodes a '
                 'band of rows; the result equals the single-GPU exact tiled pass.')
+LOADER_VAE_HELP = "A VAE from the TurboVAE Loader."
 
 
 def _inputs(default_tile: int) -> list:
     return [
         io.String.Input("devices", default="all", tooltip=DEVICES_HELP),
-        io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
-                     tooltip="Tile side in pixels of the single-GPU exact pass whose memory the GPUs share: each "
-                             "GPU's tiles hold 1/N of its area, so each needs about 1/N of one GPU's memory. "
-                             f"0 = each GPU sizes its tiles from its own free memory. Minimum {MIN_TILE}."),
-        io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
-                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = choose from "
-                             "free memory. Slices carry the causal cache, so slicing never changes the result."),
+        tile_size_input(default_tile, "Tile side in pixels of the single-GPU exact pass whose memory the GPUs "
+                                      "share: each GPU's tiles hold 1/N of its area, so each needs about 1/N of one "
+                                      "GPU's memory. 0 = each GPU sizes its tiles from its own free memory. "
+                                      f"Minimum {MIN_TILE}."),
+        temporal_slice_input("choose from free memory"),
     ]
 
 
@@ -49,18 +49,11 @@ def _prepare(vae, devices: str, tile_size: int, temporal_slice: int):
 class TurboVAEMultiGPUDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAEMultiGPUDecode",
-            display_name="Multi-GPU Decode (TurboVAE)",
-            category=CATEGORY,
-            description="Exact decode with the frame split into row bands, one per GPU (halo rows and norm "
-                        "statistics exchanged between GPUs). Cancel stops all GPUs at the next step.",
-            inputs=[io.Latent.Input("samples", tooltip="Latents to decode (from a sampler or an encode)."),
-                    io.Vae.Input("vae", tooltip="A VAE from the TurboVAE Loader."),
-                    *_inputs(512)],
-            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, 3] in 0..1.")],
-            hidden=[io.Hidden.unique_id],
-        )
+        return node_schema("TurboVAEMultiGPUDecode", "Multi-GPU Decode (TurboVAE)",
+            pass_inputs(True, "", LOADER_VAE_HELP, _inputs(512)),
+            [pass_output(True, "Decoded frames, [frames, height, width, 3] in 0..1.")], reports_progress=True,
+            description="Exact decode with the frame split into row bands, one per GPU (halo rows and norm statistics "
+                        "exchanged between GPUs). Cancel stops all GPUs at the next step.")
 
     @classmethod
     def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
@@ -79,19 +72,12 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
 class TurboVAEMultiGPUEncode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAEMultiGPUEncode",
-            display_name="Multi-GPU Encode (TurboVAE)",
-            category=CATEGORY,
-            description="Exact encode with the frame split into row bands, one per GPU. For video VAEs the "
-                        "batch is one clip (padded to 4n+1 frames by repeating the last frame).",
-            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, 3] in 0..1; "
-                                                     "height and width are centre-cropped to multiples of 8."),
-                    io.Vae.Input("vae", tooltip="A VAE from the TurboVAE Loader."),
-                    *_inputs(1024)],
-            outputs=[io.Latent.Output(tooltip="Latents as ComfyUI's own VAE of this kind gives them (what samplers and VAE Decode expect).")],
-            hidden=[io.Hidden.unique_id],
-        )
+        return node_schema("TurboVAEMultiGPUEncode", "Multi-GPU Encode (TurboVAE)",
+            pass_inputs(False, "Frames to encode, [frames, height, width, 3] in 0..1; height and width are "
+                               "centre-cropped to multiples of 8.", LOADER_VAE_HELP, _inputs(1024)),
+            [pass_output(False)], reports_progress=True,
+            description="Exact encode with the frame split into row bands, one per GPU. For video VAEs the batch is "
+                        "one clip (padded to 4n+1 frames by repeating the last frame).")
 
     @classmethod
     def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,

@@ -15,26 +15,30 @@ from ..vae.tiled import MODES as TILE_MODES
 from .choices import TILE_MODE_HELP, check_choice, choice_error, first_error
 from .comfy_vae import is_turbovae
 from .progress import running_node_id
+from .schema import combo, node_schema, pass_inputs, pass_output, temporal_slice_input, tile_size_input
 
-CATEGORY = "TurboVAE"
 MIN_TILE = 64  # pixels: the tiling engine's floor of 8 latents at 8x (128 px for Wan 2.2's 16x)
 
 
 def _tile_inputs(what: str, default_tile: int) -> list:
     return [
-        io.Int.Input("tile_size", default=default_tile, min=0, max=8192, step=32,
-                     tooltip=f"Tile side in pixels for {what}; 0 = the largest whose predicted peak fits "
-                             f"ComfyUI's free memory. Smaller tiles use less memory and run slower. "
-                             f"Minimum {MIN_TILE} px ({2 * MIN_TILE} px for Wan 2.2)."),
+        tile_size_input(default_tile, f"Tile side in pixels for {what}; 0 = the largest whose predicted peak fits "
+                                      f"ComfyUI's free memory. Smaller tiles use less memory and run slower. "
+                                      f"Minimum {MIN_TILE} px ({2 * MIN_TILE} px for Wan 2.2)."),
         io.Int.Input("overlap", default=64, min=0, max=1024, step=8,
                      tooltip="Overlap between neighbouring tiles in pixels (fast mode blends across it; "
                              "exact mode uses it as extra context)."),
-        io.Int.Input("temporal_slice", default=0, min=0, max=4096, step=1,
-                     tooltip="Latent frames processed at once (1 latent = 4 video frames); 0 = the largest "
-                             "whose predicted peak fits. Slices carry the causal cache, so slicing never changes "
-                             "the result."),
-        io.Combo.Input("mode", options=list(TILE_MODES), default="auto", tooltip=TILE_MODE_HELP),
+        temporal_slice_input("the largest whose predicted peak fits"),
+        combo("mode", TILE_MODES, TILE_MODE_HELP, default="auto"),
     ]
+
+
+def _vae_help(what: str) -> str:
+    return f"Any VAE; TurboVAE VAEs use the optimized tiler, others their own tiled {what}."
+
+
+def _validate_mode(cls, mode: str = "auto") -> bool | str:
+    return first_error(choice_error("mode", mode, TILE_MODES))
 
 
 def _min_tile(vae) -> int:
@@ -58,24 +62,16 @@ def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
 class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAETiledDecode",
-            display_name="Optimized Tiled Decode (TurboVAE)",
-            category=CATEGORY,
-            description="Decodes latents tile by tile with per-tile progress; Cancel stops between tiles. "
-                        "Video latents give all frames as an IMAGE batch.",
-            inputs=[io.Latent.Input("samples", tooltip="Latents to decode (from a sampler or an encode)."),
-                    io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
-                                                "own tiled decode."),
-                    *_tile_inputs("decoding (decode needs far more memory than encode)", 512)],
-            outputs=[io.Image.Output(tooltip="Decoded frames, [frames, height, width, channels] in 0..1 "
-                                             "(RGB; RGBA from the Qwen-Image-Layered VAE).")],
-            hidden=[io.Hidden.unique_id],
-        )
+        return node_schema("TurboVAETiledDecode", "Optimized Tiled Decode (TurboVAE)",
+            pass_inputs(True, "", _vae_help("decode"),
+                        _tile_inputs("decoding (decode needs far more memory than encode)", 512)),
+            [pass_output(True, "Decoded frames, [frames, height, width, channels] in 0..1 (RGB; RGBA from the "
+                               "Qwen-Image-Layered VAE).")],
+            reports_progress=True,
+            description="Decodes latents tile by tile with per-tile progress; Cancel stops between tiles. Video "
+                        "latents give all frames as an IMAGE batch.")
 
-    @classmethod
-    def validate_inputs(cls, mode: str = "auto") -> bool | str:
-        return first_error(choice_error("mode", mode, TILE_MODES))
+    validate_inputs = classmethod(_validate_mode)
 
     @classmethod
     def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
@@ -95,27 +91,16 @@ class TurboVAETiledDecode(io.ComfyNode):
 class TurboVAETiledEncode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="TurboVAETiledEncode",
-            display_name="Optimized Tiled Encode (TurboVAE)",
-            category=CATEGORY,
-            description="Encodes an IMAGE batch tile by tile with per-tile progress; Cancel stops between "
-                        "tiles. For video VAEs the batch is one clip (padded to 4n+1 frames by repeating "
-                        "the last frame; no frame is dropped).",
-            inputs=[io.Image.Input("pixels", tooltip="Frames to encode, [frames, height, width, channels] in 0..1; "
-                                                     "height and width are centre-cropped to multiples of 8, "
-                                                     "channels fitted to the VAE's (an RGBA VAE given RGB "
-                                                     "gets an opaque alpha)."),
-                    io.Vae.Input("vae", tooltip="Any VAE; TurboVAE VAEs use the optimized tiler, others their "
-                                                "own tiled encode."),
-                    *_tile_inputs("encoding", 1024)],
-            outputs=[io.Latent.Output(tooltip="Latents as ComfyUI's own VAE of this kind gives them (what samplers and VAE Decode expect).")],
-            hidden=[io.Hidden.unique_id],
-        )
+        return node_schema("TurboVAETiledEncode", "Optimized Tiled Encode (TurboVAE)",
+            pass_inputs(False, "Frames to encode, [frames, height, width, channels] in 0..1; height and width are "
+                               "centre-cropped to multiples of 8, channels fitted to the VAE's (an RGBA VAE given "
+                               "RGB gets an opaque alpha).", _vae_help("encode"), _tile_inputs("encoding", 1024)),
+            [pass_output(False)], reports_progress=True,
+            description="Encodes an IMAGE batch tile by tile with per-tile progress; Cancel stops between tiles. For "
+                        "video VAEs the batch is one clip (padded to 4n+1 frames by repeating the last frame; no "
+                        "frame is dropped).")
 
-    @classmethod
-    def validate_inputs(cls, mode: str = "auto") -> bool | str:
-        return first_error(choice_error("mode", mode, TILE_MODES))
+    validate_inputs = classmethod(_validate_mode)
 
     @classmethod
     def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,

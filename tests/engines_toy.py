@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from turbovae.vae.base import LatentFormat, WorkingSetModel, VAEModel
+from turbovae.vae.base import LatentFormat, VAEModel
 from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.checkpoint import Architecture, register_architecture
 from turbovae.vae.registry import BenchCases, Family, Workload
@@ -69,7 +69,6 @@ class ToyVAE(VAEModel):
 
     kind = "toy"
     latent_format = LatentFormat(channels=4, spatial_factor=8, temporal_factor=4)
-    memory_model = WorkingSetModel(100.0, 100.0)
     fast = FastPaths.plain()  # no switchable paths
     fast_fields = ()
 

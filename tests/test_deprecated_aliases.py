@@ -78,11 +78,3 @@ def test_monkeypatching_the_old_path_reaches_the_new_module(monkeypatch):
         old = importlib.import_module(old_name)
     monkeypatch.setattr(old, "_turbovae_alias_probe", 1, raising=False)
     assert importlib.import_module(MOVED[old_name])._turbovae_alias_probe == 1
-
-
-def test_memory_model_is_the_working_set_model_under_its_old_name():
-    from turbovae.vae import base
-
-    with pytest.warns(DeprecationWarning, match="WorkingSetModel"):
-        old = base.MemoryModel
-    assert old is base.WorkingSetModel

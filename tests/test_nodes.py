@@ -304,6 +304,21 @@ def test_wrong_latent_channels_say_what_the_vae_needs(name):
         vae.decode(bad["samples"])
 
 
+@pytest.mark.parametrize("name", VAE_NAMES)
+def test_tiled_decode_checks_the_latents_once(name, monkeypatch):
+    """The node converts core's samples and plans from their shape; the library's tiled pass is the one place the
+    latents are checked (issue 42)."""
+    vae = _vae(name)
+    calls = []
+    check = type(vae.turbo).check_latents
+    monkeypatch.setattr(type(vae.turbo), "check_latents", lambda self, x: calls.append(1) or check(self, x))
+    z = torch.randn(1, vae.latent_channels, 1, 8, 8)
+    TurboVAETiledDecode.execute(samples={"samples": z}, vae=vae, tile_size=0)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="NaN"):
+        TurboVAETiledDecode.execute(samples={"samples": torch.full_like(z, float("nan"))}, vae=vae, tile_size=0)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"mode": "fastest"}, "mode='fastest' is not a valid choice"),
     ({"tile_size": 32}, "too small"),

@@ -1,4 +1,6 @@
-"""Default temporal slice: the memory rule, capped for decode at the device type's measured fastest slice."""
+"""Default temporal slice: the planner's, capped for decode at the device type's measured fastest slice; slice progress.
+
+The old hand-estimate slice rule is a baseline of bench/peak_prediction.py now (tests/test_bench_peak_prediction.py)."""
 
 from __future__ import annotations
 
@@ -8,42 +10,12 @@ import torch
 from turbovae.bench import slices
 from turbovae.bench.common import BenchOptions
 from turbovae.vae.api import TurboVAE
-from turbovae.vae.free_memory import FASTEST_SLICE, auto_temporal_slice
+from turbovae.vae.free_memory import FASTEST_SLICE
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
 
-class PerFrame:
-    """A memory model whose need grows by `per_frame` bytes per pixel frame."""
-
-    def __init__(self, per_frame: int):
-        self.per_frame = per_frame
-
-    def bytes_needed(self, pixels_per_frame, frames, dtype, *, decode):
-        return self.per_frame * frames
-
-
-def _slice(frames: int, device: str, *, decode: bool = True, budget: int = 10**12) -> object:
-    return auto_temporal_slice(PerFrame(1000), 64 * 64, frames, torch.float32, torch.device(device),
-                               decode=decode, budget=budget)
-
-
-def test_cpu_decode_is_capped_at_the_measured_fastest_slice():
-    cap = FASTEST_SLICE["cpu"]
-    assert _slice(1, "cpu") is None  # images: nothing to slice
-    assert _slice(cap + 1, "cpu") is None  # one slice of 1+cap latents is the whole clip
-    assert _slice(cap + 2, "cpu") == cap
-    assert _slice(21, "cpu") == cap
-    assert _slice(21, "cpu", budget=1000 * (1 + 4 * 1)) == 1  # memory still wins when it is tighter
-
-
-def test_encode_and_unmeasured_devices_keep_the_memory_rule():
-    assert "cuda" not in FASTEST_SLICE
-    assert _slice(21, "cpu", decode=False) is None
-    assert _slice(21, "cuda") is None  # fits: whole clip
-    assert _slice(21, "cuda", budget=1000 * (1 + 4 * 5)) == 5  # largest power-of-two halving of 20 that fits
-
-
 def test_default_decode_takes_the_capped_slice_and_equals_the_whole_clip(seeded):
+    assert "cuda" not in FASTEST_SLICE  # not measured there yet: the largest slice that fits
     vae = TurboVAE(SeedVR2VAE(SeedVR2Config.tiny()))
     z = torch.randn(1, 16, 5, 2, 2, generator=seeded)
     assert vae.plan(tuple(z.shape), decode=True).temporal_slice == FASTEST_SLICE["cpu"]

@@ -56,25 +56,6 @@ class LatentFormat:
         return (latent_frames - 1) * self.temporal_factor + 1
 
 
-@dataclass(frozen=True)
-class WorkingSetModel:
-    """Working memory of one pass, used to pick temporal slices and tile sizes automatically.
-
-    Bytes are per pixel of the *pixel-space* frame (output for decode, input for encode) per frame
-    processed at once, for a 2-byte dtype; fp32 doubles them. `fixed_bytes` covers
-    latent-resolution work (attention, mid block) that does not shrink with tiles.
-    """
-
-    encode_bytes_per_pixel: float
-    decode_bytes_per_pixel: float
-    fixed_bytes: int = 0
-
-    def bytes_needed(self, pixels: int, frames: int, dtype: torch.dtype, *, decode: bool) -> int:
-        per_px = self.decode_bytes_per_pixel if decode else self.encode_bytes_per_pixel
-        scale = torch.finfo(dtype).bits / 16
-        return int(per_px * scale * pixels * frames + self.fixed_bytes)
-
-
 # progress(done, total) after each unit of work; raising from it cancels the pass
 Progress = Optional[Callable[[int, int], None]]
 
@@ -280,7 +261,6 @@ class VAEModel(nn.Module, ABC):
 
     kind: ClassVar[str]
     latent_format: LatentFormat
-    memory_model: WorkingSetModel
     fast_fields: ClassVar[tuple[str, ...]]  # the `FastPaths` fields this architecture reads
     follow_gpu_defaults: bool = True  # False: run exactly `fast` on a GPU (vae/gpu_defaults.py; the ablation)
 
@@ -557,17 +537,3 @@ def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]
         out.append((start, stop))
         start = stop
     return out
-
-
-_OLD_WORKING_SET_NAME = "MemoryModel"  # turbovae-deprecated-alias
-
-
-def __getattr__(name: str) -> object:
-    """The old name of `WorkingSetModel` (a hand estimate of a pass's working set) still resolves, with a
-    DeprecationWarning."""
-    if name == _OLD_WORKING_SET_NAME:
-        import warnings
-
-        warnings.warn(f"turbovae.vae.base.{name} is now WorkingSetModel", DeprecationWarning, stacklevel=2)
-        return WorkingSetModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,13 +1,11 @@
-"""Free-memory queries and the choices derived from them (temporal slice, tile size)."""
+"""Free-memory queries, the usable share of them, the fit check of a tensor and the measured fastest decode slice
+(the planner, vae/planning/, chooses slices and tiles from predicted peaks)."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
-
-from .base import WorkingSetModel
 
 # Never plan to use more than this share of what is free: allocator fragmentation and the rest
 # of the graph (ComfyUI keeps other models resident) need headroom.
@@ -68,32 +66,3 @@ def check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: to
 # --sections slices` (docs/BENCHMARKS.md, "Temporal slices"); device types not listed (CUDA) and encode are not
 # measured yet, so the memory rule alone decides there (the largest slice that fits).
 FASTEST_SLICE = {"cpu": 2}
-
-
-def auto_temporal_slice(memory_model: WorkingSetModel, pixels_per_frame: int, latent_frames: int,
-                        dtype: torch.dtype, device: torch.device, *, decode: bool,
-                        temporal_factor: int = 4, budget: Optional[int] = None) -> Optional[int]:
-    """Latent frames per slice: the largest whose working set fits the budget, for decode capped at the
-    device type's measured fastest slice (FASTEST_SLICE); None = whole clip.
-
-    The hand-estimate rule (`WorkingSetModel`) the passes used before slices were chosen by predicted peak under a
-    budget (vae/memory_budget.py); kept for the comparison with the first GPU run, which used it
-    (bench/peak_prediction.py), and for its own tests.
-
-    The first slice carries one extra latent (1+k); the estimate covers it.
-    """
-    if latent_frames <= 1:
-        return None
-    budget = int(free_memory_bytes(device) * USABLE_FRACTION) if budget is None else budget
-
-    def fits(k: int) -> bool:
-        frames = 1 + k * temporal_factor
-        return memory_model.bytes_needed(pixels_per_frame, frames, dtype, decode=decode) <= budget
-
-    fastest = FASTEST_SLICE.get(torch.device(device).type) if decode else None
-    k = latent_frames - 1 if fastest is None else min(fastest, latent_frames - 1)
-    if k == latent_frames - 1 and fits(k):
-        return None
-    while k > 1 and not fits(k):
-        k //= 2
-    return max(k, 1)

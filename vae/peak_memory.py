@@ -1,7 +1,7 @@
 """Peak memory of a pass, known before it runs: the pass itself on meta tensors, its storages counted.
 
 Why: a clip decode that runs out of memory does so after minutes of sampling, and a hand formula per model
-(what `WorkingSetModel` and ComfyUI core use) is off by large factors on some shapes. A pass run on the meta
+(what the passes used before, and ComfyUI core uses) is off by large factors on some shapes. A pass run on the meta
 device allocates nothing and runs no arithmetic, but every op still creates its output storages with their
 real sizes and frees them when the last reference goes, exactly as the real pass would. `LiveBytes` counts
 those storages (a weakref finalizer on each one tells when it is freed) and keeps the peak; running the real

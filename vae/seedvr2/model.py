@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, WorkingSetModel, State, VAEModel, run_slices
+from ..base import LatentFormat, State, VAEModel, run_slices
 from ..exact_tiling import LayerwisePlan
 from ..frame_stages import FrameStage, FrameStages, run_frame_stages
 from ..placement import Placement
@@ -99,19 +99,6 @@ class Decoder3D(nn.Module):
         return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx, last_use=True)
 
 
-def _memory_model(cfg: SeedVR2Config) -> WorkingSetModel:
-    """Working-set estimate from the widest full-resolution stages (2-byte dtype).
-
-    Decode peaks in the last up block: a 2·C0-channel input, its normalised copy, the padded conv
-    buffer and C0-channel outputs alive together ≈ 11·C0 values per output pixel (C0 = 128 → 2.8 kB);
-    encode peaks in the first blocks at ≈ 9·C0. The mid block's per-frame attention is in
-    `fixed_bytes` for a 1080p frame with a memory-efficient kernel (it does not store scores).
-    """
-    c0, cm = cfg.block_out_channels[0], cfg.block_out_channels[-1]
-    return WorkingSetModel(encode_bytes_per_pixel=9 * c0 * 2, decode_bytes_per_pixel=11 * c0 * 2,
-                       fixed_bytes=256 * 2**20 + 8 * cm * 2 * (1920 * 1080 // 64))
-
-
 class SeedVR2VAE(VAEModel):
     """SeedVR2 ("video_vae_v3") VAE: 16 latent channels, 8x space, 4x time, replicate-causal convs."""
 
@@ -126,7 +113,6 @@ class SeedVR2VAE(VAEModel):
         self.decoder = Decoder3D(config)
         self.latent_format = LatentFormat(config.latent_channels, config.spatial_factor, config.temporal_factor,
                                           scaling_factor=config.scaling_factor)
-        self.memory_model = _memory_model(config)
         self.hold_weights_after_loads()  # the layout the convs read; tap sums are made per call
 
     # -- functional steps ----------------------------------------------------------------------

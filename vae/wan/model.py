@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, WorkingSetModel, State, VAEModel
+from ..base import LatentFormat, State, VAEModel
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..accel.tensor_layout import channels_last_format
@@ -30,29 +30,46 @@ from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, Residu
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
-class Encoder(nn.Module):
+class _CausalStack(nn.Module):
+    """What the encoder and decoder share: the patch size, `conv_in` (in_channels -> the first stage's width), the
+    stages between the widths `dims` and the head (`norm_out`, `conv_out`). Each side builds its own stage blocks and
+    places its mid block; the parameter names are the checkpoint's (registration order: conv_in first, head last)."""
+
+    def __init__(self, cfg: WanConfig, in_channels: int, dims: Sequence[int]):
+        super().__init__()
+        self.patch_size = cfg.patch_size
+        self.conv_in = CausalConv3d(in_channels, dims[0], 3, padding=1)
+
+    @staticmethod
+    def stages(cfg: WanConfig, dims: Sequence[int], temporal: Sequence[bool]):
+        """(stage input width, output width, temporal resampling, last stage) per stage; the last stage
+        resamples nothing."""
+        last = len(cfg.dim_mult) - 1
+        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+            yield cin, cout, (temporal[i] if i < last else False), i == last
+
+    def add_head(self, width: int, out_channels: int) -> None:
+        self.norm_out = RMSNorm(width)
+        self.conv_out = CausalConv3d(width, out_channels, 3, padding=1)
+
+
+class Encoder(_CausalStack):
     """conv_in -> down blocks (local) | mid block (global attention) -> head -> quant_conv."""
 
     def __init__(self, cfg: WanConfig):
-        super().__init__()
-        self.patch_size = cfg.patch_size
         dims = cfg.encoder_dims()
-        self.conv_in = CausalConv3d(cfg.io_channels, dims[0], 3, padding=1)
+        super().__init__(cfg, cfg.io_channels, dims)
         blocks: list[nn.Module] = []
-        last = len(cfg.dim_mult) - 1
-        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
-            temporal = cfg.temporal_downsample[i] if i < last else False
+        for cin, cout, temporal, last in self.stages(cfg, dims, cfg.temporal_downsample):
             if cfg.is_residual:
-                blocks.append(DownResidualBlock(cin, cout, cfg.num_res_blocks, temporal, down=i != last))
+                blocks.append(DownResidualBlock(cin, cout, cfg.num_res_blocks, temporal, down=not last))
                 continue
-            for j in range(cfg.num_res_blocks):
-                blocks.append(ResidualBlock(cin if j == 0 else cout, cout))
-            if i != last:
+            blocks += [ResidualBlock(cin if j == 0 else cout, cout) for j in range(cfg.num_res_blocks)]
+            if not last:
                 blocks.append(Resample(cout, "downsample3d" if temporal else "downsample2d"))
         self.down_blocks = nn.ModuleList(blocks)
         self.mid_block = MidBlock(dims[-1])
-        self.norm_out = RMSNorm(dims[-1])
-        self.conv_out = CausalConv3d(dims[-1], cfg.z_dim * 2, 3, padding=1)
+        self.add_head(dims[-1], cfg.z_dim * 2)
         self._quant = None  # (quant_conv,), attached by WanVAE; a tuple so it is not registered twice
         self.receptive_radius = self._down_radius(cfg)
 
@@ -83,27 +100,22 @@ class Encoder(nn.Module):
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
-class Decoder(nn.Module):
+class Decoder(_CausalStack):
     """post_quant_conv -> conv_in -> mid block (global attention) | up blocks -> head (local)."""
 
     def __init__(self, cfg: WanConfig):
-        super().__init__()
-        self.patch_size = cfg.patch_size
         dims = cfg.decoder_dims()
-        self.conv_in = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        super().__init__(cfg, cfg.z_dim, dims)
         self.mid_block = MidBlock(dims[0])
         blocks: list[nn.Module] = []
-        last = len(cfg.dim_mult) - 1
-        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
-            temporal = cfg.temporal_upsample[i] if i < last else False
+        for i, (cin, cout, temporal, last) in enumerate(self.stages(cfg, dims, cfg.temporal_upsample)):
             if cfg.is_residual:
-                blocks.append(UpResidualBlock(cin, cout, cfg.num_res_blocks, temporal, up=i != last))
+                blocks.append(UpResidualBlock(cin, cout, cfg.num_res_blocks, temporal, up=not last))
             else:
-                mode = None if i == last else ("upsample3d" if temporal else "upsample2d")
+                mode = None if last else ("upsample3d" if temporal else "upsample2d")
                 blocks.append(UpBlock(cin if i == 0 else cin // 2, cout, cfg.num_res_blocks, mode))
         self.up_blocks = nn.ModuleList(blocks)
-        self.norm_out = RMSNorm(dims[-1])
-        self.conv_out = CausalConv3d(dims[-1], cfg.io_channels, 3, padding=1)
+        self.add_head(dims[-1], cfg.io_channels)
         self._post_quant = None  # (post_quant_conv,), attached by WanVAE
         self.receptive_radius = self._up_radius()
 
@@ -173,7 +185,6 @@ class WanVAE(VAEModel):
         self.latent_format = LatentFormat(cfg.z_dim, cfg.spatial_factor, cfg.temporal_factor,
                                           mean=cfg.latents_mean, std=cfg.latents_std,
                                           image_channels=cfg.image_channels)
-        self.memory_model = memory_model(cfg)
         self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
     def context(self) -> StreamContext:
@@ -231,19 +242,3 @@ class WanVAE(VAEModel):
         part = self.decoder if decode else self.encoder
         return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
                               prepare=self.to_memory_format, image_path=self.fast.image_path)
-
-
-def memory_model(cfg: WanConfig) -> WorkingSetModel:
-    """Working-set estimate (2-byte dtype) per pixel-space pixel and frame in flight.
-
-    Derived from the widest full-resolution stage: the decoder's last upsample materialises the
-    upsampled input (C_up channels) next to its conv output, and each ResBlock holds input, normed
-    copy, conv output and (for video) the causal-padded copy. Counted as ~8 full-resolution tensors of
-    the widest full-res width plus the upsample input; the encoder as ~6 of its first-stage width.
-    """
-    dec_dims = cfg.decoder_dims()
-    full_res_dec = dec_dims[-1] / cfg.patch_size ** 2
-    up_in = (dec_dims[-2] if cfg.is_residual else dec_dims[-2] // 2) / cfg.patch_size ** 2
-    decode = 2 * (8 * full_res_dec + 2 * up_in)
-    encode = 2 * 6 * cfg.base_dim / cfg.patch_size ** 2
-    return WorkingSetModel(encode_bytes_per_pixel=encode, decode_bytes_per_pixel=decode)
