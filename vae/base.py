@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
+from typing import Callable, ClassVar, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -22,8 +22,6 @@ from .norms import fused_norms_run
 from .placement import Placement, cache_placement
 from .tracing import tracing
 
-if TYPE_CHECKING:
-    from .frame_stages import FrameStages
 from .accel.weight_layout import PassScratch, conv_modules, hold_layout
 
 
@@ -247,6 +245,28 @@ class PassContext(CausalMemory):
         self.scratch.clear()
 
 
+@dataclass(frozen=True)
+class FrameStage:
+    """One stage: `run(x, ctx)` over a chunk of `first` input frames on its first step, `rest` on every later one
+    (the product of the temporal strides inside it), with its own pass context `ctx`."""
+
+    name: str
+    run: Callable[[torch.Tensor, PassContext], torch.Tensor]
+    first: int
+    rest: int
+
+
+@dataclass(frozen=True)
+class FrameStages:
+    """What `VAEModel.frame_stages(decode=...)` returns (run by vae/frame_stages.py): the stages in order; `open_context(split)` a fresh pass
+    context for one stage (`split`: the architecture's layer-wise tiling policy, or None); `finish` applied to the
+    last stage's output (the decoder's clamp)."""
+
+    stages: Sequence[FrameStage]
+    open_context: Callable[[Optional[object]], PassContext]
+    finish: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
+
+
 class VAEModel(nn.Module, ABC):
     """An architecture: holds the weights and runs validated tensors.
 
@@ -397,7 +417,7 @@ class VAEModel(nn.Module, ABC):
         return None
 
     # -- frame streaming ---------------------------------------------------------------------
-    def frame_stages(self, *, decode: bool) -> Optional["FrameStages"]:
+    def frame_stages(self, *, decode: bool) -> Optional[FrameStages]:
         """This model's decode (or encode) as stages streamed frame by frame (vae/frame_stages.py: the smallest
         step any layer can take, each stage with its own causal memory), or None: the default, an architecture
         that has not declared them runs whole steps. Equal to the whole-clip pass."""

@@ -14,35 +14,12 @@ pass's placement (vae/placement.py), so it can live in host memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 
-from .base import PassContext, Progress
+from .base import FrameStages, Progress
 from .placement import Placement
-
-
-@dataclass(frozen=True)
-class FrameStage:
-    """One stage: `run(x, ctx)` over a chunk of `first` input frames on its first step, `rest` on every later one
-    (the product of the temporal strides inside it), with its own pass context `ctx`."""
-
-    name: str
-    run: Callable[[torch.Tensor, PassContext], torch.Tensor]
-    first: int
-    rest: int
-
-
-@dataclass(frozen=True)
-class FrameStages:
-    """What `VAEModel.frame_stages(decode=...)` returns: the stages in order; `open_context(split)` a fresh pass
-    context for one stage (`split`: the architecture's layer-wise tiling policy, or None); `finish` applied to the
-    last stage's output (the decoder's clamp)."""
-
-    stages: Sequence[FrameStage]
-    open_context: Callable[[Optional[object]], PassContext]
-    finish: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
 
 
 def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,

@@ -89,6 +89,15 @@ def meta_fused_norms(dispatch) -> Iterator[None]:
         yield
 
 
+def fused_norms_possible() -> bool:
+    """Whether a CUDA pass planned from here would run the fused norms: Triton importable and the kernels not
+    switched off (by the environment, or by `set_fused_dispatch(None)`). Asks no GPU: a plan for a GPU may be made
+    on a machine without one."""
+    from .accel.kernels import disabled_by_env, triton_available
+
+    return not (disabled_by_env() or not triton_available() or fused_dispatch_forced_off())
+
+
 def fused_norms_run(device: Union[str, torch.device]) -> bool:
     """Whether the fused Triton norms serve passes on `device`: a GPU path there, selected (installed and not
     forced off) and not switched off by its self-check."""

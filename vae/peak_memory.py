@@ -35,7 +35,7 @@ from .accel.switches import FastPaths, active
 from .accel import self_checks
 from .meta_device import predicting_for
 from .op_memory import op_memory_for
-from .accel.kernels import fused_norms_possible
+from .norms import fused_norms_possible
 from .gpu_defaults import channels_last_applies
 
 
@@ -198,7 +198,7 @@ class PassPaths:
     def for_device_type(cls, model: VAEModel, device_type: str) -> "PassPaths":
         """The default paths on a device type without asking the device (planning for a GPU from a machine
         without one): channels-last as the model has it; fused norms only on CUDA and only where they would run
-        there (Triton installed, the kernels not switched off: `vae.accel.kernels.fused_norms_possible`)."""
+        there (Triton installed, the kernels not switched off: `vae.norms.fused_norms_possible`)."""
         fused = device_type == "cuda" and fused_norms_possible()
         fast = model.fast
         if fast.channels_last and not channels_last_applies(model.gpu_defaults(), device_type == "cuda", fused):

@@ -20,7 +20,8 @@ from torch import nn
 
 from ..base import LatentFormat, State, VAEModel, run_slices
 from ..exact_tiling import LayerwisePlan
-from ..frame_stages import FrameStage, FrameStages, run_frame_stages
+from ..base import FrameStage, FrameStages
+from ..frame_stages import run_frame_stages
 from ..placement import Placement
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults

@@ -61,17 +61,6 @@ def disabled_by_env() -> bool:
     return os.environ.get(ENV_DISABLE, "1").strip().lower() in ("0", "false", "no", "off")
 
 
-def fused_norms_possible() -> bool:
-    """Whether a CUDA pass planned from here would run the fused norms: Triton importable and the kernels not
-    switched off (by the environment, or by `vae.norms.set_fused_dispatch(None)`). Asks no GPU: a plan for a GPU
-    may be made on a machine without one."""
-    from ... import norms
-
-    if disabled_by_env() or not triton_available() or norms.fused_dispatch_forced_off():
-        return False
-    return True
-
-
 def default_dispatch() -> Optional[TritonNormDispatch]:
     """The dispatcher `vae.norms` installs on first CUDA use: Triton kernels if usable, else None."""
     if disabled_by_env():
