@@ -1,4 +1,7 @@
-"""Shared fixtures: deterministic threads/seeds and GPU-marker handling."""
+"""Shared fixtures: deterministic threads/seeds, GPU-marker handling and the two test tiers.
+
+The quick tier is the default (`python -m pytest -q`): tests marked `slow` are deselected. `--full` runs every
+test (the full tier; README.md, "The two commands")."""
 
 import os
 
@@ -8,7 +11,18 @@ import torch
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="the full tier: also run the tests marked slow (real-size runs, exports, engines); "
+                          "without it they are deselected (the quick tier)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--full"):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -85,6 +85,7 @@ REAL_FAST = [  # the real configs' cheapest passes: images, where oneDNN and cha
 ]
 
 
+@pytest.mark.slow  # the full tier (issue 41): real configs; the quick tier predicts the tiny configs' peaks
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "contiguous"])
 @pytest.mark.parametrize("key,decode,shape,k", REAL_FAST)
 def test_real_config_images_predict_the_allocator_peak(key, decode, shape, k, channels_last):
