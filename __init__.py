@@ -19,7 +19,7 @@ __all__ = [
     "LatentFormat", "CheckpointError", "decode_parallel", "encode_parallel", "ParallelPassError",
     "plan_pass", "MemoryBudget", "BudgetTooSmall", "comfy_entrypoint",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 async def comfy_entrypoint():

@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(TensorRT where it can build, else AOTInductor, which needs only PyTorch), fp16 engines, encoder and decoder, on CUDA "
                                    "when available.")
     try:
-        from .engines import cli as trt_cli
+        from .trt import cli as trt_cli
     except ImportError:
         trt_cli = None
     if trt_cli is not None:
@@ -338,7 +338,7 @@ def _user_error_types() -> tuple[type, ...]:
     """Errors that mean the input or the installation needs fixing (not a bug): one message, exit code 2."""
     import torch
 
-    from .engines.interface import EngineError  # an unusable backend (TensorRT missing, wrong GPU): the user's to fix
+    from .trt.interface import EngineError  # an unusable backend (TensorRT missing, wrong GPU): the user's to fix
     from .vae.checkpoint import CheckpointError
 
     return (UsageError, CheckpointError, ValueError, OSError, ImportError, torch.OutOfMemoryError, EngineError)

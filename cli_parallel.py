@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .engines.fileio import atomic_file, atomic_write_bytes
+from .trt.fileio import atomic_file, atomic_write_bytes
 from .vae.dtypes import DTYPE_NAMES
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")

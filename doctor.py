@@ -373,7 +373,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engines.fileio import atomic_write_text
+    from .trt.fileio import atomic_write_text
 
     report = collect(args.device, bench=not args.no_bench, budget_s=args.bench_seconds)
     text = json.dumps(report, indent=2)

@@ -1,7 +1,7 @@
 """`turbovae.load_vae`: the one public loader; it chooses between a checkpoint and an engine folder.
 
-It sits above both `vae/` (checkpoints, `vae.api.load_checkpoint`) and `engines/` (engine folders,
-`engines.engine_vae.load_engine_vae`), so neither imports the other's loader: `vae/` never imports `engines/`,
+It sits above both `vae/` (checkpoints, `vae.api.load_checkpoint`) and `trt/` (engine folders,
+`trt.engine_vae.load_engine_vae`), so neither imports the other's loader: `vae/` never imports `trt/`,
 and the engine loader receives an already-loaded PyTorch model from `vae/` for its fallback path.
 """
 
@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
-from .engines.formats import is_engine_path
+from .trt.formats import is_engine_path
 from .vae.api import TurboVAE, load_checkpoint, resolve_dtype_and_device
 
 Source = Union[str, os.PathLike, Mapping[str, torch.Tensor]]
@@ -32,7 +32,7 @@ def load_vae(source: Source, *, dtype: Union[None, str, torch.dtype] = None,
     """
     target_dtype, target_device = resolve_dtype_and_device(dtype, device)
     if isinstance(source, (str, os.PathLike)) and is_engine_path(Path(source)):
-        from .engines.engine_vae import load_engine_vae  # engines stay unimported for checkpoint users
+        from .trt.engine_vae import load_engine_vae  # engines stay unimported for checkpoint users
 
         return load_engine_vae(Path(source), dtype=target_dtype, device=target_device, fallback=fallback,
                                pad_to_bucket=pad_to_bucket)

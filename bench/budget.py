@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..engines.fileio import atomic_write_bytes
+from ..trt.fileio import atomic_write_bytes
 from ..vae.allocator_peak import measure_peak
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype

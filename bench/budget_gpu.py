@@ -256,7 +256,7 @@ def orchestrate(out_dir: Path, budget_s: float, only: Optional[set], dry: bool) 
 
 
 def _write(path: Path, payload: dict) -> None:
-    from ..engines.fileio import atomic_write_text
+    from ..trt.fileio import atomic_write_text
 
     atomic_write_text(path, json.dumps(payload, indent=1, default=str), overwrite=True)
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..engines.fileio import atomic_write_text
+from ..trt.fileio import atomic_write_text
 
 
 @dataclass

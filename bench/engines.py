@@ -41,10 +41,10 @@ def engine_vae(model32: nn.Module, run_model: nn.Module, out_dir: Path, table, b
                device: torch.device, **build_kw):
     """Build into `out_dir` from a private fp32 copy (a build casts the module it exports to the engine
     dtype/device, so the next backend must not see that) and wrap the engines around `run_model`."""
-    from ..engines.build import build_engine_set
-    from ..engines.engine_set import EngineSet
-    from ..engines.engine_vae import EngineVAE
-    from ..engines.identity import model_hash
+    from ..trt.build import build_engine_set
+    from ..trt.engine_set import EngineSet
+    from ..trt.engine_vae import EngineVAE
+    from ..trt.identity import model_hash
     from ..vae.api import TurboVAE
 
     weights_hash = model_hash(model32.state_dict())
@@ -67,8 +67,8 @@ class EngineUse:
 def engine_rows(device: torch.device, opts: BenchOptions, make: Callable[[str, Path], object],
                 uses: list[EngineUse]) -> list[BenchRow]:
     """Per backend: build once with `make(backend, folder)`, then one row per use, timed against its eager."""
-    from ..engines.interface import EngineError
-    from ..engines.backends import get_backend
+    from ..trt.interface import EngineError
+    from ..trt.backends import get_backend
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +92,7 @@ def engine_rows(device: torch.device, opts: BenchOptions, make: Callable[[str, P
 def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> list[BenchRow]:
     """Wan 2.1 image decode at a static bucket (eager vs torch.compile vs engines), and an image of twice
     the bucket's side in fast tiles of the bucket's size (PyTorch tiles vs tiles on the same engines)."""
-    from ..engines.buckets import Bucket, static_table
+    from ..trt.buckets import Bucket, static_table
     from ..vae.api import TurboVAE
     from ..vae.tiled import decode_tiled
 
@@ -188,10 +188,10 @@ def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: t
     (`TurboVAE.decode(z)`, the reference), eager sliced k latents per slice (the schedule the engines
     reproduce), and the video slice-engine chain per backend. Each side runs its warm-up, then one call whose
     peak memory is measured, then `repeat` timed runs alternating between the sides."""
-    from ..engines.interface import EngineError
-    from ..engines.backends import get_backend
-    from ..engines.buckets import Bucket, static_table
-    from ..engines.video import default_slice_latents
+    from ..trt.interface import EngineError
+    from ..trt.backends import get_backend
+    from ..trt.buckets import Bucket, static_table
+    from ..trt.video import default_slice_latents
     from ..vae.api import TurboVAE
     from .main import PeakMemory
 

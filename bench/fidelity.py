@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..engines.fileio import atomic_write_text
+from ..trt.fileio import atomic_write_text
 from ..vae.accel.switches import FastPaths
 from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
 from .common import environment, fan_in_weights, interleaved_ms

@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..engines.video import supports_video
+from ..trt.video import supports_video
 from ..vae.accel.compile import CompileSettings, apply_compile, compile_failed, remove_compile
 from ..vae.accel.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
@@ -273,8 +273,8 @@ def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, c
                      dtype: torch.dtype) -> list[BenchRow]:
     """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
     pixel size rounded up to 16 px; inputs are padded to it and outputs cropped back, as in use)."""
-    from ..engines.buckets import Bucket, static_table
-    from .engines import EngineUse, engine_rows, engine_vae
+    from ..trt.buckets import Bucket, static_table
+    from .trt import EngineUse, engine_rows, engine_vae
 
     kw = engine_build_kwargs(model, case)
     if kw is None:

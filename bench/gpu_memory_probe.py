@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..engines.fileio import atomic_write_text
+from ..trt.fileio import atomic_write_text
 from ..vae.api import TurboVAE
 from ..vae.peak_memory import LiveBytes
 from ..vae.registry import family

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..engines.fileio import atomic_write_text
+from ..trt.fileio import atomic_write_text
 
 # Case keys in priority order: bench/gpu.py's CUDA cases in the same order (a test checks they agree).
 CASE_KEYS = ("qwen-decode-1024", "qwen-encode-1024", "seedvr2-decode-1080p", "seedvr2-decode-720p21",

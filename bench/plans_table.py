@@ -81,7 +81,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m turbovae.bench.plans_table", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="the results file to write (a new one)")
     args = ap.parse_args(argv)
-    from ..engines.fileio import atomic_write_text
+    from ..trt.fileio import atomic_write_text
     from .common import environment
 
     rows = compute()

@@ -349,7 +349,7 @@ def write_chart(rows: Sequence[Row], path: Path) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e \".[bench]\"); no chart written"
-    from ..engines.fileio import atomic_write_bytes
+    from ..trt.fileio import atomic_write_bytes
     import io
 
     rows = list(rows)

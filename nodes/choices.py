@@ -3,7 +3,7 @@
 ComfyUI does not check V3 combo values against their options (an out-of-list value from an API
 prompt or an old workflow reaches `execute`), so every node checks its own. The option lists are the
 library's tables (`vae.tiled.MODES`, `vae.dtypes.DTYPE_CHOICES`, `vae.accel.compile.BACKENDS`/`MODES`/
-`DYNAMIC`, `vae.gpu_defaults.COMPILE_ARCHITECTURES`, `engines.backends.BACKEND_CHOICES`, `engines.buckets.MODES`),
+`DYNAMIC`, `vae.gpu_defaults.COMPILE_ARCHITECTURES`, `trt.backends.BACKEND_CHOICES`, `trt.buckets.MODES`),
 imported by the nodes, so a node offers exactly what the library accepts.
 """
 

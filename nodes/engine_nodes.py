@@ -14,9 +14,9 @@ import comfy.model_management as mm
 import comfy.utils
 from comfy_api.latest import io
 
-from ..engines.backends import AUTO_BACKEND, BACKEND_CHOICES, missing_onnx_export, resolve_backend
-from ..engines.buckets import MODES
-from ..engines.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
+from ..trt.backends import AUTO_BACKEND, BACKEND_CHOICES, missing_onnx_export, resolve_backend
+from ..trt.buckets import MODES
+from ..trt.formats import LOADABLE_ENGINE_NAMES, MANIFEST_NAME
 from ..vae.dtypes import DTYPE_NAMES
 from ..vae.registry import titles
 from .choices import check_choice
@@ -67,9 +67,9 @@ class TurboVAEBuildEngine(io.ComfyNode):
                 overwrite: bool = False, video: bool = False) -> io.NodeOutput:
         import torch
 
-        from ..engines.interface import BuildProgress
-        from ..engines.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
-        from ..engines.build import build_engine_set, preflight
+        from ..trt.interface import BuildProgress
+        from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+        from ..trt.build import build_engine_set, preflight
         from ..vae.api import load_checkpoint
         from ..vae.dtypes import parse_dtype
 
@@ -143,7 +143,7 @@ class TurboVAELoadEngine(io.ComfyNode):
                 lazy: bool = False, pad_to_bucket: bool = False) -> io.NodeOutput:
         import torch
 
-        from ..engines.engine_vae import load_engine_vae
+        from ..trt.engine_vae import load_engine_vae
 
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")

@@ -14,7 +14,7 @@ from typing import Iterable
 
 import folder_paths  # ComfyUI module; this package's nodes are only imported inside ComfyUI (or its test doubles)
 
-from ..engines.formats import ENGINE_SUFFIXES, MANIFEST_NAME
+from ..trt.formats import ENGINE_SUFFIXES, MANIFEST_NAME
 
 TENSORRT_KEY = "tensorrt"
 VAE_KEY = "vae"

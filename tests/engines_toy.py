@@ -159,7 +159,7 @@ def edit_manifest(folder, file: str, *, drop: bool = False, **changes) -> dict:
 
 
 def manifest_identity(folder, file: str):
-    from turbovae.engines.manifest import read_manifest
+    from turbovae.trt.manifest import read_manifest
 
     manifest, _ = read_manifest(folder)
     return next(e.identity for e in manifest.entries if e.file == file)
@@ -172,7 +172,7 @@ def export_only():
 
     import pytest
 
-    from turbovae.engines.aoti import AOTIBackend
+    from turbovae.trt.aoti import AOTIBackend
 
     @contextlib.contextmanager
     def patched():

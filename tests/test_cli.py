@@ -139,7 +139,7 @@ def test_pickled_objects_are_refused_in_one_clean_sentence(tmp_path):
 
 def test_engine_fallback_warning_is_printed_once(tmp_path):
     """It was printed twice on a console: once as a log record, once as a Python warning."""
-    code = ("import logging; from turbovae.engines.engine_vae import EngineVAE; from turbovae.vae.wan import TINY_WAN21, "
+    code = ("import logging; from turbovae.trt.engine_vae import EngineVAE; from turbovae.vae.wan import TINY_WAN21, "
             "WanVAE\nlogging.basicConfig()\nv = EngineVAE(WanVAE(TINY_WAN21), None)\n"
             "for _ in range(3): v._warn('decoder', 'engine unusable: fell back to PyTorch')")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr

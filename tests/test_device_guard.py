@@ -85,7 +85,7 @@ def test_multi_device_pass_restores_the_device_when_a_band_fails(recording):
 
 
 def test_aoti_package_loads_and_runs_on_the_requested_device(recording, tmp_path):
-    from turbovae.engines.aoti import AOTIBackend
+    from turbovae.trt.aoti import AOTIBackend
 
     loaded_on, ran_on = [], []
 
@@ -115,8 +115,8 @@ def test_tensorrt_deserialises_on_the_requested_device(recording, monkeypatch, t
 
     from test_engines_logic import _mock_trt
 
-    from turbovae.engines import tensorrt_backend as TB
-    from turbovae.engines.interface import EngineLoadError
+    from turbovae.trt import tensorrt_backend as TB
+    from turbovae.trt.interface import EngineLoadError
 
     trt = _mock_trt()
     deserialised_on = []

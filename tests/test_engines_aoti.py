@@ -15,10 +15,10 @@ from engines_toy import edit_manifest, save_toy_checkpoint, toy_checkpoint  # no
 
 import turbovae  # noqa: E402
 from turbovae.bench.common import psnr  # noqa: E402
-from turbovae.engines.buckets import Bucket, static_table  # noqa: E402
-from turbovae.engines.build import build_engine_set  # noqa: E402
-from turbovae.engines.engine_vae import EngineFallbackWarning, EngineVAE  # noqa: E402
-from turbovae.engines.engine_vae import ApproximateResultWarning  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.build import build_engine_set  # noqa: E402
+from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE  # noqa: E402
+from turbovae.trt.engine_vae import ApproximateResultWarning  # noqa: E402
 
 BUCKET = Bucket(64, 64)
 
@@ -164,8 +164,8 @@ def test_truncated_engine_is_detected_before_loading(built):
 
 
 def test_corrupt_engine_without_hash_gives_clear_error(built):
-    from turbovae.engines.aoti import AOTIBackend
-    from turbovae.engines.interface import EngineLoadError
+    from turbovae.trt.aoti import AOTIBackend
+    from turbovae.trt.interface import EngineLoadError
 
     folder = _copy_set(built, "corrupt")
     eng = folder / "decoder_64x64.pt2"
@@ -184,7 +184,7 @@ def test_single_engine_file_and_lazy_loading(built):
     root = built[0]
     ev = turbovae.load_vae(root / "set" / "decoder_64x64.pt2", device="cpu")
     assert ev.engines.components == ("decoder",)
-    from turbovae.engines.engine_vae import load_engine_vae
+    from turbovae.trt.engine_vae import load_engine_vae
 
     lazy = load_engine_vae(root / "set", device="cpu", lazy=True)
     assert lazy.engine_memory_bytes() == 0
@@ -198,8 +198,8 @@ def test_single_engine_file_and_lazy_loading(built):
 def test_dynamic_profile_engine_matches_eager(built, tmp_path):
     """One AOTInductor package per profile: exact inside the range at 16-px multiples; multiples of 8 that
     are not multiples of 16 run on PyTorch (exactly), or padded (size kept) when opted in."""
-    from turbovae.engines.buckets import Profile, multi_profile_table
-    from turbovae.engines.engine_vae import load_engine_vae
+    from turbovae.trt.buckets import Profile, multi_profile_table
+    from turbovae.trt.engine_vae import load_engine_vae
 
     _root, ckpt, vae, _ = built
     table = multi_profile_table([Profile("small", (32, 32), (48, 64), (96, 96))])
@@ -252,8 +252,8 @@ def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_pa
     runs on the engine, none padded. (Inductor's compile swapped for export save/load to stay fast.)"""
     from engines_toy import export_only
 
-    from turbovae.engines.buckets import Profile, multi_profile_table
-    from turbovae.engines.engine_vae import load_engine_vae
+    from turbovae.trt.buckets import Profile, multi_profile_table
+    from turbovae.trt.engine_vae import load_engine_vae
 
     _root, ckpt, vae, _ = built
     table = multi_profile_table([Profile("p", (32, 32), (48, 48), (96, 96))], multiple=8)
@@ -277,7 +277,7 @@ def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_pa
 def test_engine_out_of_memory_waits_for_the_next_call(built, error):
     """A transient out-of-memory inside the engine (other models resident) runs that call on PyTorch with
     one warning and leaves the engine on; only repeated ones switch it off."""
-    from turbovae.engines.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
+    from turbovae.trt.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
 
     root, _ckpt, vae, _ = built
     ev = turbovae.load_vae(root / "set", device="cpu")

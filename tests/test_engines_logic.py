@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbovae.engines import trt_logic as L
-from turbovae.engines.interface import BackendUnavailable, EngineRunError
-from turbovae.engines.buckets import (
+from turbovae.trt import trt_logic as L
+from turbovae.trt.interface import BackendUnavailable, EngineRunError
+from turbovae.trt.buckets import (
     Bucket,
     BucketTable,
     Profile,
@@ -25,8 +25,8 @@ from turbovae.engines.buckets import (
     pad_to,
     static_table,
 )
-from turbovae.engines.fileio import atomic_file, atomic_write_bytes
-from turbovae.engines.identity import EngineIdentity, IdentityError, mismatches, verify_file
+from turbovae.trt.fileio import atomic_file, atomic_write_bytes
+from turbovae.trt.identity import EngineIdentity, IdentityError, mismatches, verify_file
 
 
 # -- bucket table ---------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_identity_round_trip_and_mismatch_reasons(tmp_path):
     assert len(why) == 3 and "cuda" in why[0] and "v0" in why[1] and "different weights" in why[2]
     eng = tmp_path / "d.pt2"
     eng.write_bytes(b"0123456789")
-    from turbovae.engines.fileio import file_sha256
+    from turbovae.trt.fileio import file_sha256
 
     ok = _ident(engine_bytes=10, engine_sha256=file_sha256(eng))
     verify_file(eng, ok)
@@ -223,7 +223,7 @@ def _mock_trt(version="11.4.0.106", ctx=None):
 
 @pytest.mark.parametrize("fail", [None, "shape", "address", "execute"])
 def test_trt_runtime_checks_every_return(tmp_path, fail):
-    from turbovae.engines.tensorrt_backend import TRTEngine
+    from turbovae.trt.tensorrt_backend import TRTEngine
 
     ctx = _MockContext(fail)
     trt = _mock_trt(ctx=ctx)
@@ -245,8 +245,8 @@ def test_trt_runtime_checks_every_return(tmp_path, fail):
 
 def test_trt_engine_is_compared_with_its_manifest_before_the_first_run(tmp_path):
     """dtype of every I/O tensor and the profile ranges the manifest records, checked at load."""
-    from turbovae.engines.interface import EngineLoadError
-    from turbovae.engines.tensorrt_backend import TRTEngine
+    from turbovae.trt.interface import EngineLoadError
+    from turbovae.trt.tensorrt_backend import TRTEngine
 
     trt = _mock_trt(ctx=_MockContext())
     plan = tmp_path / "d.engine"
@@ -264,8 +264,8 @@ def test_trt_engine_is_compared_with_its_manifest_before_the_first_run(tmp_path)
 
 
 def test_trt_none_context_and_missing_module(monkeypatch, tmp_path):
-    from turbovae.engines import tensorrt_backend as TB
-    from turbovae.engines.interface import EngineLoadError
+    from turbovae.trt import tensorrt_backend as TB
+    from turbovae.trt.interface import EngineLoadError
 
     trt = _mock_trt(ctx=None)
     plan = tmp_path / "d.engine"
@@ -331,7 +331,7 @@ def _mock_static_slice_engine(shapes):
 
 
 def test_trt_static_multi_input_multi_output_engine(tmp_path):
-    from turbovae.engines.tensorrt_backend import TRTEngine
+    from turbovae.trt.tensorrt_backend import TRTEngine
 
     shapes = {"latents": (1, 16, 1, 2, 3), "memory_0": (1, 16, 2, 2, 3), "pixels": (1, 3, 4, 16, 24),
               "memory_0_out": (1, 16, 2, 2, 3)}
@@ -362,7 +362,7 @@ def test_trt_profiles_only_for_dynamic_inputs():
 
 # -- CLI and packaging --------------------------------------------------------------------------------
 def test_cli_tables():
-    from turbovae.engines import cli
+    from turbovae.trt import cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
@@ -377,9 +377,9 @@ def test_cli_tables():
 
 def test_pack_imports_without_tensorrt():
     code = ("import sys; sys.modules['tensorrt'] = None\n"
-            "import turbovae, turbovae.engines.engine_vae, turbovae.engines.tensorrt_backend, turbovae.engines.cli\n"
-            "from turbovae.engines.interface import BackendUnavailable\n"
-            "from turbovae.engines.backends import get_backend\n"
+            "import turbovae, turbovae.trt.engine_vae, turbovae.trt.tensorrt_backend, turbovae.trt.cli\n"
+            "from turbovae.trt.interface import BackendUnavailable\n"
+            "from turbovae.trt.backends import get_backend\n"
             "try:\n    get_backend('tensorrt').check_available('cuda')\nexcept BackendUnavailable as e:\n"
             "    print('OK', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -392,7 +392,7 @@ def test_auto_backend_builds_with_tensorrt_only_where_it_can(monkeypatch):
     check passes; a named backend is kept."""
     import torch
 
-    from turbovae.engines import backends as be
+    from turbovae.trt import backends as be
 
     name, why = be.resolve_backend("auto", torch.device("cpu"))
     assert name == "aoti" and why
@@ -413,7 +413,7 @@ def test_auto_backend_builds_with_tensorrt_only_where_it_can(monkeypatch):
 def test_cpu_aoti_builds_compile_with_freezing_and_cuda_builds_with_inductor_defaults(monkeypatch, tmp_path):
     """The package step asks Inductor for `freezing` on a CPU program (oneDNN-prepacked convs instead of the
     reference conv3d for small batch-1 convs) and keeps the I/O dtype metadata; CUDA keeps Inductor's defaults."""
-    from turbovae.engines import aoti
+    from turbovae.trt import aoti
 
     program = torch.export.export(torch.nn.Conv3d(2, 2, 3).eval(), (torch.randn(1, 2, 3, 4, 4),))
     assert aoti.program_device(program) == torch.device("cpu")

@@ -17,12 +17,12 @@ node_helpers.use_comfy_stubs()
 from turbovae import load_vae  # noqa: E402
 from turbovae.nodes import engine_nodes  # noqa: E402
 from turbovae.nodes import paths as _paths  # noqa: E402
-from turbovae.engines import engine_vae  # noqa: E402
-from turbovae.engines.buckets import Bucket, static_table  # noqa: E402
-from turbovae.engines.engine_vae import EngineFallbackWarning  # noqa: E402
-from turbovae.engines.fileio import file_sha256  # noqa: E402
-from turbovae.engines.identity import EngineIdentity, model_hash  # noqa: E402
-from turbovae.engines.manifest import Manifest, ManifestEntry  # noqa: E402
+from turbovae.trt import engine_vae  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.engine_vae import EngineFallbackWarning  # noqa: E402
+from turbovae.trt.fileio import file_sha256  # noqa: E402
+from turbovae.trt.identity import EngineIdentity, model_hash  # noqa: E402
+from turbovae.trt.manifest import Manifest, ManifestEntry  # noqa: E402
 
 folder_paths = _paths.folder_paths
 node_helpers.hide_comfy_stubs()
@@ -92,7 +92,7 @@ def test_build_engine_validates_before_work(comfy_root, bad):
 def test_build_engine_fails_fast_without_evicting_models(comfy_root, monkeypatch):
     """A missing TensorRT or an existing engine must fail before ComfyUI's models are unloaded and the
     checkpoint is read: the user loses nothing and hears the fix at once."""
-    from turbovae.engines.interface import BackendUnavailable
+    from turbovae.trt.interface import BackendUnavailable
 
     mm = engine_nodes.mm  # the (test double) model management the node module imported
     base = comfy_root[0]
@@ -134,7 +134,7 @@ class _CountingEngines:
 
 def test_model_management_counts_engine_memory_and_unloading_releases_engines(comfy_root):
     from turbovae.nodes.comfy_vae import ComfyTurboVAE
-    from turbovae.engines.engine_vae import EngineVAE
+    from turbovae.trt.engine_vae import EngineVAE
 
     _base, ckpt, cfg = comfy_root
     model = load_vae(ckpt, config=cfg, device="cpu").model

@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from turbovae.bench.common import psnr
-from turbovae.engines.buckets import Bucket, multi_profile_table, static_table
-from turbovae.engines.build import build_engine_set
-from turbovae.engines.engine_set import EngineSet
-from turbovae.engines.engine_vae import ApproximateResultWarning, EngineFallbackWarning, EngineVAE
-from turbovae.engines.fileio import file_sha256
-from turbovae.engines.identity import model_hash
-from turbovae.engines.video import default_slice_latents
+from turbovae.trt.buckets import Bucket, multi_profile_table, static_table
+from turbovae.trt.build import build_engine_set
+from turbovae.trt.engine_set import EngineSet
+from turbovae.trt.engine_vae import ApproximateResultWarning, EngineFallbackWarning, EngineVAE
+from turbovae.trt.fileio import file_sha256
+from turbovae.trt.identity import model_hash
+from turbovae.trt.video import default_slice_latents
 from turbovae.vae.api import TurboVAE
 
 from engines_toy import edit_manifest, export_only, manifest_identity

@@ -23,13 +23,13 @@ from safetensors.torch import save_file
 
 import turbovae
 from turbovae import cli
-from turbovae.engines import engine_vae
-from turbovae.engines.buckets import Bucket, static_table
-from turbovae.engines.build import build_engine_set
-from turbovae.engines.engine_set import EngineSet
-from turbovae.engines.engine_vae import EngineFallbackWarning, EngineVAE
-from turbovae.engines.identity import IdentityError, model_hash
-from turbovae.engines.video import default_slice_latents
+from turbovae.trt import engine_vae
+from turbovae.trt.buckets import Bucket, static_table
+from turbovae.trt.build import build_engine_set
+from turbovae.trt.engine_set import EngineSet
+from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE
+from turbovae.trt.identity import IdentityError, model_hash
+from turbovae.trt.video import default_slice_latents
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WanVAE
 from turbovae.vae.wan.config import diffusers_kwargs
@@ -208,7 +208,7 @@ def test_real_aoti_compile_chain_on_cpu(tmp_path, kind):
 def test_a_model_without_the_causal_step_contract_is_refused_naming_the_fix():
     from torch import nn
 
-    from turbovae.engines.video import check_video_model, supports_video
+    from turbovae.trt.video import check_video_model, supports_video
 
     assert supports_video(WanVAE(TINY_WAN21)) and supports_video(WanVAE(TINY_WAN22_48CH))
     with pytest.raises(ValueError, match=r"decode_step and memory_layout.*drop --video"):
@@ -229,8 +229,8 @@ class _FakeSliceEngine:
 
 
 def test_chain_writes_each_slice_in_place_and_refuses_a_slice_that_does_not_fit():
-    from turbovae.engines.interface import EngineRunError
-    from turbovae.engines.video import chain_slices
+    from turbovae.trt.interface import EngineRunError
+    from turbovae.trt.video import chain_slices
 
     names = (("latents",), ("pixels", "memory_0_out")), (("latents", "memory_0"), ("pixels", "memory_0_out"))
     z = torch.arange(5.0).reshape(1, 1, 5, 1, 1)  # latent t holds the value t
@@ -248,7 +248,7 @@ def test_chain_writes_each_slice_in_place_and_refuses_a_slice_that_does_not_fit(
 def test_chain_of_k_latent_slices_pads_the_last_slice_and_crops_its_pixels(latents):
     """First slice 1 + 2 latents (9 frames), next slices 2 latents (8 frames): a clip that does not fill its
     last slice (or its first) runs on zero latents appended at the end, whose frames are cropped."""
-    from turbovae.engines.video import chain_slices, padded_latents
+    from turbovae.trt.video import chain_slices, padded_latents
 
     names = (("latents",), ("pixels", "memory_0_out")), (("latents", "memory_0"), ("pixels", "memory_0_out"))
     z = torch.arange(1.0, latents + 1).reshape(1, 1, latents, 1, 1)  # latent t holds t + 1; padding holds 0

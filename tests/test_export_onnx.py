@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from turbovae.engines.interface import BuildSpec  # noqa: E402
-from turbovae.engines.export import data_path, export_onnx, validate_onnx  # noqa: E402
+from turbovae.trt.interface import BuildSpec  # noqa: E402
+from turbovae.trt.export import data_path, export_onnx, validate_onnx  # noqa: E402
 
 
 def _model(kind):
@@ -65,7 +65,7 @@ SLICE_CASES = {"seedvr2": (4, 6), "wan": (4, 6), "wan2.2": (2, 3)}  # kind -> la
 def test_video_slice_graphs_equal_eager_sliced_decode(tmp_path, kind):
     """The graphs a TensorRT video build starts from (the ONNX of `DecodeSliceGraph`), chained on onnxruntime with
     the causal memory carried explicitly, equal the eager sliced decode: SeedVR2, Wan 2.1 and Wan 2.2 (48 ch)."""
-    from turbovae.engines.export import export_decode_slice_graphs, run_onnxruntime, slice_graph_names
+    from turbovae.trt.export import export_decode_slice_graphs, run_onnxruntime, slice_graph_names
 
     if kind == "wan2.2":
         from dataclasses import replace

@@ -62,8 +62,8 @@ def test_the_toy_family_is_one_entry_found_everywhere(tmp_path, capsys):
         save_toy_checkpoint(ckpt)
         vae = turbovae.load_vae(ckpt, device="cpu")
         assert isinstance(vae.model, ToyVAE) and registry.family_of_kind(vae.kind) is TOY_FAMILY
-        from turbovae.engines.buckets import Bucket, static_table
-        from turbovae.engines.build import image_plan, preflight
+        from turbovae.trt.buckets import Bucket, static_table
+        from turbovae.trt.build import image_plan, preflight
 
         table = static_table(Bucket(64, 64))
         jobs = preflight(tmp_path / "engines", table, backend="aoti", device=torch.device("cpu"))

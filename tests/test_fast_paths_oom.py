@@ -29,7 +29,7 @@ def on_cpu():
 
 
 def test_one_rule_for_every_optional_path():
-    from turbovae.engines.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
+    from turbovae.trt.engine_vae import ENGINE_OOM_FAILURES_TO_DISABLE
 
     assert cuda_graphs.OOM_FAILURES_TO_DISABLE == ENGINE_OOM_FAILURES_TO_DISABLE == OOM_FAILURES_TO_DISABLE == 3
     streak = OomStreak()

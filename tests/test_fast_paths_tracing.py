@@ -133,9 +133,9 @@ def test_bf16_slice_engine_export_holds_no_fake_constant(tmp_path, monkeypatch, 
     on CPU: the slice engines exported in bf16 with the GPU-only paths live (channels-last on, its self-check
     pending, as on a fresh CUDA process). The probe must not run inside the trace, nothing may be switched
     off, and the exported programs hold no fake tensor constant."""
-    from turbovae.engines import build as build_mod
-    from turbovae.engines.aoti import AOTIBackend
-    from turbovae.engines.buckets import Bucket, static_table
+    from turbovae.trt import build as build_mod
+    from turbovae.trt.aoti import AOTIBackend
+    from turbovae.trt.buckets import Bucket, static_table
     from turbovae.vae.api import TurboVAE
 
     probes = {"eager": 0, "traced": 0}

@@ -26,14 +26,14 @@ node_helpers.use_comfy_stubs()
 import turbovae  # noqa: E402
 from turbovae.nodes import engine_nodes  # noqa: E402
 from turbovae.nodes import paths as _paths  # noqa: E402
-from turbovae.engines.interface import BuildCancelled, BuildProgress, EngineLoadError, EngineRunError  # noqa: E402
-from turbovae.engines.buckets import Bucket, static_table  # noqa: E402
-from turbovae.engines.build import build_engine_set  # noqa: E402
-from turbovae.engines.engine_set import EngineSet  # noqa: E402
-from turbovae.engines.engine_vae import EngineFallbackWarning, EngineSourceError, load_engine_vae  # noqa: E402
-from turbovae.engines.fileio import atomic_write_bytes, publish  # noqa: E402
-from turbovae.engines.identity import IdentityError  # noqa: E402
-from turbovae.engines.manifest import MANIFEST_NAME, ManifestError  # noqa: E402
+from turbovae.trt.interface import BuildCancelled, BuildProgress, EngineLoadError, EngineRunError  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.build import build_engine_set  # noqa: E402
+from turbovae.trt.engine_set import EngineSet  # noqa: E402
+from turbovae.trt.engine_vae import EngineFallbackWarning, EngineSourceError, load_engine_vae  # noqa: E402
+from turbovae.trt.fileio import atomic_write_bytes, publish  # noqa: E402
+from turbovae.trt.identity import IdentityError  # noqa: E402
+from turbovae.trt.manifest import MANIFEST_NAME, ManifestError  # noqa: E402
 from turbovae.vae.api import DeviceUnavailable  # noqa: E402
 from turbovae.vae.checkpoint import CheckpointError  # noqa: E402
 from turbovae.vae.free_memory import InputTooLarge  # noqa: E402
@@ -260,7 +260,7 @@ def test_engine_outputs_are_checked_against_the_manifest(built, bad, match):
 
 
 def test_aoti_package_dtype_record_is_checked_before_the_first_run():
-    from turbovae.engines.aoti import IO_METADATA_KEY, check_io_metadata
+    from turbovae.trt.aoti import IO_METADATA_KEY, check_io_metadata
 
     record = {IO_METADATA_KEY: json.dumps({"inputs": ["torch.float32"], "outputs": ["torch.float32"]})}
     check_io_metadata(Path("e.pt2"), record, torch.float32, 1, 1)
@@ -299,7 +299,7 @@ def test_cancelled_overwrite_keeps_the_previous_set(built):
 
 
 def test_interrupted_build_leaves_no_engine_named_file(built, tmp_path, monkeypatch):
-    from turbovae.engines.aoti import AOTIBackend
+    from turbovae.trt.aoti import AOTIBackend
 
     calls = []
 

@@ -3,7 +3,7 @@
 Every module of the package (the repository root's modules and every sub-package, not tests/ or scripts/) is
 parsed with `ast`; relative imports are resolved to module names, counting imports inside functions and under
 `if TYPE_CHECKING:` (an annotation-only import is still an edge a reader follows). Checked on that graph:
-`vae/` never imports `engines/`, `nodes/`, `bench/` or ComfyUI, `engines/` never imports `nodes/`, `bench/` or the CLI,
+`vae/` never imports `trt/`, `nodes/`, `bench/` or ComfyUI, `trt/` never imports `nodes/`, `bench/` or the CLI,
 no import cycle anywhere, and no module imports another module's leading-underscore name (a name another
 module uses is public). Also: each module of `vae/` imported on its own in a fresh interpreter, watching which
 modules appear."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import turbovae
 
 ROOT = Path(turbovae.__file__).resolve().parent
-FORBIDDEN = ("comfy", "comfy_api", "folder_paths", "turbovae.engines", "turbovae.nodes", "turbovae.bench")
+FORBIDDEN = ("comfy", "comfy_api", "folder_paths", "turbovae.trt", "turbovae.nodes", "turbovae.bench")
 ABOVE_TRT = ("turbovae.nodes", "turbovae.bench", "turbovae.cli", "turbovae.cli_parallel", "turbovae.doctor",
              "comfy", "comfy_api", "folder_paths")
 NOT_PACKAGE = {"tests", "scripts", "build", "dist"}  # folders of the repository that are not in the package
@@ -119,8 +119,8 @@ def test_vae_imports_nothing_above_it():
 
 
 def test_trt_imports_nothing_above_it():
-    graph = {m: imps for m, imps in _package_graph().items() if m.startswith("turbovae.engines")}
-    assert len(graph) > 15  # every module of engines/ was parsed
+    graph = {m: imps for m, imps in _package_graph().items() if m.startswith("turbovae.trt")}
+    assert len(graph) > 15  # every module of trt/ was parsed
     bad = {m: sorted(i for i in imps if i.startswith(ABOVE_TRT)) for m, imps in graph.items()}
     assert {m: i for m, i in bad.items() if i} == {}
 
@@ -128,12 +128,12 @@ def test_trt_imports_nothing_above_it():
 def test_package_graph_covers_every_sub_package():
     graph = _package_graph()
     assert len([m for m in graph if m.startswith("turbovae.vae")]) > 30
-    for name in ("turbovae", "turbovae.cli", "turbovae.engines.interface", "turbovae.nodes", "turbovae.bench.gpu",
+    for name in ("turbovae", "turbovae.cli", "turbovae.trt.interface", "turbovae.nodes", "turbovae.bench.gpu",
                  "turbovae.vae.parallel.passes", "turbovae.vae.wan.model"):
         assert name in graph, name
     assert not [m for m in graph if m.startswith(("turbovae.tests", "turbovae.scripts"))]
     # a function-level import and an annotation-only one are edges too
-    assert "turbovae.engines.engine_vae" in graph["turbovae.loading"]
+    assert "turbovae.trt.engine_vae" in graph["turbovae.loading"]
 
 
 def test_package_has_no_import_cycle():
@@ -184,12 +184,12 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_each_vae_module_imports_alone():
-    """Each module, imported first in a fresh state, loads and pulls in no engines/ComfyUI module."""
+    """Each module, imported first in a fresh state, loads and pulls in no trt/ComfyUI module."""
     names = sorted(_vae_graph())
     code = f"""
 import importlib, sys
 import turbovae
-base = {{k for k in sys.modules if k.startswith("turbovae.engines") or k.startswith("comfy")}}
+base = {{k for k in sys.modules if k.startswith("turbovae.trt") or k.startswith("comfy")}}
 for name in {names!r}:
     for k in [k for k in sys.modules if k.startswith("turbovae.vae")]:
         del sys.modules[k]

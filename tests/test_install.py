@@ -105,7 +105,7 @@ def test_sdist_holds_the_tests_and_the_workflows(installed):
 
 def test_installed_package_imports_runs_and_decodes(installed, tmp_path):
     python, cwd = str(installed["python"]), installed["cwd"]
-    where = _run([python, "-c", "import turbovae, turbovae.vae.parallel, turbovae.engines, turbovae.bench; "
+    where = _run([python, "-c", "import turbovae, turbovae.vae.parallel, turbovae.trt, turbovae.bench; "
                   "print(turbovae.__file__)"], cwd).strip()
     assert Path(where).is_relative_to(installed["env"]), f"imported {where}, not the installed wheel"
     stubs_env = {"PYTHONPATH": str(STUBS), "PATH": "/usr/bin:/bin"}

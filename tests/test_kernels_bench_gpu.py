@@ -31,7 +31,7 @@ def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):
     swapped for torch.export save/load (the AOTI compile itself is covered in test_engines_aoti.py)."""
     import torch
 
-    from turbovae.engines.aoti import AOTIBackend
+    from turbovae.trt.aoti import AOTIBackend
 
     monkeypatch.setattr(AOTIBackend, "compile_package", lambda self, program, f: torch.export.save(program, f))
     monkeypatch.setattr(AOTIBackend, "load_runner", lambda self, path: torch.export.load(str(path)).module())

@@ -20,9 +20,9 @@ from engines_toy import edit_manifest, export_only, toy_checkpoint
 
 node_helpers.use_comfy_stubs()
 
-from turbovae.engines.buckets import Bucket, static_table  # noqa: E402
-from turbovae.engines.build import build_engine_set  # noqa: E402
-from turbovae.engines.engine_vae import EngineSourceError, load_engine_vae  # noqa: E402
+from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
+from turbovae.trt.build import build_engine_set  # noqa: E402
+from turbovae.trt.engine_vae import EngineSourceError, load_engine_vae  # noqa: E402
 from turbovae.nodes import engine_nodes  # noqa: E402
 from turbovae.nodes import paths as _paths  # noqa: E402
 
@@ -68,7 +68,7 @@ def _loads(folder: Path, roots) -> None:
     assert vae.engines is not None
 
 
-# -- engines/: the recorded checkpoint against the model folders ------------------------------------------
+# -- trt/: the recorded checkpoint against the model folders ------------------------------------------
 def test_a_checkpoint_linked_into_the_folder_is_the_users(engine_set, store, tmp_path):
     """What Build Engine records for a linked file is the link's path in models/vae (issue 41's failure: the
     check resolved the link and found the store outside the folder)."""

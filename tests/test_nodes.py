@@ -645,8 +645,8 @@ def test_fixed_combo_options_are_the_librarys_tables():
     """One table per fact: every combo whose options are fixed is exactly one of the library's option tables
     (what the library accepts), never a list restated in the node; file lists and node-only UI choices are
     named here with the reason."""
-    from turbovae.engines.backends import BACKEND_CHOICES
-    from turbovae.engines.buckets import MODES as ENGINE_SET_MODES
+    from turbovae.trt.backends import BACKEND_CHOICES
+    from turbovae.trt.buckets import MODES as ENGINE_SET_MODES
     from turbovae.vae.accel import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
     from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
@@ -680,7 +680,7 @@ def _assert_no_restated_tables(library: set) -> None:
 
     root = NODES_DIR.parent
     members = {frozenset(t) for t in library}
-    for path in [*NODES_DIR.glob("*.py"), root / "cli.py", root / "cli_parallel.py", root / "engines" / "cli.py"]:
+    for path in [*NODES_DIR.glob("*.py"), root / "cli.py", root / "cli_parallel.py", root / "trt" / "cli.py"]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1 and all(
                     isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):

@@ -207,10 +207,10 @@ def test_pixel_channel_errors_name_the_fix(tiny):
 
 # -- engines: export inputs follow the image channels -------------------------------------------------
 def test_engine_profiles_and_export_example_use_image_channels(tiny, tmp_path):
-    from turbovae.engines.build import EngineJob, image_plan
-    from turbovae.engines.buckets import Bucket, static_table
-    from turbovae.engines.engine_set import engine_profiles
-    from turbovae.engines.identity import EngineIdentity
+    from turbovae.trt.build import EngineJob, image_plan
+    from turbovae.trt.buckets import Bucket, static_table
+    from turbovae.trt.engine_set import engine_profiles
+    from turbovae.trt.identity import EngineIdentity
 
     _, vae = tiny
     table = static_table(Bucket(32, 48))
@@ -237,9 +237,9 @@ def test_engine_profiles_and_export_example_use_image_channels(tiny, tmp_path):
 def test_onnx_export_of_the_rgba_encoder_runs_with_four_channels(tiny, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from turbovae.engines.build import EngineJob, image_plan
-    from turbovae.engines.buckets import Bucket, static_table
-    from turbovae.engines.export import export_onnx, validate_onnx
+    from turbovae.trt.build import EngineJob, image_plan
+    from turbovae.trt.buckets import Bucket, static_table
+    from turbovae.trt.export import export_onnx, validate_onnx
 
     _, vae = tiny
     plan = image_plan(vae, EngineJob("encoder", (0,), tmp_path / "e"), static_table(Bucket(32, 48)),

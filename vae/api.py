@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional, Union
 import torch
 
 from .base import LatentFormat, Progress, VAEModel, check_temporal_slice
-from .architectures import detect_architecture
+from .checkpoint import detect_architecture
 from .registry import supported_text
 from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dict, resolve_checkpoint_path, \
     unwrap_vae_keys
@@ -464,7 +464,7 @@ def load_checkpoint(source: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
                     config: Optional[dict] = None) -> TurboVAE:
     """Load a VAE from a checkpoint file, a diffusers folder or a state dict — checkpoints only. The public
     loader is `turbovae.load_vae` (loading.py), which also takes engine folders and calls this for
-    checkpoints; `vae/` code and the engine loader's fallback call this directly (`vae/` never imports `engines/`).
+    checkpoints; `vae/` code and the engine loader's fallback call this directly (`vae/` never imports `trt/`).
 
     The architecture is detected from the keys and checked strictly (every key, every shape, every value
     finite). `dtype` None keeps fp32 on CPU and uses bf16 on CUDA; `device` None picks CUDA when available.

@@ -1,4 +1,4 @@
-"""SeedVR2 3-D causal VAE: detection, strict loading, and the model (listed by vae/architectures.py)."""
+"""SeedVR2 3-D causal VAE: detection, strict loading, and the model (registered by vae/registry.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """An engine folder is `manifest.json` plus the files it lists, nothing else.
 
 A finished build writes the manifest last, atomically: it names every engine file of the set with
-that engine's identity (engines/identity.py) and the set's run options. The loader reads it once and
+that engine's identity (trt/identity.py) and the set's run options. The loader reads it once and
 ignores every other file in the folder (a stray `*.pt2`, a temporary file of a killed build, an old
 engine of another set), so a folder is either a complete set or, without a manifest, not a set.
 

@@ -1,5 +1,5 @@
 """Engine identity: what one engine was built from and for (one record per engine in the folder's
-manifest, engines/manifest.py).
+manifest, trt/manifest.py).
 
 Standard TensorRT cannot tell whether a plan fits this GPU/version before deserialising it, and an
 AOTInductor package for one device cannot run on another, so every engine carries this record and

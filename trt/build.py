@@ -171,7 +171,7 @@ def build_engine_set(vae, out_dir: Path, table: BucketTable, *, backend: str = "
     `vae` is a TurboVAE (its model provides `image_encoder()` / `image_decoder()`), loaded in fp32: the
     identity hash is taken from its weights and the loader hashes the fp32 checkpoint the same way.
     `video=True` also builds the video slice engines (decode_slice_first/next, one pair per static
-    bucket; any model with the causal-step contract, see engines/video.py); `components` may then be empty.
+    bucket; any model with the causal-step contract, see trt/video.py); `components` may then be empty.
     `slice_latents` is k, the latents per next-slice call (the first slice takes 1 + k; default:
     `video.default_slice_latents(device)`). Every input is validated and
     existing files are refused before any work unless `overwrite=True`. `pad_to_bucket` records in the

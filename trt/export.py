@@ -141,7 +141,7 @@ def slice_graph_names(n_memory: int) -> tuple[list[str], list[str]]:
 def export_decode_slice_graphs(model: nn.Module, latent_hw: tuple[int, int], folder: Path, *,
                                dtype: torch.dtype = torch.float32, first_frames: int = 2, frames: int = 1,
                                overwrite: bool = False, optimize: bool = False) -> tuple[Path, Path]:
-    """Export the first-slice and next-slice graphs of a causal decoder (engines/video.py's contract) at a
+    """Export the first-slice and next-slice graphs of a causal decoder (trt/video.py's contract) at a
     static latent size.
 
     The first graph takes `first_frames` latents (1 + k), the next graph `frames` latents per call.

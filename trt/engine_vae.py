@@ -258,7 +258,7 @@ def load_engine_vae(path: Union[str, os.PathLike], *, dtype: Optional[torch.dtyp
 def check_source(source: Path, engine_folder: Path, roots: Optional[Sequence[Union[str, os.PathLike]]]) -> Path:
     """The checkpoint an engine folder's manifest names, made safe to load: it must exist, must not be
     an engine folder (the engine folder itself would recurse), and must be a file the user keeps in `roots`
-    when given (directly, linked in, or under a linked folder; engines/model_folders.py)."""
+    when given (directly, linked in, or under a linked folder; trt/model_folders.py)."""
     try:
         real = source.resolve(strict=True)
     except FileNotFoundError:

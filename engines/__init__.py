@@ -1,1 +1,0 @@
-"""Engines: ONNX export, TensorRT and AOTInductor backends, engine sets. TensorRT is imported lazily."""

@@ -1,6 +1,0 @@
-"""Deprecated alias (turbovae-deprecated-alias): this module moved to `engines.interface`; import it from there.
-Importing this path warns and gives that module itself (vae/deprecation.py)."""
-
-from ..vae.deprecation import alias_module
-
-alias_module(__name__, __name__.rsplit(".", 2)[0] + ".engines.interface")
