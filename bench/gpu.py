@@ -274,7 +274,7 @@ def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, c
     """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
     pixel size rounded up to 16 px; inputs are padded to it and outputs cropped back, as in use)."""
     from ..trt.buckets import Bucket, static_table
-    from .trt import EngineUse, engine_rows, engine_vae
+    from .engines import EngineUse, engine_rows, engine_vae
 
     kw = engine_build_kwargs(model, case)
     if kw is None:

@@ -78,10 +78,12 @@ def engine_modules() -> list[str]:
     return sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
 
 
-def rewrite_text(text: str, modules: list[str]) -> str:
+def rewrite_text(text: str, modules: list[str], depth: int = 0) -> str:
+    """`depth`: how many packages below the top the file sits (bench/x.py: 1), so a relative import reaches the
+    top-level `engines` only with depth + 1 dots (bench's own `from .engines` is bench/engines.py, left alone)."""
+    dots = r"\." * (depth + 1)
     text = re.sub(r"(?<![\w.])turbovae\.engines\b", "turbovae.trt", text)
-    text = re.sub(r"(from \.+)engines\b", r"\1trt", text)
-    text = re.sub(r"(import \.+)engines\b", r"\1trt", text)
+    text = re.sub(r"(from " + dots + r")engines\b", r"\1trt", text)
     text = re.sub(r"(?<![\w./-])engines\.(" + "|".join(map(re.escape, modules)) + r")\b", r"trt.\1", text)
     text = re.sub(r"(?<![\w./-])engines/", "trt/", text)
     text = text.replace('root / "engines" / "cli.py"', 'root / "trt" / "cli.py"')
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        new = rewrite_text(text, modules)
+        depth = len(Path(p).parts) - 1 if not p.startswith("tests/") else 0
+        new = rewrite_text(text, modules, depth) if p.endswith(".py") else rewrite_text(text, modules)
         if new != text:
             changed += 1
             print(f"rewrite {p}")
