@@ -114,6 +114,7 @@ def _run_job(tmp_path: Path, tree: Path, capsys) -> tuple[list[dict], str, str]:
     return data["rows"], captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_the_job_adds_a_core_row_equal_to_ours(tmp_path, capsys):
     before = _tree_modules()
     rows, out, err = _run_job(tmp_path, FAKE, capsys)
@@ -133,6 +134,7 @@ def test_the_job_adds_a_core_row_equal_to_ours(tmp_path, capsys):
     assert _tree_modules() == before
 
 
+@pytest.mark.slow
 def test_a_core_without_a_family_runs_those_cases_without_a_core_row(tmp_path, capsys):
     tree = _copy_fake(tmp_path)
     (tree / "comfy" / "features.py").write_text("KNOWS_SEEDVR2 = False\nTINY_CONFIGS = True\n")
@@ -143,6 +145,7 @@ def test_a_core_without_a_family_runs_those_cases_without_a_core_row(tmp_path, c
     assert sum(r["variant"] == FAKE_LABEL for r in rows) == 2  # the two Wan-family cases
 
 
+@pytest.mark.slow
 def test_weights_core_cannot_load_give_a_note_not_a_traceback(tmp_path, capsys):
     """Core's loader builds the released configurations only, so --quick's tiny weights fail to load in it."""
     tree = _copy_fake(tmp_path)

@@ -17,6 +17,7 @@ def _results(path):
     return data["complete"], data["rows"]
 
 
+@pytest.mark.slow
 def test_default_job_reduced(tmp_path, capsys):
     out = tmp_path / "r" / "bench.json"
     assert cli.main(["bench", "--quick", "--repeat", "1", "--device", "cpu", "--out", str(out)]) == 0
@@ -64,6 +65,7 @@ def test_ctrl_c_prints_the_partial_table_and_keeps_the_json(tmp_path, capsys, mo
     assert job.SMOKE_CASES[0].name in captured.out and job.SMOKE_CASES[1].name not in captured.out
 
 
+@pytest.mark.slow
 def test_results_are_written_after_every_case(tmp_path, monkeypatch):
     """The file on disk holds each finished case before the next one starts, and is never half-written."""
     from turbovae.bench import common

@@ -94,6 +94,7 @@ def test_report_renders_each_table_from_its_rows(tmp_path):
     assert report.main([path]) == 2  # mixed tables: a typed message, not a traceback
 
 
+@pytest.mark.slow
 def test_roofline_section_quick_runs_a_case_against_measured_peaks():
     rows = roofline.run(BenchOptions(quick=True, repeat=1, cases=("SeedVR2",)))
     peaks = [r for r in rows if r.case == "machine peak"]

@@ -162,6 +162,7 @@ class _FailsAfterRunning:
 
 @pytest.mark.parametrize("name,fail_on,mutate", [("decoder.up_blocks.1", 2, False),  # 2nd slice: cache advanced
                                                  ("decoder.mid_block.resnets.0", 1, True)])  # input written
+@pytest.mark.slow
 def test_region_failing_part_way_falls_back_to_the_eager_clip(name, fail_on, mutate, caplog):
     model = _tiny_wan()
     g = torch.Generator().manual_seed(1)

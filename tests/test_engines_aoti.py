@@ -43,6 +43,7 @@ def _copy_set(built, name):
     return dst
 
 
+@pytest.mark.slow
 def test_static_bucket_is_exact(built):
     root, _ckpt, vae, paths = built
     assert all(p.is_file() for p in paths) and (root / "set" / "manifest.json").is_file()
@@ -195,6 +196,7 @@ def test_single_engine_file_and_lazy_loading(built):
     assert lazy.engine_footprint_bytes() >= lazy.engine_memory_bytes()
 
 
+@pytest.mark.slow
 def test_dynamic_profile_engine_matches_eager(built, tmp_path):
     """One AOTInductor package per profile: exact inside the range at 16-px multiples; multiples of 8 that
     are not multiples of 16 run on PyTorch (exactly), or padded (size kept) when opted in."""
@@ -274,6 +276,7 @@ def test_an_8px_profile_table_runs_every_size_of_its_range_exactly(built, tmp_pa
                                    lambda: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED"),
                                    lambda: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")],
                          ids=["torch", "cublas", "cudnn"])
+@pytest.mark.slow
 def test_engine_out_of_memory_waits_for_the_next_call(built, error):
     """A transient out-of-memory inside the engine (other models resident) runs that call on PyTorch with
     one warning and leaves the engine on; only repeated ones switch it off."""

@@ -202,6 +202,7 @@ def test_the_shipped_engine_workflows_name_the_same_folder():
     assert load_node["widgets_values"][0] == f"{build_node['widgets_values'][1]}/manifest.json"
 
 
+@pytest.mark.slow
 def test_the_shipped_engine_workflows_build_and_decode_a_wan_clip(comfy_root, monkeypatch):
     """engine_build.json's Build Engine with a Qwen-Image / Wan 2.1 VAE and video on, then engine_load_decode.json's
     Load TRT VAE: nothing refuses the Wan VAE, and a clip decodes on its video slice engines, equal to eager.

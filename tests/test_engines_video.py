@@ -77,6 +77,7 @@ def _copy(built, name: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_build_writes_named_pairs_with_identity(built):
     root, model, paths = built
     assert [p.name for p in paths] == list(FILES)
@@ -91,6 +92,7 @@ def test_build_writes_named_pairs_with_identity(built):
     assert first.model_kind == "seedvr2" and first.entries == (0,) and first.engine_sha256 == file_sha256(paths[1])
 
 
+@pytest.mark.slow
 def test_chain_equals_eager_sliced_and_whole_clip_decode(built, engines):
     _root, model, _ = built
     ev = EngineVAE(model, engines)
@@ -169,6 +171,7 @@ def test_missing_next_engine_falls_back_and_keeps_image_engine(built):
     assert ev.engine_calls == 1  # the image decoder engine is unaffected
 
 
+@pytest.mark.slow
 def test_corrupt_next_engine_falls_back(built):
     """A next engine that passes its identity check (manifest rewritten to match) but cannot load."""
     _root, model, _ = built

@@ -84,6 +84,7 @@ def _bucket_latents(kind: str, vae: TurboVAE) -> tuple[int, int]:
     return b.height // f, b.width // f
 
 
+@pytest.mark.slow
 def test_cli_writes_the_first_next_pair_with_the_models_memory_layout(built):
     kind, ckpt, out, eager, _ev = built
     h, w = _bucket_latents(kind, eager)
@@ -104,6 +105,7 @@ def test_cli_writes_the_first_next_pair_with_the_models_memory_layout(built):
     assert [tuple(nxt.input_shapes[n]) for n in nxt.input_names[1:]] == [tuple(s) for _name, s in layout]
 
 
+@pytest.mark.slow
 def test_chain_equals_eager_at_5_9_and_21_frames(built):
     kind, _ckpt, _out, eager, ev = built
     hw = _bucket_latents(kind, eager)
@@ -158,6 +160,7 @@ def seedvr2_engines(tmp_path_factory):
     return folder, model
 
 
+@pytest.mark.slow
 def test_engines_of_another_architecture_are_never_used(built, seedvr2_engines, monkeypatch):
     """SeedVR2 video engines for a Wan model and Wan video engines for a SeedVR2 model: refused by kind at load
     (one warning, the PyTorch path) and when put together by hand (IdentityError naming the fix)."""
@@ -270,6 +273,7 @@ def test_slice_latents_misuse_is_refused_before_the_checkpoint_loads(tmp_path, c
     assert code == 2 and message in err and "none" not in err  # the missing checkpoint was never reached
 
 
+@pytest.mark.slow
 def test_bench_clip_rows_time_engine_and_eager_in_one_run():
     """bench/engines.py's clip case (quick size): eager (the reference), eager sliced and the slice-engine chain
     on the same latents, each with its peak memory; the chain runs on the engines and matches eager."""

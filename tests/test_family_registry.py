@@ -35,6 +35,7 @@ def _everywhere() -> dict[str, bool]:
     }
 
 
+@pytest.mark.slow
 def test_the_toy_family_is_one_entry_found_everywhere(tmp_path, capsys):
     before_archs = registered_architectures()
     assert not any(_everywhere().values())

@@ -89,6 +89,7 @@ def test_out_of_memory_three_times_in_a_row_switches_a_memory_costing_path_off(o
 
 
 @pytest.mark.parametrize("path", ["triton_norms", "conv3d_route", "channels_last", "process_group"])
+@pytest.mark.slow
 def test_out_of_memory_never_switches_off_a_path_that_saves_memory(on_cpu, caplog, path):
     """Its fallback needs more memory, so switching it off would make the next attempt more likely to fail."""
     def fast():
@@ -147,6 +148,7 @@ def test_triton_norm_launch_out_of_memory_keeps_the_kernels(on_cpu, dispatch_slo
     assert self_checks.oom_streak("triton_norms", "cpu") == 0
 
 
+@pytest.mark.slow
 def test_triton_norm_launch_out_of_memory_inside_a_tiled_pass_is_retried(on_cpu, dispatch_slot, seeded):
     """Through the public tiled decode: the out-of-memory reaches the tiler, which frees and retries, and the
     result equals the plain pass while the kernels stay on."""
@@ -203,6 +205,7 @@ def test_a_non_memory_launch_failure_still_switches_the_route_off(on_cpu, seeded
     assert not self_checks.enabled("conv3d_route", "cpu")
 
 
+@pytest.mark.slow
 def test_many_triton_norm_launch_out_of_memory_failures_keep_the_kernels(on_cpu, dispatch_slot, seeded):
     x = torch.randn(1, 8, 2, 12, 12, generator=seeded)
     want = norms.group_norm_silu_reference(x, 4, None, None, 1e-6)
@@ -216,6 +219,7 @@ def test_many_triton_norm_launch_out_of_memory_failures_keep_the_kernels(on_cpu,
     assert dispatch.launches == 2 * OOM_FAILURES_TO_DISABLE + 1  # the last call ran the kernels, not the reference
 
 
+@pytest.mark.slow
 def test_many_conv3d_route_launch_out_of_memory_failures_keep_the_route(on_cpu, seeded, monkeypatch):
     x, w = torch.randn(1, 4, 3, 12, 12, generator=seeded), torch.randn(6, 4, 3, 3, 3, generator=seeded)
     real, failures, launches = G._routed, [2 * OOM_FAILURES_TO_DISABLE], []

@@ -53,6 +53,7 @@ def test_lease_canary_imports_this_checkout_as_turbovae():
     assert gpu_run.CHECKOUT == REPO
 
 
+@pytest.mark.slow
 def test_dry_run_end_to_end(tmp_path):
     """The whole script from a copy of the checkout in a folder that is not a valid module name (as on a lent
     machine): its GPU-tests task must set tests up (the canary passes) and every task must finish."""

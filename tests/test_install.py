@@ -103,6 +103,7 @@ def test_sdist_holds_the_tests_and_the_workflows(installed):
     assert {"setup.py", "pyproject.toml", "README.md", "workflows/engine_build.json", "tests/conftest.py"} <= names
 
 
+@pytest.mark.slow
 def test_installed_package_imports_runs_and_decodes(installed, tmp_path):
     python, cwd = str(installed["python"]), installed["cwd"]
     where = _run([python, "-c", "import turbovae, turbovae.vae.parallel, turbovae.trt, turbovae.bench; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from turbovae.bench import gpu
@@ -11,6 +12,7 @@ from turbovae.bench.common import BenchOptions
 from turbovae.cli import BENCH_SECTIONS
 
 
+@pytest.mark.slow
 def test_gpu_section_cpu_reduced_run_is_exact_in_fp32():
     assert BENCH_SECTIONS["gpu"] == "gpu"
     rows = gpu.run(BenchOptions(device="cpu", quick=True, repeat=1, warmup=0))
@@ -25,6 +27,7 @@ def test_gpu_section_cpu_reduced_run_is_exact_in_fp32():
     assert "alone: channels-last" in cpu_steps  # the alone rows run on CPU too (channels-last is not CUDA-only)
 
 
+@pytest.mark.slow
 def test_ablation_ends_with_engines_built_for_each_case(monkeypatch):
     """`--ablation-engines`: the image decoder engine for the Qwen case, the video slice engines for the
     SeedVR2 clip; both serve the pass (no fallback) and match the fp32 reference. The Inductor compile is

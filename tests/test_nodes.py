@@ -123,6 +123,7 @@ def test_core_decode_encode_contract_matches_turbovae(name):
                                    RuntimeError("CUDA error: out of memory")],
                          ids=["torch", "cpu", "cublas", "cudnn", "cuda"])
 @pytest.mark.parametrize("name", VAE_NAMES)
+@pytest.mark.slow
 def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatch, caplog):
     """Core VAE Decode/Encode call vae.decode/encode, which (like core's VAE) must retry tiled when the
     whole pass runs out of memory (CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError), not fail
@@ -442,6 +443,7 @@ def test_compile_settings_node_validates_and_builds_settings():
     assert settings.cuda_graphs is False
 
 
+@pytest.mark.slow
 def test_node_counts_the_graph_pool_and_releases_it_on_unload():
     """Images through core VAE Decode replay the graph (progress after it); the pool is part of the size
     model management sees, and unloading the VAE (ComfyUI's detach) frees it."""

@@ -107,6 +107,7 @@ def _warnings(caplog):
 
 
 @pytest.mark.parametrize("kind", sorted(OOM_KINDS))
+@pytest.mark.slow
 def test_decode_tiled_retries_each_kind_with_smaller_tiles(wan, kind, caplog):
     g = torch.Generator().manual_seed(1)
     z = torch.randn(1, wan.latent_channels, 1, 32, 32, generator=g)

@@ -183,6 +183,7 @@ def test_a_failing_band_stops_the_others_with_its_own_error():
     assert any("rank 1" in note for note in getattr(info.value, "__notes__", []))
 
 
+@pytest.mark.slow
 def test_gloo_group_of_spawned_processes_equals_single_device(tmp_path):
     world = 3
     mp.start_processes(pw.rank_main, args=(world, str(tmp_path)), nprocs=world, start_method="spawn")

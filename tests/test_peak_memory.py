@@ -48,6 +48,7 @@ CASES = [  # (decode, shape, temporal_slice): images and clips, whole and sliced
 ]
 
 
+@pytest.mark.slow
 def test_prediction_matches_the_measured_cpu_peak():
     """The meta pass predicts the real CPU pass's peak as the allocator measures it (buffers inside ops included:
     vae/op_memory.py) within -5 % .. +10 %, channels-last on and off (tests/test_prediction_accuracy.py checks
@@ -152,6 +153,7 @@ def test_plan_function_typed_errors():
         plan_pass("wan2.1", (1, 16, 21, 90, 160), decode=True, dtype="bf16", device_type="cuda", budget_bytes=2**20)
 
 
+@pytest.mark.slow
 def test_plan_command_prints_the_prediction_and_the_choice(capsys):
     from turbovae.cli import main
 

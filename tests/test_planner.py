@@ -68,6 +68,7 @@ def _plan(model, x, decode, budget, **request):
 # -- the search ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_fastest_plan_when_it_fits_and_thriftier_plans_as_the_budget_falls(models):
     """Plenty of budget: the untiled pass. Less: tiles, then host memory — each plan within its budget by its own
     prediction. Below the floor: BudgetTooSmall naming the smallest budget, which then works."""
@@ -126,6 +127,7 @@ def test_budget_too_small_is_a_typed_error_that_names_the_fix(models):
         _plan(model, x, True, 0)
 
 
+@pytest.mark.slow
 def test_host_memory_only_where_host_memory_is_apart(models):
     """On the CPU host memory is the budgeted memory: no plan keeps things "in host memory" to fit (a CUDA plan
     made on this machine, host_is_separate, may)."""
@@ -159,6 +161,7 @@ def _kinds(model, decode):
 
 @pytest.mark.parametrize("key", TIERED_FAMILIES)
 @pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.slow
 def test_every_plan_kind_equals_the_untiled_pass_and_stays_within_its_prediction(models, key, decode):
     """Each plan the planner can pick, run by the one executor, equals the untiled pass (exact by construction:
     ≤ 1e-5 fp32) and its device peak, measured by the CPU allocator (profiler allocation events; host-held memory
@@ -184,6 +187,7 @@ def test_every_plan_kind_equals_the_untiled_pass_and_stays_within_its_prediction
 
 
 @pytest.mark.parametrize("key", TIERED_FAMILIES)
+@pytest.mark.slow
 def test_a_planned_pass_stays_within_its_budget_by_the_allocator(models, key):
     """The planner's choice at a third of the untiled peak (or the floor, `_third_or_floor`), run: its
     allocator-measured device peak is within the budget, and it equals the untiled pass."""
@@ -205,6 +209,7 @@ def test_a_planned_pass_stays_within_its_budget_by_the_allocator(models, key):
 # -- the public passes use it ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_public_decode_and_encode_run_the_plan_their_budget_allows(models):
     """`TurboVAE.decode` / `encode` plan under the VAE's budget: untiled when it fits, a thriftier plan (same
     result) when not, BudgetTooSmall when nothing fits — never 'over the budget anyway'."""

@@ -70,6 +70,7 @@ TINY_CASES = [
 
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "contiguous"])
 @pytest.mark.parametrize("key", FAMILIES)
+@pytest.mark.slow
 def test_tiny_configs_predict_the_allocator_peak(key, channels_last):
     """The quick tests' configs: few channels, so most convolutions take PyTorch's im2col kernels, whose columns
     buffers dominate these peaks."""
@@ -139,6 +140,7 @@ def _laid_out(t: torch.Tensor, layout: Optional[str]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("xs,ws,stride,padding,x_layout,w_layout", CONVS)
+@pytest.mark.slow
 def test_one_convolution_predicts_the_allocator_peak_and_the_output_layout(xs, ws, stride, padding,
                                                                           x_layout, w_layout):
     """Each backend's rule alone: the meta op's output (restrided as the CPU kernel returns it) plus what the

@@ -67,6 +67,7 @@ def test_fast_multi_tile_shape_and_range(vae):
     (4, 9, 7, 64, 1),          # video T = 13 frames, three slices: causal memory crosses slices
     (3, 9, 7, 64, None),       # video T = 9 frames
 ])
+@pytest.mark.slow
 def test_exact_decode_equals_untiled(vae, t, h, w, tile, ts):
     z = _latents(vae, t, h, w, seed=t + h)
     ref = vae.decode(z)
@@ -154,6 +155,7 @@ def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
     assert "retrying with 128 px" in caplog.text
 
 
+@pytest.mark.slow
 def test_oom_at_floor_gives_clear_error(vae, monkeypatch):
     z = _latents(vae, 1, 20, 20)
     monkeypatch.setattr(vae.model, "decode_latents", _OOMAbove(vae.model, limit=0))

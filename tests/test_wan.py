@@ -204,6 +204,7 @@ def test_streams_accept_uneven_decode_steps_and_reject_bad_encode_steps(tiny_pai
             s.step(x[:, :, 1:4])
 
 
+@pytest.mark.slow
 def test_every_flag_combination_is_exact(tiny_pair):
     cfg, _, ours = tiny_pair
     g = torch.Generator().manual_seed(5)
