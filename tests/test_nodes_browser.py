@@ -22,6 +22,8 @@ import pytest
 
 from test_nodes_comfyui import REPO, _newer_core_nodes, comfy, load_workflow  # noqa: F401  (comfy: the server fixture)
 
+pytestmark = pytest.mark.slow  # a real ComfyUI server or browser: the full tier (README)
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright to drive a browser")
 CHROMIUM = Path(os.environ.get("TURBOVAE_CHROMIUM", "/usr/bin/chromium"))
 if not CHROMIUM.is_file():

@@ -66,6 +66,8 @@ from turbovae.vae.seedvr2 import SeedVR2Config, expected_shapes as seedvr2_shape
 from turbovae.vae.wan import WAN21, expected_shapes as wan_shapes  # noqa: E402
 from turbovae.vae.wan.keys import diffusers_to_original  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real ComfyUI server or browser: the full tier (README)
+
 REPO = Path(__file__).resolve().parents[1]
 PACK_DIRNAME = "Turbo VAE-pack.v2"  # spaces, dash and dot: the pack must load under any folder name
 OUR_NODE_IDS = sorted(node.GET_SCHEMA().node_id for node in offline.OUR_NODES)
