@@ -39,9 +39,14 @@ def seeded():
 
 @pytest.fixture(autouse=True)
 def fresh_fast_paths():
-    """Each test starts with every fast path on and unchecked: the registry (vae/accel/self_checks) is per process."""
+    """Each test starts with every fast path on and unchecked: the registry (vae/accel/self_checks) and the fused-norm
+    dispatcher (vae/norms.py: a test that forces the PyTorch reference must not change what later CUDA plans
+    predict) are per process."""
+    from turbovae.vae import norms
     from turbovae.vae.accel import self_checks
 
     self_checks.reset()
+    norms.reset_fused_dispatch()
     yield
     self_checks.reset()
+    norms.reset_fused_dispatch()
