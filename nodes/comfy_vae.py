@@ -225,30 +225,29 @@ class ComfyTurboVAE:
     # -- tiled passes: ours in pixels (`*_tiled_px`); core's decode_tiled/encode_tiled contract converts ----
     def decode_tiled_px(self, samples: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
                         temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled decode (sizes in output pixels): planned first under the ComfyUI budget, then model management
-        is asked for the plan's peak; its UI progress bar is also the cancel point."""
-        z = self.latents_for_pass(samples)
-        plan = self.tiled_plan(z.shape, decode=True, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                               temporal_slice=temporal_slice)
-        self._load(plan.predicted.pass_bytes)
-        mm.throw_exception_if_processing_interrupted()
-        with reported(self.turbo, "decode", plan, self._keep):  # the plan logged is the plan run
-            out = _decode_tiled(self.turbo, z, plan=plan, progress=progress_callback(node_id),
-                                output_device=self.output_device)
+        """Our tiled decode (sizes in output pixels)."""
+        out = self._tiled_pass(self.latents_for_pass(samples), decode=True, tile_px=tile_px, overlap_px=overlap_px,
+                               mode=mode, temporal_slice=temporal_slice, node_id=node_id)
         return self.clip_to_image(out, samples.ndim == 4)
 
     def encode_tiled_px(self, pixels: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
                         temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled encode (tile and overlap in input pixels), planned, loaded and reported as decode."""
-        clip = self.clip_for_pass(pixels)
-        plan = self.tiled_plan(clip.shape, decode=False, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
+        """Our tiled encode (tile and overlap in input pixels)."""
+        out = self._tiled_pass(self.clip_for_pass(pixels), decode=False, tile_px=tile_px, overlap_px=overlap_px,
+                               mode=mode, temporal_slice=temporal_slice, node_id=node_id)
+        return self.to_comfy_latents(out.to(self.output_device).float())
+
+    def _tiled_pass(self, x: torch.Tensor, *, decode: bool, tile_px: Optional[int], overlap_px: int, mode: str,
+                    temporal_slice: Optional[int], node_id: Optional[str]) -> torch.Tensor:
+        """Both tiled passes: planned first under the ComfyUI budget, then model management is asked for the plan's
+        peak; the plan logged is the plan run; its UI progress bar is also the cancel point."""
+        plan = self.tiled_plan(x.shape, decode=decode, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
                                temporal_slice=temporal_slice)
         self._load(plan.predicted.pass_bytes)
         mm.throw_exception_if_processing_interrupted()
-        with reported(self.turbo, "encode", plan, self._keep):  # the plan logged is the plan run
-            out = _encode_tiled(self.turbo, clip, plan=plan, progress=progress_callback(node_id),
-                                output_device=self.output_device)
-        return self.to_comfy_latents(out.to(self.output_device).float())
+        run = _decode_tiled if decode else _encode_tiled
+        with reported(self.turbo, "decode" if decode else "encode", plan, self._keep):
+            return run(self.turbo, x, plan=plan, progress=progress_callback(node_id), output_device=self.output_device)
 
     def tiled_plan(self, shape, *, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
                    temporal_slice: Optional[int]) -> PassPlan:

@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         remove(p, dry)
     drop_base_alias(dry)
     for folder in (ROOT / "vae" / "kernels", ROOT / "trt"):  # emptied packages: only caches left in them
-        if folder.is_dir() and not any(folder.rglob("*.py")) and (ROOT / "engines").is_dir() | (folder.name != "trt"):
+        if folder.name == "trt" and not (ROOT / "engines").is_dir():
+            continue  # already moved: trt/ is the engine package
+        if folder.is_dir() and not any(folder.rglob("*.py")):
             print(f"remove {folder.relative_to(ROOT)}/ (no module left)")
             if not dry:
                 shutil.rmtree(folder)
