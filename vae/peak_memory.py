@@ -284,15 +284,3 @@ def predict_pass(model: VAEModel, shape: Sequence[int], *, decode: bool, dtype: 
     paths = paths or PassPaths.of(model, model.device, dtype)
     return (copies or MetaPasses(model)).predict(shape, decode=decode, dtype=dtype, temporal_slice=temporal_slice,
                                                  paths=paths)
-
-
-def measure_pass(model: VAEModel, x: torch.Tensor, *, decode: bool,
-                 temporal_slice: Optional[int] = None) -> tuple[int, torch.Tensor]:
-    """(peak bytes the pass's own tensors held, output) of the real pass on `x`, counted by `LiveBytes` on real
-    tensors: the op outputs `predict_pass` counts, without what kernels allocate inside ops (the allocator's
-    peak, vae/allocator_peak.py, has those too; it is what CPU predictions are checked against)."""
-    tracker = LiveBytes(exclude=[x, *model.parameters(), *model.buffers()])
-    with torch.inference_mode(), tracker:
-        out = model.decode_latents(x, temporal_slice=temporal_slice) if decode \
-            else model.encode_moments(x, temporal_slice=temporal_slice)
-    return tracker.peak, out
