@@ -1,7 +1,7 @@
 """Timing, memory and table/JSON helpers shared by every benchmark section.
 
 The error metrics, the device sync and the seeded weights are the library's (vae/measuring.py,
-vae/seeded_weights.py: shared with the doctor); the sections take them from here with the rest.
+vae/seeded_weights.py: the doctor uses them too); the sections take them from here with the rest.
 """
 
 from __future__ import annotations
@@ -146,24 +146,10 @@ def environment() -> dict:
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
+        from ..vae.doctor import gpu_driver_version
+
         env["driver"] = gpu_driver_version()
     return env
-
-
-def gpu_driver_version() -> Optional[str]:
-    """The NVIDIA driver version as nvidia-smi reports it (torch does not expose it); None when unknown."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def format_table(rows: list[BenchRow]) -> str:
