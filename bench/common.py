@@ -1,4 +1,8 @@
-"""Timing, memory and table/JSON helpers shared by every benchmark section."""
+"""Timing, memory and table/JSON helpers shared by every benchmark section.
+
+The error metrics, the device sync and the seeded weights are the library's (vae/measuring.py,
+vae/seeded_weights.py: the doctor uses them too); the sections take them from here with the rest.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..trt.fileio import atomic_write_text
+from ..vae.measuring import max_abs, psnr, sync  # noqa: F401 - max_abs, psnr: for the sections
+from ..vae.seeded_weights import fan_in_weights  # noqa: F401 - for the sections
 
 
 @dataclass
@@ -61,11 +67,6 @@ class BenchRow:
         return self.baseline_ms / self.ms if self.baseline_ms and self.ms else None
 
 
-def sync(device: torch.device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_ms(fn: Callable[[], object], device, repeat: int = 3, warmup: int = 1) -> tuple[float, object]:
     """Median wall time in ms of `fn()` after warm-up; returns the last result too."""
     result = None
@@ -79,22 +80,6 @@ def time_ms(fn: Callable[[], object], device, repeat: int = 3, warmup: int = 1) 
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), result
-
-
-def fan_in_weights(shapes: dict, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded weights for a key -> shape table, scaled by fan-in so activations stay O(1) through the
-    real-size networks: biases small, 1-D norm scales near 1, everything else N(0, 1/fan_in)."""
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for key, shape in shapes.items():
-        if key.endswith(".bias"):
-            sd[key] = 0.02 * torch.randn(shape, generator=g)
-        elif len(shape) == 1:
-            sd[key] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g)
-            sd[key] = t.div_(t[0].numel() ** 0.5)
-    return sd
 
 
 def interleaved_ms(fns: Sequence[Callable[[], object]], device, repeat: int,
@@ -140,15 +125,6 @@ def measure(opts: BenchOptions, device, fn: Callable[[], torch.Tensor]) -> tuple
     return ms, peak, out
 
 
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor, data_range: float = 2.0) -> float:
-    mse = (a.float() - b.float()).pow(2).mean().item()
-    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(data_range**2 / mse)).item()
-
-
 def environment() -> dict:
     env = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -170,24 +146,10 @@ def environment() -> dict:
         env["gpu"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
         env["cudnn"] = torch.backends.cudnn.version()
+        from ..vae.doctor import gpu_driver_version
+
         env["driver"] = gpu_driver_version()
     return env
-
-
-def gpu_driver_version() -> Optional[str]:
-    """The NVIDIA driver version as nvidia-smi reports it (torch does not expose it); None when unknown."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def format_table(rows: list[BenchRow]) -> str:

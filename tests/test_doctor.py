@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from turbovae import cli, doctor
+from turbovae import cli
+from turbovae.vae import doctor
 from turbovae.vae.accel import self_checks
 
 ARCHITECTURES = ("seedvr2", "qwen_image", "wan2.2")

@@ -362,22 +362,22 @@ def test_trt_profiles_only_for_dynamic_inputs():
 
 # -- CLI and packaging --------------------------------------------------------------------------------
 def test_cli_tables():
-    from turbovae.trt import cli
+    from turbovae.cli import build
 
     p = argparse.ArgumentParser()
-    cli.add_arguments(p)
+    build.add_arguments(p)
     a = p.parse_args(["--vae", "v.safetensors", "--out", "o", "--static", "1024x1024"])
-    assert cli.table_from_args(a).mode == "static"
+    assert build.table_from_args(a).mode == "static"
     a = p.parse_args(["--vae", "v", "--out", "o", "--static", "512x512", "1664x928"])
-    assert cli.table_from_args(a).buckets == (Bucket(512, 512), Bucket(928, 1664))
-    assert cli.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-ratio"])).mode == "multi_ratio"
-    assert cli.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-profile"])).mode == "multi_profile"
+    assert build.table_from_args(a).buckets == (Bucket(512, 512), Bucket(928, 1664))
+    assert build.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-ratio"])).mode == "multi_ratio"
+    assert build.table_from_args(p.parse_args(["--vae", "v", "--out", "o", "--multi-profile"])).mode == "multi_profile"
     assert not a.video and p.parse_args(["--vae", "v", "--out", "o", "--static", "1280x720", "--video"]).video
 
 
 def test_pack_imports_without_tensorrt():
     code = ("import sys; sys.modules['tensorrt'] = None\n"
-            "import turbovae, turbovae.trt.engine_vae, turbovae.trt.tensorrt_backend, turbovae.trt.cli\n"
+            "import turbovae, turbovae.trt.engine_vae, turbovae.trt.tensorrt_backend, turbovae.cli.build\n"
             "from turbovae.trt.interface import BackendUnavailable\n"
             "from turbovae.trt.backends import get_backend\n"
             "try:\n    get_backend('tensorrt').check_available('cuda')\nexcept BackendUnavailable as e:\n"

@@ -19,7 +19,7 @@ import turbovae
 
 ROOT = Path(turbovae.__file__).resolve().parent
 FORBIDDEN = ("comfy", "comfy_api", "folder_paths", "turbovae.trt", "turbovae.nodes", "turbovae.bench")
-ABOVE_TRT = ("turbovae.nodes", "turbovae.bench", "turbovae.cli", "turbovae.cli_parallel", "turbovae.doctor",
+ABOVE_TRT = ("turbovae.nodes", "turbovae.bench", "turbovae.cli",
              "comfy", "comfy_api", "folder_paths")
 NOT_PACKAGE = {"tests", "scripts", "build", "dist"}  # folders of the repository that are not in the package
 
@@ -206,3 +206,28 @@ print("ok", len({names!r}))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("ok")
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module of the package that `start` imports, directly or through the modules it imports."""
+    seen, todo = {start}, [start]
+    while todo:
+        for n in graph[todo.pop()]:
+            if n in graph and n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def test_the_doctor_reaches_no_bench_module():
+    """`python -m turbovae doctor` runs where the benchmark's optional packages are missing: neither its command
+    (cli/doctor.py) nor its report (vae/doctor.py), nor anything they import, imports bench/."""
+    graph = _package_graph()
+    for start in ("turbovae.cli.doctor", "turbovae.vae.doctor"):
+        reached = _reached(graph, start)
+        assert "turbovae.vae.doctor" in reached and "turbovae.vae.measuring" in reached
+        assert sorted(m for m in reached if m.startswith("turbovae.bench")) == [], start
+
+
+def test_reached_follows_imports_through_modules():
+    assert _reached({"a": {"b", "os"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"a", "b", "c"}

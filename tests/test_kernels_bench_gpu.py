@@ -9,12 +9,12 @@ import torch
 
 from turbovae.bench import gpu
 from turbovae.bench.common import BenchOptions
-from turbovae.cli import BENCH_SECTIONS
+from turbovae.bench.runner import SECTIONS
 
 
 @pytest.mark.slow
 def test_gpu_section_cpu_reduced_run_is_exact_in_fp32():
-    assert BENCH_SECTIONS["gpu"] == "gpu"
+    assert SECTIONS["gpu"] == "gpu"
     rows = gpu.run(BenchOptions(device="cpu", quick=True, repeat=1, warmup=0))
     cpu_steps = [s.name for s in gpu.STEPS + gpu.ALONE_STEPS if not s.cuda_only]
     expected = [(c.name, s) for c in gpu.cases(False, True)

@@ -325,9 +325,9 @@ def test_loader_node_loads_the_comfyui_file_as_rgba(real_file):
 def test_bench_quick_layered_decode_compares_with_diffusers_in_the_same_run():
     from turbovae.bench import qwen_layered
     from turbovae.bench.common import BenchOptions
-    from turbovae.cli import BENCH_SECTIONS
+    from turbovae.bench.runner import SECTIONS
 
-    assert BENCH_SECTIONS["qwen_layered"] == "qwen_layered"
+    assert SECTIONS["qwen_layered"] == "qwen_layered"
     rows = qwen_layered.run(BenchOptions(device="cpu", quick=True, repeat=1, warmup=0))
     assert [r.variant for r in rows] == ["diffusers AutoencoderKLQwenImage(input_channels=4), batch",
                                          "turbovae, batch", "turbovae, layer by layer"]

@@ -1,25 +1,21 @@
-"""`python -m turbovae doctor [--json]`: what this install has, and whether its fast paths run right here.
+"""The doctor's report, which `python -m turbovae doctor` prints (cli/doctor.py says what it holds): versions,
+devices, each fast path with its self-check, the conv3d route and a micro-benchmark per registered family, as a
+JSON-ready dict (fields: docs/gpu.md) and as text.
 
-What a user pastes into a bug report, and the first step of the GPU lease run (scripts/gpu_run.sh): the
-versions of everything TurboVAE may use, the devices with their free memory, each GPU fast path — available
-or why not, and its self-check result on the default device (vae/accel/self_checks runs the checks by calling each
-path the way a pass does) —, the conv3d route chosen for half precision, and a micro-benchmark per
-architecture (decode and encode on the default device and dtype, with the error against fp32). Seeded
-random weights: no checkpoint is needed. The JSON fields are documented in docs/gpu.md.
+Why in vae/: every probe and the micro-bench run library code only (seeded weights, no checkpoint), and the doctor
+must run where the benchmark's optional packages are missing, so it imports nothing from bench/. The package's own
+version comes from the caller: vae/ never imports the package above it.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import math
 import platform
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -52,13 +48,28 @@ def comfyui_version() -> Optional[str]:
         return "importable (version unknown)"
 
 
-def versions() -> dict:
-    from . import __version__
-    from .bench.common import gpu_driver_version
-    from .vae.accel.kernels.conv_guard import cudnn_version_str
+def gpu_driver_version() -> Optional[str]:
+    """The NVIDIA driver version as nvidia-smi reports it (torch does not expose it); None when unknown."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def versions(turbovae_version: str) -> dict:
+    """Each package's version (None: not installed), TurboVAE's first as its caller gives it."""
+    from .accel.kernels.conv_guard import cudnn_version_str
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    out = {"turbovae": __version__, "python": platform.python_version(), "torch": torch.__version__,
+    out = {"turbovae": turbovae_version, "python": platform.python_version(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "cudnn": cudnn_version_str(cudnn) if cudnn else None,
            "driver": gpu_driver_version() if torch.cuda.is_available() else None}
     out.update({name: _package_version(name) for name in OPTIONAL})
@@ -69,8 +80,8 @@ def versions() -> dict:
 def devices() -> list[dict]:
     """Each device with its memory and the default budget of a pass's own tensors there (`turbovae.MemoryBudget`
     outside ComfyUI: what automatic slices and tiles are sized against, docs/memory.md)."""
-    from .vae.free_memory import free_memory_bytes, total_memory_bytes
-    from .vae.memory_budget import default_budget_bytes
+    from .free_memory import free_memory_bytes, total_memory_bytes
+    from .memory_budget import default_budget_bytes
 
     def memory(dev: torch.device) -> dict:
         return {"total_mb": round(total_memory_bytes(dev) / 2**20), "free_mb": round(free_memory_bytes(dev) / 2**20),
@@ -98,7 +109,7 @@ class _ProbeBlock(nn.Module):
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .vae.norms import group_norm_silu
+        from .norms import group_norm_silu
 
         return x + self.conv2(group_norm_silu(self.conv1(x), 8, None, None, 1e-6))
 
@@ -111,7 +122,7 @@ def _probe_block(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, t
 
 
 def _run_norms(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae import norms
+    from . import norms
 
     x = torch.randn(1, 64, 2, 16, 16, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
     gamma = torch.ones(64, 1, 1, 1, device=device, dtype=dtype)
@@ -120,7 +131,7 @@ def _run_norms(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_conv3d(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.accel.kernels import conv_guard
+    from .accel.kernels import conv_guard
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 32, 3, 12, 12, generator=g).to(device=device, dtype=dtype)
@@ -130,7 +141,7 @@ def _run_conv3d(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_cuda_graphs(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.accel.cuda_graphs import CudaGraphRunner
+    from .accel.cuda_graphs import CudaGraphRunner
 
     block, x = _probe_block(device, dtype)
     runner = CudaGraphRunner(block[0], max_graphs=1)
@@ -141,8 +152,8 @@ def _run_cuda_graphs(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_compile(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.accel import self_checks
-    from .vae.accel.compile import CompileSettings, apply_compile
+    from .accel import self_checks
+    from .accel.compile import CompileSettings, apply_compile
 
     block, x = _probe_block(device, dtype)
     with torch.inference_mode():
@@ -153,7 +164,7 @@ def _run_compile(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _run_channels_last(device: torch.device, dtype: torch.dtype) -> None:
-    from .vae.accel.channels_last import channels_last_trusted
+    from .accel.channels_last import channels_last_trusted
 
     channels_last_trusted(device, dtype)
 
@@ -162,8 +173,8 @@ def _availability(device: torch.device) -> dict[str, tuple[bool, str, Optional[C
     """path -> (available on `device`, why / what, the probe that exercises it here or None)."""
     import torch.distributed as dist
 
-    from .vae.accel import self_checks
-    from .vae.accel.kernels import ENV_DISABLE, default_dispatch, triton_available
+    from .accel import self_checks
+    from .accel.kernels import ENV_DISABLE, default_dispatch, triton_available
 
     gpu = self_checks.applies_to(device)
     not_gpu = f"GPU-only; the device is {device}"
@@ -197,7 +208,7 @@ def _availability(device: torch.device) -> dict[str, tuple[bool, str, Optional[C
 
 def fast_path_report(device: torch.device, dtype: torch.dtype) -> list[dict]:
     """Each path: available, why, and its self-check on (device, dtype): passed / failed / skipped / not run."""
-    from .vae.accel import self_checks
+    from .accel import self_checks
 
     rows = []
     for name, (available, why, probe) in _availability(device).items():
@@ -224,7 +235,7 @@ def fast_path_report(device: torch.device, dtype: torch.dtype) -> list[dict]:
 
 
 def conv3d_routes(device: torch.device) -> list[dict]:
-    from .vae.accel.kernels.conv_guard import current_route
+    from .accel.kernels.conv_guard import current_route
 
     return [{"dtype": str(dtype).removeprefix("torch."), "route": r.route, "reason": r.reason}
             for dtype in (torch.bfloat16, torch.float16) for r in [current_route(dtype, device.type)]]
@@ -234,13 +245,13 @@ def conv3d_routes(device: torch.device) -> list[dict]:
 
 def _architectures(real: bool) -> list[tuple[str, Callable[[], nn.Module]]]:
     """(name, builder) of every registered family (vae/registry.py), real or tiny config."""
-    from .vae.registry import families
+    from .registry import families
 
     return [(fam.key, lambda fam=fam: fam.build_model(fam.config(real=real))) for fam in families()]
 
 
 def _seeded_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Module:
-    from .bench.common import fan_in_weights
+    from .seeded_weights import fan_in_weights
 
     with torch.device("meta"):
         model = build()
@@ -252,7 +263,7 @@ def _seeded_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Mo
 def _timed(fn: Callable[[], torch.Tensor], device: torch.device, deadline: float, repeat: int = 3
            ) -> tuple[float, torch.Tensor, int]:
     """Median ms of up to `repeat` runs after one warm-up, stopping early at `deadline`; the last output."""
-    from .bench.common import sync
+    from .measuring import sync
 
     out = fn()
     sync(device)
@@ -269,9 +280,9 @@ def micro_bench(device: torch.device, dtype: torch.dtype, budget_s: float) -> li
     """Decode and encode of one image per architecture (real configs at 512² on a GPU, tiny configs at 64² on
     the CPU), as `load_vae` would run it (`dtype`, default paths), against the same weights in fp32 on the
     architecture's plain path, same input; an architecture that would start after the budget is skipped."""
-    from .bench.common import max_abs, psnr
-    from .bench.gpu import set_arch_paths
-    from .vae.api import TurboVAE
+    from .accel.switches import FastPaths
+    from .api import TurboVAE
+    from .measuring import max_abs, psnr
 
     real = device.type == "cuda"
     px = GPU_IMAGE_PX if real else TINY_IMAGE_PX
@@ -285,7 +296,8 @@ def micro_bench(device: torch.device, dtype: torch.dtype, budget_s: float) -> li
             continue
         model = _seeded_model(build, device)
         fast = TurboVAE(copy.deepcopy(model).to(dtype))  # as loaded: the default dtype and paths
-        set_arch_paths(model, fast=False, channels_last=False)
+        model.follow_gpu_defaults = False  # exactly the paths set next (vae/gpu_defaults.py switches none)
+        model.fast = FastPaths.plain()
         reference = TurboVAE(model)  # the same weights in fp32 on the architecture's plain path
         f = reference.spatial_factor
         g = torch.Generator().manual_seed(0)
@@ -315,16 +327,18 @@ def _finite(value: float) -> Optional[float]:
 
 # -- the report --------------------------------------------------------------------------------------------
 
-def collect(device: Optional[str] = None, *, bench: bool = True, budget_s: Optional[float] = None) -> dict:
-    """The whole doctor report as a JSON-ready dict (fields: docs/gpu.md)."""
-    from .vae.accel import self_checks
-    from .vae.api import resolve_device
-    from .vae.dtypes import working_dtype
+def collect(turbovae_version: str, device: Optional[str] = None, *, bench: bool = True,
+            budget_s: Optional[float] = None) -> dict:
+    """The whole doctor report as a JSON-ready dict (fields: docs/gpu.md); `turbovae_version` is the package's
+    `__version__`, which the command line passes in."""
+    from .accel import self_checks
+    from .api import resolve_device
+    from .dtypes import working_dtype
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
     dtype = working_dtype(None, dev)
-    report = {"schema": SCHEMA, "versions": versions(), "devices": devices(),
+    report = {"schema": SCHEMA, "versions": versions(turbovae_version), "devices": devices(),
               "default_device": self_checks.device_name(dev), "dtype": str(dtype).removeprefix("torch."),
               "self_check_enabled": self_checks.self_check_enabled(),
               "fast_paths": fast_path_report(dev, dtype), "conv3d_route": conv3d_routes(dev)}
@@ -361,23 +375,3 @@ def format_text(report: dict) -> str:
     lines.append(f"({report['seconds']:.1f} s)")
     return "\n".join(lines)
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON (fields: docs/gpu.md)")
-    parser.add_argument("--out", help="also write the JSON report to this file, which must not exist (default: none)")
-    parser.add_argument("--device", help="the device to check and bench (default: cuda when available, else cpu)")
-    parser.add_argument("--no-bench", action="store_true", help="skip the micro-benchmark")
-    parser.add_argument("--bench-seconds", type=float, help="the micro-benchmark's time budget (default: "
-                        f"{BENCH_SECONDS['cuda']:.0f} s on a GPU, {BENCH_SECONDS['cpu']:.0f} s on the CPU)")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from .trt.fileio import atomic_write_text
-
-    report = collect(args.device, bench=not args.no_bench, budget_s=args.bench_seconds)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        atomic_write_text(Path(args.out), text + "\n")
-    print(text if args.json else format_text(report), flush=True)
-    return 0

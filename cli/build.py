@@ -1,15 +1,28 @@
-"""`python -m turbovae build-engines`: export and build an engine set for one checkpoint."""
+"""`python -m turbovae build-engines`: options -> a bucket table and build settings; trt/build.py exports and builds
+the engine set for one checkpoint."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..trt.backends import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
+from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
+from ..trt.identity import COMPONENTS
 from ..vae.dtypes import DTYPE_NAMES
 from ..vae.registry import titles
-from .backends import AUTO_BACKEND, BACKEND_CHOICES, resolve_backend
-from .buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
-from .identity import COMPONENTS
+
+DESCRIPTION = ("Export a VAE's encoder/decoder and build engines. Defaults: backend auto (TensorRT where it can build, "
+               "else AOTInductor, which needs only PyTorch), fp16 engines, encoder and decoder, on CUDA when "
+               "available.")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser("build-engines", help="export and build engines for a VAE checkpoint",
+                            description=DESCRIPTION)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..vae.api import load_checkpoint, resolve_device
     from ..vae.dtypes import parse_dtype
-    from .interface import EngineError
-    from .build import build_engine_set, preflight
+    from ..trt.build import build_engine_set, preflight
+    from ..trt.interface import EngineError
 
     components = [c.strip() for c in args.components.split(",") if c.strip()]
     table = table_from_args(args)

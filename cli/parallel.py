@@ -1,4 +1,5 @@
-"""`python -m turbovae decode|encode …`: exact decode/encode of files with the frame split across devices.
+"""`python -m turbovae decode|encode …`: exact decode/encode of files with the frame split across devices
+(vae/parallel/), the files read and written by cli/clip_files.py.
 
 Under torchrun (`torchrun --nproc-per-node N -m turbovae decode …`) every rank joins the process group
 (NCCL on CUDA, each rank on cuda:LOCAL_RANK; gloo on CPU) and rank 0 writes the result and prints progress.
@@ -23,10 +24,15 @@ from typing import Callable, Optional
 
 import torch
 
-from .trt.fileio import atomic_file, atomic_write_bytes
-from .vae.dtypes import DTYPE_NAMES
+from ..vae.dtypes import DTYPE_NAMES
+from .clip_files import read_input, write_output
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """`decode` and `encode`: the same options, each direction's files."""
+    for name, decode in (("decode", True), ("encode", False)):
+        add_arguments(sub.add_parser(name, help=f"exact {name} of files, frame split across devices "
+                                                "(torchrun: one rank per GPU)"), decode=decode)
 
 
 def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
@@ -35,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="latents .safetensors" if decode else "pixels .safetensors, or image files (one per frame)")
     p.add_argument("--output", required=True,
                    help="pixels .safetensors or .png/.jpg (one image per frame)" if decode else "latents .safetensors")
-    p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or e.g. "cuda:0,cuda:1" / '
-                                                  '"cpu,cpu" (default: all)')
+    p.add_argument("--devices", default="all", help='without torchrun: "all" (every visible GPU, else the CPU) or '
+                                                  'e.g. "cuda:0,cuda:1" / "cpu,cpu" (default: all)')
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--tile", type=int, default=None,
                    help="tile side in pixels of the single-device pass the bands share (each band's tiles hold 1/N "
@@ -46,64 +52,6 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
                    help="seconds a rank waits for the others before the pass fails (torchrun only; default: 600)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.set_defaults(func=run, decode=decode)
-
-
-def _read_tensor(path: Path, key: str) -> torch.Tensor:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(path))
-    if key in tensors:
-        return tensors[key]
-    if len(tensors) == 1:
-        return next(iter(tensors.values()))
-    raise ValueError(f"{path} holds {sorted(tensors)}; name the tensor '{key}' or keep only one")
-
-
-def _read_images(paths: list[Path]) -> torch.Tensor:
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise RuntimeError("reading image files needs Pillow: pip install pillow (or pass a .safetensors)") from e
-    import numpy as np
-
-    frames = [torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32)) for p in paths]
-    if len({f.shape for f in frames}) > 1:
-        raise ValueError("all input images must have the same size")
-    clip = torch.stack(frames).permute(3, 0, 1, 2).unsqueeze(0)  # [1, 3, T, H, W]
-    return clip / 127.5 - 1.0
-
-
-def read_input(paths: list[str], *, decode: bool) -> torch.Tensor:
-    files = [Path(p) for p in paths]
-    for p in files:
-        if not p.is_file():
-            raise FileNotFoundError(f"input not found: {p}")
-    if files[0].suffix.lower() in IMAGE_SUFFIXES and not decode:
-        return _read_images(files)
-    if len(files) != 1 or files[0].suffix.lower() != ".safetensors":
-        raise ValueError("give one .safetensors input" + ("" if decode else ", or image files"))
-    return _read_tensor(files[0], "latents" if decode else "pixels")
-
-
-def write_output(out: torch.Tensor, path: Path, *, decode: bool, overwrite: bool) -> list[Path]:
-    from safetensors.torch import save
-
-    if path.suffix.lower() == ".safetensors":
-        key = "pixels" if decode else "latents"
-        atomic_write_bytes(path, save({key: out.float().contiguous().cpu()}), overwrite=overwrite)
-        return [path]
-    if not decode or path.suffix.lower() not in IMAGE_SUFFIXES:
-        raise ValueError(f"output {path}: use .safetensors" + (" or an image suffix" if decode else ""))
-    from PIL import Image
-
-    clip = out if out.ndim == 5 else out.unsqueeze(2)
-    frames = ((clip[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).cpu().numpy()
-    names = [path] if len(frames) == 1 else [path.with_name(f"{path.stem}_{i:05d}{path.suffix}")
-                                              for i in range(len(frames))]
-    for frame, name in zip(frames, names):
-        with atomic_file(name, overwrite=overwrite) as f:
-            Image.fromarray(frame).save(f, format=Image.registered_extensions()[name.suffix.lower()])
-    return names
 
 
 def _progress(enabled: bool) -> Optional[Callable[[int, int], None]]:
@@ -120,20 +68,28 @@ def _progress(enabled: bool) -> Optional[Callable[[int, int], None]]:
     return show
 
 
+def _join_process_group(timeout_s: float) -> bool:
+    """Under torchrun: join the ranks' process group (NCCL on CUDA, each rank on cuda:LOCAL_RANK; gloo on CPU)
+    unless one is running; True when this call started it (and so must end it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from .vae.api import load_checkpoint
-    from .vae.parallel import decode_parallel, encode_parallel, parse_devices
+    from ..vae.api import load_checkpoint
+    from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
 
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-    started = False
-    if under_torchrun and not dist.is_initialized():
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout))
-        started = True
+    started = under_torchrun and _join_process_group(args.timeout)
     try:
         rank = dist.get_rank() if under_torchrun else 0
         device = (torch.device("cuda", torch.cuda.current_device()) if under_torchrun and torch.cuda.is_available()
