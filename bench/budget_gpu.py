@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from .family_names import QWEN_IMAGE, SEEDVR2, WAN22
+
 GB = 2**30
 MB = 2**20
 
@@ -47,24 +49,24 @@ class GpuCase:
 
 
 CASES = (
-    GpuCase("kinds-seedvr2", "seedvr2", True, 9, 256, 384, None, None, 40, check="kinds"),
-    GpuCase("kinds-qwen", "qwen_image", True, 9, 256, 384, None, None, 30, check="kinds"),
-    GpuCase("wan21-dec-1080p81-6g", "qwen_image", True, 81, 1080, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-720p21-12g", "seedvr2", True, 21, 720, 1280, 12, 16, 40),
-    GpuCase("seedvr2-dec-720p21-free", "seedvr2", True, 21, 720, 1280, None, None, 40),
-    GpuCase("wan21-dec-720p81-10g", "qwen_image", True, 81, 720, 1280, 10.3, 12, 40),
-    GpuCase("diffusers-wan21-dec-720p81", "qwen_image", True, 81, 720, 1280, None, None, 45, check="diffusers"),
-    GpuCase("wan22-dec-1088x1920x81-6g", "wan2.2", True, 81, 1088, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-1080p81-6g", "seedvr2", True, 81, 1080, 1920, 6, 8, 150),
-    GpuCase("wan21-dec-720p81-free", "qwen_image", True, 81, 720, 1280, None, None, 40),
-    GpuCase("seedvr2-enc-1080p81-6g", "seedvr2", False, 81, 1080, 1920, 6, 8, 120),
-    GpuCase("wan21-enc-1080p81-6g", "qwen_image", False, 81, 1080, 1920, 6, 8, 60),
-    GpuCase("wan22-enc-1088x1920x81-6g", "wan2.2", False, 81, 1088, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-720p81-4g", "seedvr2", True, 81, 720, 1280, 4, 6, 90),
-    GpuCase("wan21-dec-720p81-4g", "qwen_image", True, 81, 720, 1280, 4, 6, 40),
-    GpuCase("wan21-dec-720p81-24g", "qwen_image", True, 81, 720, 1280, 24, 24, 40),
-    GpuCase("wan21-dec-720p81-12g", "qwen_image", True, 81, 720, 1280, 12, 12, 40),
-    GpuCase("wan21-dec-720p81-8g", "qwen_image", True, 81, 720, 1280, 8, 8, 40),
+    GpuCase("kinds-seedvr2", SEEDVR2, True, 9, 256, 384, None, None, 40, check="kinds"),
+    GpuCase("kinds-qwen", QWEN_IMAGE, True, 9, 256, 384, None, None, 30, check="kinds"),
+    GpuCase("wan21-dec-1080p81-6g", QWEN_IMAGE, True, 81, 1080, 1920, 6, 8, 60),
+    GpuCase("seedvr2-dec-720p21-12g", SEEDVR2, True, 21, 720, 1280, 12, 16, 40),
+    GpuCase("seedvr2-dec-720p21-free", SEEDVR2, True, 21, 720, 1280, None, None, 40),
+    GpuCase("wan21-dec-720p81-10g", QWEN_IMAGE, True, 81, 720, 1280, 10.3, 12, 40),
+    GpuCase("diffusers-wan21-dec-720p81", QWEN_IMAGE, True, 81, 720, 1280, None, None, 45, check="diffusers"),
+    GpuCase("wan22-dec-1088x1920x81-6g", WAN22, True, 81, 1088, 1920, 6, 8, 60),
+    GpuCase("seedvr2-dec-1080p81-6g", SEEDVR2, True, 81, 1080, 1920, 6, 8, 150),
+    GpuCase("wan21-dec-720p81-free", QWEN_IMAGE, True, 81, 720, 1280, None, None, 40),
+    GpuCase("seedvr2-enc-1080p81-6g", SEEDVR2, False, 81, 1080, 1920, 6, 8, 120),
+    GpuCase("wan21-enc-1080p81-6g", QWEN_IMAGE, False, 81, 1080, 1920, 6, 8, 60),
+    GpuCase("wan22-enc-1088x1920x81-6g", WAN22, False, 81, 1088, 1920, 6, 8, 60),
+    GpuCase("seedvr2-dec-720p81-4g", SEEDVR2, True, 81, 720, 1280, 4, 6, 90),
+    GpuCase("wan21-dec-720p81-4g", QWEN_IMAGE, True, 81, 720, 1280, 4, 6, 40),
+    GpuCase("wan21-dec-720p81-24g", QWEN_IMAGE, True, 81, 720, 1280, 24, 24, 40),
+    GpuCase("wan21-dec-720p81-12g", QWEN_IMAGE, True, 81, 720, 1280, 12, 12, 40),
+    GpuCase("wan21-dec-720p81-8g", QWEN_IMAGE, True, 81, 720, 1280, 8, 8, 40),
 )
 DRY = {"frames": 9, "height": 64, "width": 96}  # the dry run's size (tiny configs), budgets scaled below
 

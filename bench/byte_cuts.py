@@ -23,6 +23,7 @@ from . import op_costs
 from .bytes_roofline import pass_of
 from .fidelity import model_shapes
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms
+from .family_names import WAN21, WAN22
 from ..vae.accel.switches import FastPaths
 
 SECTION = "cuts"
@@ -45,14 +46,14 @@ class CutCase:
 # The fast paths that are byte cuts, with the cases each serves.
 CUTS: dict[str, tuple[CutCase, ...]] = {
     "single_buffer": (
-        CutCase("wan2.1 decode 720p×81", "wan2.1", "decode", (1, 16, 21, 90, 160), (1, 16, 5, 24, 24), 1),
-        CutCase("wan2.1 encode 720p×81", "wan2.1", "encode", (1, 3, 81, 720, 1280), (1, 3, 17, 192, 192), 1),
-        CutCase("wan2.2 decode 704×1280×41", "wan2.2", "decode", (1, 48, 11, 44, 80), (1, 48, 5, 12, 12), 1),
+        CutCase("wan2.1 decode 720p×81", WAN21, "decode", (1, 16, 21, 90, 160), (1, 16, 5, 24, 24), 1),
+        CutCase("wan2.1 encode 720p×81", WAN21, "encode", (1, 3, 81, 720, 1280), (1, 3, 17, 192, 192), 1),
+        CutCase("wan2.2 decode 704×1280×41", WAN22, "decode", (1, 48, 11, 44, 80), (1, 48, 5, 12, 12), 1),
     ),
 }
 QUICK_CUTS: dict[str, tuple[CutCase, ...]] = {
     "single_buffer": (
-        CutCase("wan2.1 decode 9f 16² (tiny)", "wan2.1", "decode", (1, 16, 3, 2, 2), (1, 16, 3, 2, 2), 1),
+        CutCase("wan2.1 decode 9f 16² (tiny)", WAN21, "decode", (1, 16, 3, 2, 2), (1, 16, 3, 2, 2), 1),
     ),
 }
 

@@ -31,6 +31,7 @@ import torch
 from . import op_costs
 from .common import BenchOptions, BenchRow
 from .device_peaks import DEVICE_PEAKS, DevicePeak
+from .family_names import SEEDVR2, WAN21, WAN22
 
 SECTION = "bytes"
 TABLE = "bytes"
@@ -43,7 +44,7 @@ class ByteCase:
     measured rows are found by it); `temporal_slice` is the slice the measured run used (None: whole clip)."""
 
     name: str
-    arch: str  # "wan2.1" | "wan2.2" | "seedvr2"
+    arch: str  # a bench/family_names.py name: WAN21, WAN22 or SEEDVR2
     kind: str  # "decode" | "encode"
     shape: tuple[int, ...]
     temporal_slice: Optional[int] = None
@@ -51,18 +52,18 @@ class ByteCase:
 
 
 CASES: tuple[ByteCase, ...] = (
-    ByteCase("qwen decode 1024²", "wan2.1", "decode", (1, 16, 1, 128, 128)),
-    ByteCase("qwen encode 1024²", "wan2.1", "encode", (1, 3, 1, 1024, 1024)),
-    ByteCase("seedvr2 decode 1080p image", "seedvr2", "decode", (1, 16, 1, 135, 240)),
-    ByteCase("seedvr2 decode 720p×21", "seedvr2", "decode", (1, 16, 6, 90, 160)),
-    ByteCase("wan2.1 decode 720p×81 vs diffusers", "wan2.1", "decode", (1, 16, 21, 90, 160), 5, diffusers=True),
-    ByteCase("wan2.1 encode 720p×81", "wan2.1", "encode", (1, 3, 81, 720, 1280), 5, diffusers=True),
-    ByteCase("wan2.2 decode 704×1280×41", "wan2.2", "decode", (1, 48, 11, 44, 80), 5, diffusers=True),
+    ByteCase("qwen decode 1024²", WAN21, "decode", (1, 16, 1, 128, 128)),
+    ByteCase("qwen encode 1024²", WAN21, "encode", (1, 3, 1, 1024, 1024)),
+    ByteCase("seedvr2 decode 1080p image", SEEDVR2, "decode", (1, 16, 1, 135, 240)),
+    ByteCase("seedvr2 decode 720p×21", SEEDVR2, "decode", (1, 16, 6, 90, 160)),
+    ByteCase("wan2.1 decode 720p×81 vs diffusers", WAN21, "decode", (1, 16, 21, 90, 160), 5, diffusers=True),
+    ByteCase("wan2.1 encode 720p×81", WAN21, "encode", (1, 3, 81, 720, 1280), 5, diffusers=True),
+    ByteCase("wan2.2 decode 704×1280×41", WAN22, "decode", (1, 48, 11, 44, 80), 5, diffusers=True),
 )
 QUICK_CASES: tuple[ByteCase, ...] = (
-    ByteCase("qwen decode 16² (tiny)", "wan2.1", "decode", (1, 4, 1, 2, 2)),
-    ByteCase("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2)),
-    ByteCase("wan2.1 9f decode 16² (tiny) vs diffusers", "wan2.1", "decode", (1, 4, 3, 2, 2), 1, diffusers=True),
+    ByteCase("qwen decode 16² (tiny)", WAN21, "decode", (1, 4, 1, 2, 2)),
+    ByteCase("seedvr2 5f decode 16² (tiny)", SEEDVR2, "decode", (1, 16, 2, 2, 2)),
+    ByteCase("wan2.1 9f decode 16² (tiny) vs diffusers", WAN21, "decode", (1, 4, 3, 2, 2), 1, diffusers=True),
 )
 
 

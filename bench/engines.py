@@ -20,17 +20,18 @@ import torch
 from torch import nn
 
 from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, time_ms
+from .family_names import SEEDVR2, WAN21, WAN22
 from .models import checkpoint_for, family_model
 
 SECTION = "engines"
 
 
 def _model(cpu: bool):
-    from ..vae.wan.config import TINY_WAN21, WAN21
+    from ..vae.wan.config import TINY_WAN21, WAN21 as WAN21_CONFIG
     from ..vae.wan.model import WanVAE
 
     torch.manual_seed(0)
-    return WanVAE(TINY_WAN21 if cpu else WAN21).eval()
+    return WanVAE(TINY_WAN21 if cpu else WAN21_CONFIG).eval()
 
 
 def _backends(device: torch.device) -> list[str]:
@@ -150,16 +151,16 @@ class ClipCase:
 # skips small tensors) while Inductor does not, so tiny rows flatter the engines; at released widths eager runs
 # oneDNN too.
 CPU_CLIP_CASES = (
-    ClipCase("seedvr2", False, (5, 8, 12), quick=(3, 4, 6)),  # 96x64 x 17
-    ClipCase("wan2.1", False, (6, 16, 16), quick=(3, 8, 8)),  # 128x128 x 21
-    ClipCase("wan2.2", False, (6, 8, 8), quick=(3, 4, 4)),  # 128x128 x 21 (16x space)
-    ClipCase("wan2.1", True, (3, 8, 8)),  # 64x64 x 9
-    ClipCase("wan2.2", True, (3, 4, 4)),  # 64x64 x 9
+    ClipCase(SEEDVR2, False, (5, 8, 12), quick=(3, 4, 6)),  # 96x64 x 17
+    ClipCase(WAN21, False, (6, 16, 16), quick=(3, 8, 8)),  # 128x128 x 21
+    ClipCase(WAN22, False, (6, 8, 8), quick=(3, 4, 4)),  # 128x128 x 21 (16x space)
+    ClipCase(WAN21, True, (3, 8, 8)),  # 64x64 x 9
+    ClipCase(WAN22, True, (3, 4, 4)),  # 64x64 x 9
 )
 CUDA_CLIP_CASES = (
-    ClipCase("seedvr2", True, (6, 90, 160)),  # 1280x720 x 21
-    ClipCase("wan2.1", True, (6, 60, 104)),  # 832x480 x 21
-    ClipCase("wan2.2", True, (6, 45, 80)),  # 1280x720 x 21
+    ClipCase(SEEDVR2, True, (6, 90, 160)),  # 1280x720 x 21
+    ClipCase(WAN21, True, (6, 60, 104)),  # 832x480 x 21
+    ClipCase(WAN22, True, (6, 45, 80)),  # 1280x720 x 21
 )
 
 

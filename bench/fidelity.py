@@ -31,6 +31,7 @@ from ..trt.fileio import atomic_write_text
 from ..vae.accel.switches import FastPaths
 from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
 from .common import environment, fan_in_weights, interleaved_ms
+from .family_names import QWEN, SEEDVR2, WAN22
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
 # or the latents, not the activations a norm sees.
@@ -232,15 +233,15 @@ def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, t
 
 
 DEFAULT_CASES = (
-    FidelityCase("seedvr2", "decode", 1, 320, 448),  # the case: a photo encoded, then decoded
-    FidelityCase("seedvr2", "decode", 1, 256, 256),
-    FidelityCase("seedvr2", "encode", 1, 256, 256),
-    FidelityCase("seedvr2", "decode", 5, 128, 128),
-    FidelityCase("qwen", "decode", 1, 256, 256),
-    FidelityCase("qwen", "encode", 1, 256, 256),
-    FidelityCase("qwen", "decode", 5, 128, 128),
-    FidelityCase("wan2.2", "decode", 1, 256, 256),
-    FidelityCase("wan2.2", "decode", 5, 128, 128),
+    FidelityCase(SEEDVR2, "decode", 1, 320, 448),  # the case: a photo encoded, then decoded
+    FidelityCase(SEEDVR2, "decode", 1, 256, 256),
+    FidelityCase(SEEDVR2, "encode", 1, 256, 256),
+    FidelityCase(SEEDVR2, "decode", 5, 128, 128),
+    FidelityCase(QWEN, "decode", 1, 256, 256),
+    FidelityCase(QWEN, "encode", 1, 256, 256),
+    FidelityCase(QWEN, "decode", 5, 128, 128),
+    FidelityCase(WAN22, "decode", 1, 256, 256),
+    FidelityCase(WAN22, "decode", 5, 128, 128),
 )
 
 

@@ -45,6 +45,7 @@ from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 from .device_peaks import DEVICE_PEAKS
+from .family_names import QWEN, SEEDVR2
 from .models import build_model
 
 SECTION = "gpu"
@@ -61,7 +62,7 @@ class Case:
     `long` cases (minutes-long clips) time one repeat, skip CUDA graphs and slice the fp32 reference."""
 
     name: str
-    arch: str  # "qwen" (Qwen-Image = Wan 2.1 weights) | "seedvr2"
+    arch: str  # a bench/family_names.py name: QWEN (Qwen-Image = Wan 2.1 weights) or SEEDVR2
     kind: str  # "decode" | "encode"
     shape: tuple[int, ...]  # input shape (latents for decode, pixels for encode)
     temporal_slice: Optional[int] = None  # None: whole clip; AUTO: what TurboVAE.decode picks from free memory
@@ -118,25 +119,25 @@ def cases(cuda: bool, quick: bool) -> list[Case]:
     SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each kind in seconds (it
     also injects out-of-memory failures into the SeedVR2 twin: `BenchOptions.inject_oom`)."""
     if quick:
-        return [Case("qwen decode 16² (tiny)", "qwen", "decode", (1, 4, 1, 2, 2), key="qwen-decode-1024"),
-                Case("seedvr2 5f decode 16² (tiny)", "seedvr2", "decode", (1, 16, 2, 2, 2), key="seedvr2-decode-720p21"),
-                Case("wan2.1 9f decode 16² (tiny) vs diffusers", "qwen", "decode", (1, 4, 3, 2, 2), AUTO,
+        return [Case("qwen decode 16² (tiny)", QWEN, "decode", (1, 4, 1, 2, 2), key="qwen-decode-1024"),
+                Case("seedvr2 5f decode 16² (tiny)", SEEDVR2, "decode", (1, 16, 2, 2, 2), key="seedvr2-decode-720p21"),
+                Case("wan2.1 9f decode 16² (tiny) vs diffusers", QWEN, "decode", (1, 4, 3, 2, 2), AUTO,
                      key="wan21-decode-720p81", baseline="diffusers", long=True)]
     if cuda:
-        return [Case("qwen decode 1024²", "qwen", "decode", (1, 16, 1, 128, 128), key="qwen-decode-1024"),
-                Case("qwen encode 1024²", "qwen", "encode", (1, 3, 1, 1024, 1024), key="qwen-encode-1024"),
-                Case("seedvr2 decode 1080p image", "seedvr2", "decode", (1, 16, 1, 135, 240),
+        return [Case("qwen decode 1024²", QWEN, "decode", (1, 16, 1, 128, 128), key="qwen-decode-1024"),
+                Case("qwen encode 1024²", QWEN, "encode", (1, 3, 1, 1024, 1024), key="qwen-encode-1024"),
+                Case("seedvr2 decode 1080p image", SEEDVR2, "decode", (1, 16, 1, 135, 240),
                      key="seedvr2-decode-1080p"),
-                Case("seedvr2 decode 720p×21", "seedvr2", "decode", (1, 16, 6, 90, 160), AUTO,
+                Case("seedvr2 decode 720p×21", SEEDVR2, "decode", (1, 16, 6, 90, 160), AUTO,
                      key="seedvr2-decode-720p21", long=True),
-                Case("wan2.1 decode 720p×81 vs diffusers", "qwen", "decode", (1, 16, 21, 90, 160), AUTO,
+                Case("wan2.1 decode 720p×81 vs diffusers", QWEN, "decode", (1, 16, 21, 90, 160), AUTO,
                      key="wan21-decode-720p81", baseline="diffusers", long=True),
-                Case("qwen decode 1328²", "qwen", "decode", (1, 16, 1, 166, 166), key="qwen-decode-1328"),
-                Case("qwen encode 1328²", "qwen", "encode", (1, 3, 1, 1328, 1328), key="qwen-encode-1328")]
-    return [Case("qwen decode 64²", "qwen", "decode", (1, 16, 1, 8, 8), key="qwen-decode-64"),
-            Case("qwen encode 64²", "qwen", "encode", (1, 3, 1, 64, 64), key="qwen-encode-64"),
-            Case("seedvr2 decode 64² image", "seedvr2", "decode", (1, 16, 1, 8, 8), key="seedvr2-decode-64"),
-            Case("seedvr2 decode 64²×5", "seedvr2", "decode", (1, 16, 2, 8, 8), key="seedvr2-decode-64x5")]
+                Case("qwen decode 1328²", QWEN, "decode", (1, 16, 1, 166, 166), key="qwen-decode-1328"),
+                Case("qwen encode 1328²", QWEN, "encode", (1, 3, 1, 1328, 1328), key="qwen-encode-1328")]
+    return [Case("qwen decode 64²", QWEN, "decode", (1, 16, 1, 8, 8), key="qwen-decode-64"),
+            Case("qwen encode 64²", QWEN, "encode", (1, 3, 1, 64, 64), key="qwen-encode-64"),
+            Case("seedvr2 decode 64² image", SEEDVR2, "decode", (1, 16, 1, 8, 8), key="seedvr2-decode-64"),
+            Case("seedvr2 decode 64²×5", SEEDVR2, "decode", (1, 16, 2, 8, 8), key="seedvr2-decode-64x5")]
 
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:

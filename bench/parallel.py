@@ -33,6 +33,7 @@ from ..vae.api import TurboVAE
 from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiled import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow, max_abs, sync
+from .family_names import SEEDVR2, WAN21
 from .models import family_model, seeded_init
 from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported
 
@@ -54,7 +55,7 @@ def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:
     return torch.rand(1, 3, 1, h * f, w * f, generator=g) * 2 - 1
 
 
-CASES = [("seedvr2", True), ("seedvr2", False), ("wan2.1", True), ("wan2.1", False)]
+CASES = [(SEEDVR2, True), (SEEDVR2, False), (WAN21, True), (WAN21, False)]
 
 
 def _peaks(run_once) -> tuple[float, float]:

@@ -26,6 +26,7 @@ from ..vae.accel.switches import FastPaths
 from ..vae.allocator_peak import measure_peak
 from ..vae.peak_memory import MetaPasses, PassPaths
 from .common import environment
+from .family_names import QWEN_IMAGE, SEEDVR2, WAN21, WAN22
 from .gpu import AUTO, cases as gpu_cases
 
 MB = 2 ** 20
@@ -112,8 +113,8 @@ def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
     slice the old rule took from the free memory of then (`hand_estimate_slice`)."""
     data = json.loads(path.read_text())
     shape = tuple(data["shape"])
-    model = copies.setdefault("seedvr2", MetaPasses(_meta("seedvr2")))
-    meta = _meta("seedvr2")
+    model = copies.setdefault(SEEDVR2, MetaPasses(_meta(SEEDVR2)))
+    meta = _meta(SEEDVR2)
     f = meta.latent_format.spatial_factor
     pixels = shape[-1] * shape[-2] * f * f
     k = hand_estimate_slice(lambda frames: seedvr2_decode_working_set(meta.config, pixels, frames, torch.bfloat16),
@@ -161,9 +162,9 @@ def cpu_rows() -> list[dict]:
 
 
 # Clip and image cases of the issue's targets, planned on meta tensors for a CUDA pass in bf16 (no GPU needed).
-PLAN_CASES = [("wan2.1", "1x16x21x90x160", True), ("wan2.1", "1x3x81x720x1280", False),
-              ("wan2.2", "1x48x11x44x80", True), ("seedvr2", "1x16x6x90x160", True),
-              ("seedvr2", "1x16x1x135x240", True), ("qwen_image", "1x16x1x128x128", True)]
+PLAN_CASES = [(WAN21, "1x16x21x90x160", True), (WAN21, "1x3x81x720x1280", False),
+              (WAN22, "1x48x11x44x80", True), (SEEDVR2, "1x16x6x90x160", True),
+              (SEEDVR2, "1x16x1x135x240", True), (QWEN_IMAGE, "1x16x1x128x128", True)]
 
 
 def plans(budgets_mb: tuple[int, ...]) -> list[dict]:

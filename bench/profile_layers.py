@@ -19,6 +19,7 @@ import torch
 from ..vae.dtypes import working_dtype
 from . import main, op_costs
 from .common import BenchOptions, BenchRow
+from .family_names import QWEN, SEEDVR2
 
 SECTION = "profile"
 TABLE = "profile"
@@ -41,9 +42,9 @@ class ProfileRow(BenchRow):
 
 def _cases(opts: BenchOptions, cuda: bool) -> tuple[main.Case, ...]:
     if opts.quick:
-        sizes, families = (32,), (("SeedVR2", "seedvr2"),)
+        sizes, families = (32,), (("SeedVR2", SEEDVR2),)
     else:
-        sizes, families = ((256,) if cuda else (64,)), (("SeedVR2", "seedvr2"), ("Wan 2.1", "qwen"))
+        sizes, families = ((256,) if cuda else (64,)), (("SeedVR2", SEEDVR2), ("Wan 2.1", QWEN))
     frames = 5
     out = []
     for label, family in families:

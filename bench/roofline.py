@@ -26,6 +26,7 @@ from ..vae.norms import matmul
 from ..vae.registry import family
 from . import main, op_costs
 from .common import BenchOptions, BenchRow, sync
+from .family_names import QWEN_IMAGE, SEEDVR2
 
 SECTION = "roofline"
 TABLE = "roofline"
@@ -152,9 +153,9 @@ class FlopRow(BenchRow):
 
 
 # (case label, family, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
-FLOP_CASES = tuple(("SeedVR2", "seedvr2", "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
-    ("SeedVR2", "seedvr2", "encode", n, 128) for n in (5, 21)) + tuple(
-    ("Wan 2.1", "qwen_image", "decode", n, 128) for n in (1, 5, 21)) + (("Wan 2.1", "qwen_image", "encode", 5, 128),)
+FLOP_CASES = tuple(("SeedVR2", SEEDVR2, "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
+    ("SeedVR2", SEEDVR2, "encode", n, 128) for n in (5, 21)) + tuple(
+    ("Wan 2.1", QWEN_IMAGE, "decode", n, 128) for n in (1, 5, 21)) + (("Wan 2.1", QWEN_IMAGE, "encode", 5, 128),)
 
 
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:

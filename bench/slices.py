@@ -18,6 +18,7 @@ import torch
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
+from .family_names import SEEDVR2, WAN21
 from .models import family_model, seeded_init
 
 SECTION = "slices"
@@ -31,14 +32,14 @@ def _vae(arch: str, quick: bool, device: torch.device, dtype: torch.dtype) -> Tu
 
 def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:
     if opts.quick:
-        return [("seedvr2 decode 9f (tiny)", "seedvr2", (1, 16, 3, 2, 2)),
-                ("wan2.1 decode 17f (tiny)", "wan2.1", (1, 4, 5, 2, 2))]
+        return [("seedvr2 decode 9f (tiny)", SEEDVR2, (1, 16, 3, 2, 2)),
+                ("wan2.1 decode 17f (tiny)", WAN21, (1, 4, 5, 2, 2))]
     if cuda:
-        return [("seedvr2 decode 21f 512²", "seedvr2", (1, 16, 6, 64, 64)),
-                ("wan2.1 decode 81f 480×832", "wan2.1", (1, 16, 21, 60, 104))]
-    return [("seedvr2 decode 21f 64²", "seedvr2", (1, 16, 6, 8, 8)),
-            ("seedvr2 decode 21f 128²", "seedvr2", (1, 16, 6, 16, 16)),
-            ("wan2.1 decode 81f 64²", "wan2.1", (1, 16, 21, 8, 8))]
+        return [("seedvr2 decode 21f 512²", SEEDVR2, (1, 16, 6, 64, 64)),
+                ("wan2.1 decode 81f 480×832", WAN21, (1, 16, 21, 60, 104))]
+    return [("seedvr2 decode 21f 64²", SEEDVR2, (1, 16, 6, 8, 8)),
+            ("seedvr2 decode 21f 128²", SEEDVR2, (1, 16, 6, 16, 16)),
+            ("wan2.1 decode 81f 64²", WAN21, (1, 16, 21, 8, 8))]
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:

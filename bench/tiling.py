@@ -24,20 +24,21 @@ from ..vae.dtypes import DTYPE_BY_NAME
 from ..vae.registry import family
 from .common import BenchOptions, BenchRow, max_abs, psnr
 from .content import synthetic_clip, synthetic_image
+from .family_names import QWEN, SEEDVR2
 from .models import checkpoint_for
 
 CASES_CPU = [  # (kind, height, width, frames, tile_px)
-    ("qwen", 512, 512, 1, 256),
-    ("qwen", 1024, 1024, 1, 512),
-    ("seedvr2", 256, 256, 1, 128),
-    ("seedvr2", 128, 192, 5, 64),
+    (QWEN, 512, 512, 1, 256),
+    (QWEN, 1024, 1024, 1, 512),
+    (SEEDVR2, 256, 256, 1, 128),
+    (SEEDVR2, 128, 192, 5, 64),
 ]
-CASES_QUICK = [("qwen", 128, 128, 1, 64), ("seedvr2", 64, 96, 1, 64)]
+CASES_QUICK = [(QWEN, 128, 128, 1, 64), (SEEDVR2, 64, 96, 1, 64)]
 CASES_CUDA = [
-    ("qwen", 1328, 1328, 1, 512),
-    ("qwen", 2048, 2048, 1, 768),
-    ("seedvr2", 1080, 1920, 1, 512),
-    ("seedvr2", 720, 1280, 21, 512),
+    (QWEN, 1328, 1328, 1, 512),
+    (QWEN, 2048, 2048, 1, 768),
+    (SEEDVR2, 1080, 1920, 1, 512),
+    (SEEDVR2, 720, 1280, 21, 512),
 ]
 
 

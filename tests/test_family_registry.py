@@ -110,30 +110,52 @@ def test_every_family_has_one_config_idiom_and_a_consistent_entry():
 
 
 # -- no hand-written family list outside the registry ---------------------------------------------------
-# Where family names may appear as data: the registry, each family's own package, and the benchmark's
-# per-family deep-dive sections, whose section names (bench/runner.py's SECTIONS, --full's sections and the
-# --<section>-checkpoint options) name bench modules, not the families the package supports.
+# Where family names may appear as data: the registry, each family's own package, the benchmark's per-family
+# deep-dive sections, whose section names (bench/runner.py's SECTIONS, --full's sections and the
+# --<section>-checkpoint options) name bench modules, not the families the package supports, and
+# bench/family_names.py, the one bench module that spells the names its case tables use (each checked against the
+# registry when the bench is imported).
 ALLOWED = ("vae/registry.py", "vae/seedvr2/", "vae/wan/", "bench/seedvr2.py", "bench/seedvr2_original.py",
-           "bench/qwen.py", "bench/qwen_layered.py", "bench/runner.py")
+           "bench/qwen.py", "bench/qwen_layered.py", "bench/family_names.py", "bench/runner.py")
 
 
 def _family_names() -> set[str]:
     return {n for f in registry.families() for n in (*f.names, *f.kinds)}
 
 
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "a call")
+
+
 def _family_lists(path: Path, names: set[str]) -> list[str]:
-    """Literal collections naming two or more families, and comparisons with a family name (an if/else on one)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    """Where a module names a family by literal: a collection of two or more families, a comparison with one (an
+    if/else on it), one passed to a call (a case table's row, `family("wan2.2")`, `arch="seedvr2"`), and any other
+    literal family name (a table row's tuple, a default, a dict key)."""
+    found, seen = [], set()
+
+    def family_constants(nodes) -> list[ast.Constant]:
+        return [n for n in nodes if isinstance(n, ast.Constant) and n.value in names]
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
-            elts = node.keys if isinstance(node, ast.Dict) else node.elts
-            hits = [e.value for e in elts if isinstance(e, ast.Constant) and e.value in names]
+            hits = family_constants(node.keys if isinstance(node, ast.Dict) else node.elts)
             if len(hits) >= 2:
-                found.append(f"line {node.lineno}: a list of families {hits}")
+                found.append(f"line {node.lineno}: a list of families {[h.value for h in hits]}")
+                seen.update(map(id, hits))
         elif isinstance(node, ast.Compare):
-            hits = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant) and c.value in names]
+            hits = family_constants((node.left, *node.comparators))
             if hits:
-                found.append(f"line {node.lineno}: a test for the family {hits[0]!r}")
+                found.append(f"line {node.lineno}: a test for the family {hits[0].value!r}")
+                seen.update(map(id, hits))
+        elif isinstance(node, ast.Call):
+            for hit in family_constants((*node.args, *(k.value for k in node.keywords))):
+                found.append(f"line {node.lineno}: the family {hit.value!r} passed to {_call_name(node)}()")
+                seen.add(id(hit))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in seen:
+            found.append(f"line {node.lineno}: the family {node.value!r} named by literal")
     return found
 
 
@@ -147,11 +169,43 @@ def test_no_module_keeps_its_own_family_list():
         found = _family_lists(path, names)
         if found:
             offenders[rel] = found
-    assert not offenders, f"family lists outside vae/registry.py (read the registry instead): {offenders}"
+    assert not offenders, f"family names outside vae/registry.py (read the registry instead): {offenders}"
 
 
 def test_the_family_list_check_can_fail(tmp_path):
-    """The check above finds what it is for: a tuple of families and an if on one."""
+    """The check above finds what it is for: a tuple of families, an if on one, a case table's row naming one,
+    a keyword argument naming one, and a table row's tuple naming one."""
     bad = tmp_path / "bad.py"
     bad.write_text('CASES = ("seedvr2", "wan2.2")\n\ndef f(arch):\n    return 1 if arch == "qwen_image" else 2\n')
     assert len(_family_lists(bad, _family_names())) == 2
+    bad.write_text('ROWS = (GpuCase("x", "qwen_image", 1), f(arch="wan2.2"))\nTABLE = [("qwen", 64, 64)]\n')
+    assert _family_lists(bad, _family_names()) == ["line 1: the family 'qwen_image' passed to GpuCase()",
+                                                   "line 1: the family 'wan2.2' passed to f()",
+                                                   "line 2: the family 'qwen' named by literal"]
+
+
+def test_the_bench_names_are_registry_names():
+    """bench/family_names.py's names are what the registry calls its families (a key or alias, as spelled there),
+    and every case table reads them from there (the check above finds no other spelling)."""
+    from turbovae.bench import family_names
+
+    for name in family_names.__all__:
+        spelled = getattr(family_names, name)
+        assert spelled in registry.family(spelled).names
+    with pytest.raises(registry.UnknownFamily):
+        family_names._registered("toy")
+    with pytest.raises(ValueError, match="how the registry spells"):
+        family_names._registered("Wan-2.1")
+
+
+def test_a_family_name_is_found_however_it_is_spelled():
+    """The registry, not each caller (the planner's `plan` used to normalise Wan names by hand), forgives case and
+    separators."""
+    for spelled, key in (("Wan-2.1", "qwen_image"), ("wan21", "qwen_image"), ("WAN_2_2", "wan2.2"),
+                         ("Qwen-Image", "qwen_image"), ("SeedVR2", "seedvr2")):
+        assert registry.family(spelled).key == key
+    from turbovae.vae.memory_plan import meta_model
+
+    assert meta_model("wan22").kind == "wan2.2"
+    with pytest.raises(registry.UnknownFamily):
+        registry.family("wan2.3")

@@ -39,10 +39,8 @@ def meta_model(source: Union[str, os.PathLike, VAEModel]) -> VAEModel:
 
     if isinstance(source, VAEModel):
         return source if source.device.type == "meta" else source.meta_copy()
-    name = str(source).strip().lower().replace("-", "_").replace("wan_2", "wan2").replace("wan21", "wan2.1") \
-        .replace("wan22", "wan2.2").replace("wan2_", "wan2.")
     try:
-        return family(name).meta_model(real=True)
+        return family(str(source)).meta_model(real=True)  # the registry matches "Wan-2.1" or "wan21" to "wan2.1"
     except UnknownFamily:
         pass
     if os.path.exists(source):

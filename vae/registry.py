@@ -14,6 +14,7 @@ so the registry is complete whenever a VAE can be loaded.
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -154,11 +155,18 @@ def families() -> tuple[Family, ...]:
 
 
 def family(name: str) -> Family:
-    """The family with this key or alias; UnknownFamily naming the known ones otherwise."""
+    """The family with this key or alias, however the user spelled it ("Wan-2.1", "wan21" and "WAN_2_1" are
+    "wan2.1": case, spaces, "-", "_" and "." aside); UnknownFamily naming the known ones otherwise."""
+    spelled = _spelling(name)
     for fam in _FAMILIES.values():
-        if name in fam.names:
+        if spelled in map(_spelling, fam.names):
             return fam
     raise UnknownFamily(_unknown(name))
+
+
+def _spelling(name: str) -> str:
+    """A name as compared: lower case, without the separators users vary ("Qwen-Image" matches "qwen_image")."""
+    return re.sub(r"[\s._-]", "", str(name).lower())
 
 
 def family_of_kind(kind: str) -> Optional[Family]:
