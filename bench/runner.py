@@ -35,6 +35,8 @@ SECTIONS = {
     "cuts": "byte_cuts",
     "budget": "budget",
 }
+# The sections that run a real checkpoint when given one (`--<section>-checkpoint`, dashes for underscores).
+CHECKPOINT_SECTIONS = ("seedvr2", "qwen", "qwen_layered")
 MAIN_REPEAT, SECTIONS_REPEAT = 2, 3  # timed runs per path when --repeat is not given
 # `--full`: the long run (every size and ablation of these sections).
 FULL_SECTIONS = ("seedvr2", "qwen")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..bench.runner import FULL_DURATION, FULL_SECTIONS, MAIN_REPEAT, SECTIONS, SECTIONS_REPEAT
+from ..bench.runner import CHECKPOINT_SECTIONS, FULL_DURATION, FULL_SECTIONS, MAIN_REPEAT, SECTIONS, SECTIONS_REPEAT
 from ..vae.dtypes import DTYPE_NAMES
 from .errors import UsageError
 
@@ -86,8 +86,7 @@ def _options(args: argparse.Namespace, device: str, sections: list[str]):
     """The `BenchOptions` the options ask for, with each mistake a `UsageError` naming the fix."""
     from ..bench.common import BenchOptions
 
-    checkpoints = (("seedvr2", args.seedvr2_checkpoint), ("qwen", args.qwen_checkpoint),
-                   ("qwen_layered", args.qwen_layered_checkpoint))
+    checkpoints = ((name, getattr(args, f"{name}_checkpoint")) for name in CHECKPOINT_SECTIONS)
     opts = BenchOptions(device=device, dtype=args.dtype, warmup=args.warmup, quick=args.quick,
                         repeat=args.repeat or (SECTIONS_REPEAT if sections else MAIN_REPEAT),
                         checkpoint={k: v for k, v in checkpoints if v}, cases=_comma_list(args.cases),
