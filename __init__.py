@@ -9,8 +9,8 @@ from .loading import load_vae
 from .vae.api import TurboVAE, moments_to_latents, pad_to_multiple
 from .vae.base import LatentFormat
 from .vae.checkpoint import CheckpointError
-from .vae.memory_budget import BudgetTooSmall, MemoryBudget
-from .vae.memory_plan import plan_pass
+from .vae.memory.budget import BudgetTooSmall, MemoryBudget
+from .vae.plan_pass import plan_pass
 from .vae.parallel import ParallelPassError, decode_parallel, encode_parallel
 from .vae.tiled import decode_tiled, encode_tiled
 

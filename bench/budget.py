@@ -24,10 +24,10 @@ from typing import Optional, Sequence
 import torch
 
 from ..trt.fileio import atomic_write_bytes
-from ..vae.allocator_peak import measure_peak
+from ..vae.memory.allocator import measure_peak
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
-from ..vae.memory_budget import BudgetTooSmall
+from ..vae.memory.budget import BudgetTooSmall
 from ..vae.planning import PlanRequest, plan_pass, run_plan
 from ..vae.registry import families
 from .common import BenchOptions, BenchRow, max_abs, psnr

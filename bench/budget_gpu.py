@@ -79,9 +79,9 @@ def run_case(case: GpuCase, dry: bool) -> dict:
     """One case, in this process: the row it measured."""
     import torch
 
-    from ..vae.allocator_peak import measure_peak
+    from ..vae.memory.allocator import measure_peak
     from ..vae.api import TurboVAE
-    from ..vae.memory_budget import BudgetTooSmall
+    from ..vae.memory.budget import BudgetTooSmall
     from ..vae.planning import PassPlan
     from ..vae.registry import family
     from .common import environment
@@ -155,7 +155,7 @@ def _diffusers(vae, x, device, dtype) -> dict:
     """diffusers' AutoencoderKLWan eager decode of the same weights and latents: warm time and allocator peak."""
     import torch
 
-    from ..vae.allocator_peak import measure_peak
+    from ..vae.memory.allocator import measure_peak
     from ..vae.wan.config import diffusers_kwargs
 
     try:
@@ -179,7 +179,7 @@ def _kinds(vae, x, decode: bool, device) -> list[dict]:
     allocator peak beside its prediction."""
     import torch
 
-    from ..vae.allocator_peak import measure_peak
+    from ..vae.memory.allocator import measure_peak
     from ..vae.planning import PassPlan, predict_plan, run_plan
     from .common import max_abs, psnr
 

@@ -11,7 +11,7 @@ No case aborts the run: the fp32 reference runs in the temporal slices the publi
 would use, with the architecture's fast paths (exact in fp32, and what that slice choice is sized for), and
 halves its slice after an out-of-memory (exact by construction) down to one latent; an out-of-memory in a step
 (or the diffusers baseline) is that step's row, with the error, and the case goes on with the next step.
-Out-of-memory is decided by type (vae/oom.py). `--inject-oom CASE_KEY:VARIANT` (`BenchOptions.inject_oom`,
+Out-of-memory is decided by type (vae/memory/oom.py). `--inject-oom CASE_KEY:VARIANT` (`BenchOptions.inject_oom`,
 or a case's own `faults`) makes a variant's first run a simulated out-of-memory: the GPU run's dry run uses it,
 so the CPU run exercises the out-of-memory rows.
 
@@ -39,10 +39,10 @@ from ..vae.accel.cuda_graphs import CudaGraphRunner
 from ..vae.dtypes import working_dtype
 from ..vae.accel.kernels import triton_available
 from ..vae.norms import fused_norms
-from ..vae.memory_budget import BudgetTooSmall, default_budget_bytes
+from ..vae.memory.budget import BudgetTooSmall, default_budget_bytes
 from ..vae.planning import PlanRequest, plan_pass
-from ..vae.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
-from ..vae.peak_memory import MetaPasses, PassPaths
+from ..vae.memory.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
+from ..vae.memory.peak import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
 from .device_peaks import DEVICE_PEAKS
 from .family_names import QWEN, SEEDVR2
@@ -432,7 +432,7 @@ def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor,
 
 
 def failure_note(exc: BaseException) -> str:
-    """'out of memory: Type: first line' for an allocation failure (by type, vae/oom.py), 'failed: …' else."""
+    """'out of memory: Type: first line' for an allocation failure (by type, vae/memory/oom.py), 'failed: …' else."""
     first = (str(exc).splitlines() or [""])[0]
     what = "out of memory" if is_out_of_memory(exc) else "failed"
     return f"{what}: {type(exc).__name__}: {first[:160]}"

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..trt.fileio import atomic_write_text
 from ..vae.api import TurboVAE
-from ..vae.peak_memory import LiveBytes
+from ..vae.memory.peak import LiveBytes
 from ..vae.registry import family
 from ..vae.tiling.exact import run_exact
 from ..vae.tiling.grid import TileGrid

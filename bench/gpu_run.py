@@ -257,7 +257,7 @@ def plan(*, dry_run: bool, only: Sequence[str] = (), tests: bool = True, engines
     # Per-kernel profile of each clip case (bench/kernel_profile.py): top kernels by time, share of the pass.
     add("kernel-profile", py + ("turbovae.bench.kernel_profile", "--top", "15") +
         (("--device", "cpu", "--dtype", "fp32", "--quick") if dry_run else ("--device", "cuda", "--dtype", "bf16")))
-    # Slice cost (bench/slices.py): what vae/free_memory.py FASTEST_SLICE needs for CUDA.
+    # Slice cost (bench/slices.py): what vae/memory/device.py FASTEST_SLICE needs for CUDA.
     add("slices", py + ("turbovae", "bench", "--sections", "slices") + device)
     if engines and not dry_run:  # AOTInductor builds take minutes on CPU: not part of the dry run
         add("engines", py + ("turbovae", "bench", "--sections", "engines", "--device", "cuda", "--dtype", "bf16"))

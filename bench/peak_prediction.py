@@ -1,4 +1,4 @@
-"""The peak-memory prediction (vae/peak_memory.py) against measured peaks: every GPU row of a GPU run's result files
+"""The peak-memory prediction (vae/memory/peak.py) against measured peaks: every GPU row of a GPU run's result files
 that has a peak, and the same passes measured on this CPU at small sizes. Writes one JSON (docs/results/) of
 predicted vs measured with the error; docs/memory.md reads its numbers from there.
 
@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 
 from ..vae.accel.switches import FastPaths
-from ..vae.allocator_peak import measure_peak
-from ..vae.peak_memory import MetaPasses, PassPaths
+from ..vae.memory.allocator import measure_peak
+from ..vae.memory.peak import MetaPasses, PassPaths
 from .common import environment
 from .family_names import QWEN_IMAGE, SEEDVR2, WAN21, WAN22
 from .gpu import AUTO, cases as gpu_cases
@@ -128,7 +128,7 @@ def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
 
 
 def cpu_rows() -> list[dict]:
-    """The same passes on the CPU (tiny configs, small sizes), their allocator peaks (vae/allocator_peak.py) vs the
+    """The same passes on the CPU (tiny configs, small sizes), their allocator peaks (vae/memory/allocator.py) vs the
     meta prediction, both layouts."""
     from ..vae.seedvr2 import SeedVR2Config, SeedVR2VAE
     from ..vae.wan import TINY_WAN21, WanVAE
@@ -169,7 +169,7 @@ PLAN_CASES = [(WAN21, "1x16x21x90x160", True), (WAN21, "1x3x81x720x1280", False)
 
 def plans(budgets_mb: tuple[int, ...]) -> list[dict]:
     """What `plan` chooses for each PLAN_CASES entry under each budget (MB)."""
-    from ..vae.memory_plan import plan_dict, plan_pass
+    from ..vae.plan_pass import plan_dict, plan_pass
 
     out = []
     for family, shape, decode in PLAN_CASES:
@@ -219,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.no_cpu:
         rows += cpu_rows()
     modelled = [abs(r["error_pct"]) for r in rows if r["modelled"]]
-    from ..vae.memory_budget import DEFAULT_PASS_BUDGET_BYTES
+    from ..vae.memory.budget import DEFAULT_PASS_BUDGET_BYTES
 
     result = {"environment": environment(), "what": __doc__.split("\n\n")[0], "rows": rows,
               "plans": plans((DEFAULT_PASS_BUDGET_BYTES // MB, 24 * 1024)),

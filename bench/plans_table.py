@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..vae.memory_budget import DEFAULT_PASS_BUDGET_BYTES, BudgetTooSmall
-from ..vae.memory_plan import plan_dict, plan_pass
+from ..vae.memory.budget import DEFAULT_PASS_BUDGET_BYTES, BudgetTooSmall
+from ..vae.plan_pass import plan_dict, plan_pass
 from ..vae.registry import families, family
 
 TABLE = "plans"

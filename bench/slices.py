@@ -1,7 +1,7 @@
 """Temporal slice cost: a clip decoded whole vs in fixed slices vs the slice TurboVAE picks, same run.
 
-Why: slicing is exact (the causal memory is carried), so the slice size is free to choose for speed within
-the memory budget. `vae/free_memory.py` FASTEST_SLICE holds, per device type, the slice these rows measured
+Why: slicing is exact (the causal cache is carried), so the slice size is free to choose for speed within
+the memory budget. `vae/memory/device.py` FASTEST_SLICE holds, per device type, the slice these rows measured
 fastest; this section is what keeps that table honest. Runs alternate between the variants (round-robin,
 `repeat` rounds after one warm-up round) so machine load hits them alike; each variant's minimum is shown.
 

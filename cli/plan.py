@@ -1,4 +1,4 @@
-"""`python -m turbovae plan`: the plan a pass would run under a memory budget (vae/memory_plan.py), without
+"""`python -m turbovae plan`: the plan a pass would run under a memory budget (vae/plan_pass.py), without
 running it."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from ..vae.memory_plan import plan_dict, plan_pass
+    from ..vae.plan_pass import plan_dict, plan_pass
 
     if args.budget_mb is not None and args.budget_mb <= 0:
         raise UsageError(f"--budget-mb {args.budget_mb}: give a positive number of MB")

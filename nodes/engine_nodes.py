@@ -55,7 +55,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
              io.Boolean.Input("video", default=False,
                               tooltip="Also build video decode engines (one first-slice and one next-slice engine per "
                                       f"size) so videos decode on engines too: {titles()} (any VAE with explicit "
-                                      "causal memory). Needs static or multi_ratio mode")],
+                                      "causal cache). Needs static or multi_ratio mode")],
             [io.String.Output(display_name="engine_folder")], is_output_node=True,
             description="Exports a VAE from models/vae and builds encoder/decoder engines into models/tensorrt/<name> "
                         f"(with video on, also video decode engines for {titles()}). TensorRT needs an NVIDIA GPU and "

@@ -9,14 +9,14 @@ import torch
 
 import comfy.model_management as mm
 
-from ..vae.oom import OutOfMemory, attempt, release_cached
+from ..vae.memory.oom import OutOfMemory, attempt, release_cached
 
 OOM_RETRY_OVERLAP_PX = 64  # blend width if an out-of-memory retry ends up with fast tiles
 log = logging.getLogger(__name__)
 
 
 def unless_out_of_memory(run: Callable[[], torch.Tensor]) -> Optional[torch.Tensor]:
-    """`run()`, or None when it ran out of memory (any allocation failure `vae.oom.is_out_of_memory` knows:
+    """`run()`, or None when it ran out of memory (any allocation failure `vae.memory.oom.is_out_of_memory` knows:
     CUDA's OOM, cuBLAS/cuDNN allocation statuses, the CPU allocator's RuntimeError). None is returned outside
     the except block, so the failed pass's tensors are already freed when the caller retries.
 

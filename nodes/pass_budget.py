@@ -17,8 +17,8 @@ import torch
 import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
-from ..vae.free_memory import USABLE_FRACTION
-from ..vae.memory_budget import BudgetTooSmall
+from ..vae.memory.device import USABLE_FRACTION
+from ..vae.memory.budget import BudgetTooSmall
 from ..vae.planning import PassPlan
 from ..vae.tiled import check_tiling
 from .device_memory import budget_source, freeable_bytes

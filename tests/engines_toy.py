@@ -65,7 +65,7 @@ class ToyDecoder(nn.Module):
 
 
 class ToyVAE(VAEModel):
-    """Frames are independent (no causal memory): enough for engine tests, which run T = 1."""
+    """Frames are independent (no causal cache): enough for engine tests, which run T = 1."""
 
     kind = "toy"
     latent_format = LatentFormat(channels=4, spatial_factor=8, temporal_factor=4)

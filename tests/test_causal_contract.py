@@ -1,5 +1,5 @@
 """The causal-step contract every architecture implements (vae/base.py `VAEModel`): `encode_step` /
-`decode_step(x, state) -> (y, state)` chained over any legal slicing equal the whole clip, `memory_layout`
+`decode_step(x, state) -> (y, state)` chained over any legal slicing equal the whole clip, `cache_layout`
 names the state's tensors and their shapes, and a wrong state is a typed error naming the fix."""
 
 from dataclasses import replace
@@ -90,7 +90,7 @@ def test_memory_layout_names_the_state_and_fixes_its_shapes(model):
     one-latent step returns memory of the same shapes: what static slice engines need."""
     z = _latents(model, 5)
     h, w = z.shape[-2:]
-    layout = model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=2)
+    layout = model.cache_layout(decode=True, batch=1, height=h, width=w, first_frames=2)
     assert len({name for name, _ in layout}) == len(layout)
     modules = dict(model.named_modules())
     assert all(name in modules for name, _ in layout)
@@ -99,7 +99,7 @@ def test_memory_layout_names_the_state_and_fixes_its_shapes(model):
     for state in states:
         assert [tuple(t.shape) for t in state] == [shape for _, shape in layout]
     x = _pixels(model, 9)
-    enc_layout = model.memory_layout(decode=False, batch=1, height=x.shape[-2], width=x.shape[-1], first_frames=5)
+    enc_layout = model.cache_layout(decode=False, batch=1, height=x.shape[-2], width=x.shape[-1], first_frames=5)
     with torch.inference_mode():
         _, enc_states = _chain(model.encode_step, x, [(0, 5), (5, 9)])
     for state in enc_states:
@@ -150,36 +150,36 @@ def test_one_fast_paths_type_and_each_architecture_names_its_fields(model):
 
 
 def test_handed_over_memory_is_dropped_as_read_unless_a_region_may_rerun():
-    """`run_slices` hands each step its input memory (`MemoryHandoff`): every tensor is dropped once read, so a later
+    """`run_slices` hands each step its input memory (`CacheHandoff`): every tensor is dropped once read, so a later
     slice does not hold old and new memory together; a caller's tuple is only read; after a snapshot (a compiled
     region that may be re-run) nothing more is dropped, so `restore` reads the same tensors again."""
-    from turbovae.vae.base import CausalMemory, MemoryHandoff
+    from turbovae.vae.base import CausalCache, CacheHandoff
 
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
-    handed = MemoryHandoff([a, b, c])
-    mem = CausalMemory(handed)
+    handed = CacheHandoff([a, b, c])
+    mem = CausalCache(handed)
     assert mem.take() is a and handed[0] is None
     saved = mem.snapshot()
     assert mem.take() is b and handed[1] is b  # kept: the region may restore to here
     mem.restore(saved)
     assert mem.take() is b and mem.take() is c and mem.finish() == ()
     owned = (a, b)
-    mem = CausalMemory(owned)
+    mem = CausalCache(owned)
     assert mem.take() is a and mem.take() is b and owned == (a, b)
 
 
 def test_sliced_passes_hand_their_memory_over(monkeypatch):
-    """Each later slice of a sliced decode receives a `MemoryHandoff` (and the result is the whole clip's)."""
+    """Each later slice of a sliced decode receives a `CacheHandoff` (and the result is the whole clip's)."""
     from turbovae.vae import base
 
     seen = []
-    start = base.CausalMemory.start
-    monkeypatch.setattr(base.CausalMemory, "start",
-                        lambda self, memory_in, collect: seen.append(type(memory_in)) or start(self, memory_in, collect))
+    start = base.CausalCache.start
+    monkeypatch.setattr(base.CausalCache, "start",
+                        lambda self, cache_in, collect: seen.append(type(cache_in)) or start(self, cache_in, collect))
     model = WanVAE(TINY_WAN21).eval()
     z = torch.randn(1, TINY_WAN21.z_dim, 4, 3, 4, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         sliced = model.decode_latents(z, temporal_slice=1)
         whole = model.decode_latents(z)
-    assert seen[:3] == [type(None), base.MemoryHandoff, base.MemoryHandoff]
+    assert seen[:3] == [type(None), base.CacheHandoff, base.CacheHandoff]
     assert (sliced - whole).abs().max().item() <= 1e-5

@@ -23,7 +23,7 @@ node_helpers.use_comfy_stubs()
 
 from turbovae.nodes import device_memory, pass_budget  # noqa: E402
 from turbovae.vae.api import TurboVAE  # noqa: E402
-from turbovae.vae.free_memory import USABLE_FRACTION  # noqa: E402
+from turbovae.vae.memory.device import USABLE_FRACTION  # noqa: E402
 from turbovae.vae.wan import TINY_WAN21, WanVAE  # noqa: E402
 
 # the doubles the node module holds (another test module may have imported it first, with its own doubles)

@@ -300,7 +300,7 @@ class _StaticMultiIOContext(_MockContext):
 
 
 def _mock_static_slice_engine(shapes):
-    """A video slice engine as TensorRT describes it: two static inputs (latents + one causal memory),
+    """A video slice engine as TensorRT describes it: two static inputs (latents + one causal cache),
     two outputs, no profile dimensions to query for static inputs."""
 
     class Engine:

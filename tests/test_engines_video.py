@@ -83,7 +83,7 @@ def test_build_writes_named_pairs_with_identity(built):
     assert [p.name for p in paths] == list(FILES)
     assert all(p.is_file() for p in paths) and (paths[0].parent / "manifest.json").is_file()
     first, nxt = (manifest_identity(paths[0].parent, p.name) for p in paths[1:3])
-    n_mem = len(model.memory_layout(decode=True, batch=1, height=4, width=6))
+    n_mem = len(model.cache_layout(decode=True, batch=1, height=4, width=6))
     assert first.input_names == ("latents",) and len(first.output_names) == 1 + n_mem
     assert nxt.input_names[0] == "latents" and len(nxt.input_names) == len(nxt.output_names) == 1 + n_mem
     k = default_slice_latents(torch.device("cpu"))  # the build's default: eager's fastest slice on CPU

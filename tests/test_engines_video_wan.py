@@ -95,7 +95,7 @@ def test_cli_writes_the_first_next_pair_with_the_models_memory_layout(built):
     first = manifest_identity(out, f"decode_slice_first_{bucket}.pt2")
     nxt = manifest_identity(out, f"decode_slice_next_{bucket}.pt2")
     k = ARCHS[kind][2] or default_slice_latents(torch.device("cpu"))
-    layout = eager.model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=1 + k)
+    layout = eager.model.cache_layout(decode=True, batch=1, height=h, width=w, first_frames=1 + k)
     c = eager.latent_format.channels
     assert c == (48 if kind == "wan2.2" else 4)
     assert first.model_kind == nxt.model_kind == kind and first.source == str(ckpt.resolve())
@@ -214,7 +214,7 @@ def test_a_model_without_the_causal_step_contract_is_refused_naming_the_fix():
     from turbovae.trt.video import check_video_model, supports_video
 
     assert supports_video(WanVAE(TINY_WAN21)) and supports_video(WanVAE(TINY_WAN22_48CH))
-    with pytest.raises(ValueError, match=r"decode_step and memory_layout.*drop --video"):
+    with pytest.raises(ValueError, match=r"decode_step and cache_layout.*drop --video"):
         check_video_model(nn.Conv2d(4, 3, 1))
 
 

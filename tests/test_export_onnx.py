@@ -69,7 +69,7 @@ SLICE_CASES = {"seedvr2": (4, 6), "wan": (4, 6), "wan2.2": (2, 3)}  # kind -> la
 @pytest.mark.slow
 def test_video_slice_graphs_equal_eager_sliced_decode(tmp_path, kind):
     """The graphs a TensorRT video build starts from (the ONNX of `DecodeSliceGraph`), chained on onnxruntime with
-    the causal memory carried explicitly, equal the eager sliced decode: SeedVR2, Wan 2.1 and Wan 2.2 (48 ch)."""
+    the causal cache carried explicitly, equal the eager sliced decode: SeedVR2, Wan 2.1 and Wan 2.2 (48 ch)."""
     from turbovae.trt.export import export_decode_slice_graphs, run_onnxruntime, slice_graph_names
 
     if kind == "wan2.2":

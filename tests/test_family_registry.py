@@ -204,7 +204,7 @@ def test_a_family_name_is_found_however_it_is_spelled():
     for spelled, key in (("Wan-2.1", "qwen_image"), ("wan21", "qwen_image"), ("WAN_2_2", "wan2.2"),
                          ("Qwen-Image", "qwen_image"), ("SeedVR2", "seedvr2")):
         assert registry.family(spelled).key == key
-    from turbovae.vae.memory_plan import meta_model
+    from turbovae.vae.plan_pass import meta_model
 
     assert meta_model("wan22").kind == "wan2.2"
     with pytest.raises(registry.UnknownFamily):

@@ -1,7 +1,7 @@
 """An out-of-memory is not a failed check (issue 33 item 7a): a fast path whose self-check probe, Triton
 norm launch or conv3d route launch runs out of memory is kept (the pass frees and retries by the tiler's
 rule); only `OOM_FAILURES_TO_DISABLE` out-of-memory failures in a row switch it off — the one rule
-(`vae.oom.OomStreak`) that CUDA graphs and engines follow too. Injected failures on CPU tensors inside
+(`vae.memory.oom.OomStreak`) that CUDA graphs and engines follow too. Injected failures on CPU tensors inside
 `gpu_paths_on_cpu()`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from turbovae.vae.accel import cuda_graphs, self_checks
 from turbovae.vae import norms
 from turbovae.vae.accel.kernels import conv_guard as G
-from turbovae.vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak
+from turbovae.vae.memory.oom import OOM_FAILURES_TO_DISABLE, OomStreak
 
 
 def _oom():

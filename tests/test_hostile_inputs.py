@@ -36,7 +36,7 @@ from turbovae.trt.identity import IdentityError  # noqa: E402
 from turbovae.trt.manifest import MANIFEST_NAME, ManifestError  # noqa: E402
 from turbovae.vae.api import DeviceUnavailable  # noqa: E402
 from turbovae.vae.checkpoint import CheckpointError  # noqa: E402
-from turbovae.vae.free_memory import InputTooLarge  # noqa: E402
+from turbovae.vae.memory.device import InputTooLarge  # noqa: E402
 
 folder_paths = _paths.folder_paths
 node_helpers.hide_comfy_stubs()

@@ -199,7 +199,7 @@ def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
     not tile on top of us): within the budget, less than the untiled whole clip for a long clip, smaller under a
     tighter budget; decode logs the plan, its predicted peak and where the budget came from."""
     from turbovae.nodes.pass_budget import comfy_budget_bytes
-    from turbovae.vae.peak_memory import predict_pass
+    from turbovae.vae.memory.peak import predict_pass
 
     vae = _vae("qwen_image_tiny.safetensors")
     c = vae.latent_channels
@@ -212,7 +212,7 @@ def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
         plan = vae._plan(long_shape, decode=True, log_it=False)
         assert long_clip == plan.predicted.pass_bytes <= budget
         # the plan's own prediction (on the CPU a slice step can need more than the whole clip: with fewer frames
-        # PyTorch picks its im2col conv kernels, whose column buffers count; vae/cpu_conv_memory.py)
+        # PyTorch picks its im2col conv kernels, whose column buffers count; vae/memory/cpu_conv.py)
         one = vae.memory_used_decode((1, c, 1, 32, 32), torch.bfloat16)
         assert one == predict_pass(vae.turbo.model, (1, c, 1, 32, 32), decode=True).pass_bytes
         mm.free_memory_bytes = int(long_clip * 0.9 / 0.6)  # the plan that fitted no longer does
@@ -245,14 +245,14 @@ def test_encode_plans_every_clip_of_a_batch():
     vae = _vae("qwen_image_tiny.safetensors")
     assert item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False)[0] == 3
     assert item_shape(vae.turbo, (3, vae.latent_channels, 5, 8, 8), decode=True)[0] == 1  # latents: item by item
-    from turbovae.vae.peak_memory import predict_pass
+    from turbovae.vae.memory.peak import predict_pass
 
     one = vae.memory_used_encode((1, 3, 5, 64, 64), torch.float32)
     three = vae.memory_used_encode((3, 3, 5, 64, 64), torch.float32)
     plan = vae._plan((3, 3, 5, 64, 64), decode=False, log_it=False)
     assert plan.shape[0] == 3 and plan.mode == "untiled" and three == plan.predicted.pass_bytes
     # the three clips' pass as predicted, not one clip's (on the CPU three clips can take less: with a batch of 3
-    # PyTorch picks oneDNN's conv kernels over its im2col ones, whose columns count; vae/cpu_conv_memory.py)
+    # PyTorch picks oneDNN's conv kernels over its im2col ones, whose columns count; vae/memory/cpu_conv.py)
     assert three == predict_pass(vae.turbo.model, (3, 3, 5, 64, 64), decode=False,
                                  temporal_slice=plan.temporal_slice).pass_bytes != one
 

@@ -1,5 +1,5 @@
 """Out-of-memory in every form torch, cuBLAS, cuDNN and the allocators raise it: recognised by one test
-(vae/oom.py), retried from where the pass stopped (finished tiles kept), with one warning and a correct image."""
+(vae/memory/oom.py), retried from where the pass stopped (finished tiles kept), with one warning and a correct image."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from turbovae import TurboVAE, decode_tiled, encode_tiled
-from turbovae.vae.oom import ALLOCATION_FAILURE_NAMES, OutOfMemory, attempt, is_out_of_memory
+from turbovae.vae.memory.oom import ALLOCATION_FAILURE_NAMES, OutOfMemory, attempt, is_out_of_memory
 from turbovae.vae.wan.config import TINY_WAN21
 from turbovae.vae.wan.model import WanVAE
 

@@ -1,4 +1,4 @@
-"""Peak memory known before a pass runs (vae/peak_memory.py): predictions against the same passes measured on the
+"""Peak memory known before a pass runs (vae/memory/peak.py): predictions against the same passes measured on the
 CPU, the sampled prediction of long clips against whole-clip meta passes, the budget, and the `plan` command (the
 planner's own tests: tests/test_planner.py)."""
 
@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from turbovae.vae.allocator_peak import measure_peak
+from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.accel.switches import FastPaths
-from turbovae.vae.memory_budget import BudgetTooSmall, MemoryBudget, default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES
-from turbovae.vae.peak_memory import LiveBytes, MetaPasses, PassPaths, meta_pass_peak, predict_pass
+from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget, default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES
+from turbovae.vae.memory.peak import LiveBytes, MetaPasses, PassPaths, meta_pass_peak, predict_pass
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 from turbovae.vae.wan import TINY_WAN21, WanVAE
 
@@ -51,7 +51,7 @@ CASES = [  # (decode, shape, temporal_slice): images and clips, whole and sliced
 @pytest.mark.slow
 def test_prediction_matches_the_measured_cpu_peak():
     """The meta pass predicts the real CPU pass's peak as the allocator measures it (buffers inside ops included:
-    vae/op_memory.py) within -5 % .. +10 %, channels-last on and off (tests/test_prediction_accuracy.py checks
+    vae/memory/op_rules.py) within -5 % .. +10 %, channels-last on and off (tests/test_prediction_accuracy.py checks
     every family at more sizes)."""
     for model in _models():
         for channels_last in (False, True):
@@ -127,7 +127,7 @@ def test_budget_default_and_typed_errors():
 
 
 def test_plan_function_for_a_family_and_a_clip_of_any_length():
-    from turbovae.vae.memory_plan import plan_pass
+    from turbovae.vae.plan_pass import plan_pass
 
     short = plan_pass("wan2.1", (1, 16, 21, 90, 160), decode=True, dtype="bf16", device_type="cuda",
                       budget_bytes=12 * 2**30)
@@ -141,7 +141,7 @@ def test_plan_function_for_a_family_and_a_clip_of_any_length():
 
 
 def test_plan_function_typed_errors():
-    from turbovae.vae.memory_plan import PlanError, plan_pass
+    from turbovae.vae.plan_pass import PlanError, plan_pass
 
     with pytest.raises(PlanError, match="family or a checkpoint"):
         plan_pass("no-such-family", (1, 16, 1, 8, 8), decode=True)

@@ -1,4 +1,4 @@
-"""Host-held state (vae/placement.py) as CUDA sees it, on the CPU: writes to host memory land only on the stream,
+"""Host-held state (vae/memory/placement.py) as CUDA sees it, on the CPU: writes to host memory land only on the stream,
 so nothing may read held memory on the CPU, only fetch it back. The first GPU run caught a layer-wise cache copied
 host to host before the copy into it had landed (16.8 dB on CUDA, exact on the CPU, where copies are
 synchronous); `StreamHost` below makes the CPU behave like the GPU so such a read fails here."""
@@ -10,7 +10,7 @@ import torch
 
 from turbovae.bench.models import seeded_init
 from turbovae.vae.frame_stages import run_frame_stages
-from turbovae.vae.placement import OnHost, held_in
+from turbovae.vae.memory.placement import OnHost, held_in
 from turbovae.vae.registry import family
 from turbovae.vae.seedvr2.layerwise import SplitPolicy
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from turbovae.bench.models import seeded_init
-from turbovae.vae.allocator_peak import measure_peak
+from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
-from turbovae.vae.memory_budget import BudgetTooSmall, MemoryBudget
-from turbovae.vae.peak_memory import MetaPasses, PassPaths
+from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget
+from turbovae.vae.memory.peak import MetaPasses, PassPaths
 from turbovae.vae.planning import PassPlan, PlanRequest, plan_pass, run_plan
 from turbovae.vae.planning import search as search_module
 from turbovae.vae.registry import family
@@ -49,7 +49,7 @@ def _input(model, decode: bool, frames: int, hw: tuple[int, int]) -> torch.Tenso
 def _third_or_floor(plan_at) -> int:
     """A third of the untiled peak, or the smallest budget that works where a third is below it: on the CPU the
     smaller tiles and slices can take PyTorch's im2col conv kernels, whose column buffers a third may not hold
-    (vae/cpu_conv_memory.py). `plan_at(budget)` plans at a budget."""
+    (vae/memory/cpu_conv.py). `plan_at(budget)` plans at a budget."""
     third = plan_at(2**40).predicted.pass_bytes // 3
     try:
         plan_at(third)

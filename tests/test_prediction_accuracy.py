@@ -1,6 +1,6 @@
 """Predicted CPU peaks against the allocator (issue 40 item 4): every family, both directions, images and sliced
-clips, channels-last on and off, within -5 % .. +10 % of what PyTorch's CPU allocator saw (vae/allocator_peak.py:
-the profiler's allocation events, buffers inside ops included). The rules of vae/cpu_conv_memory.py are also
+clips, channels-last on and off, within -5 % .. +10 % of what PyTorch's CPU allocator saw (vae/memory/allocator.py:
+the profiler's allocation events, buffers inside ops included). The rules of vae/memory/cpu_conv.py are also
 checked one convolution at a time, where they must hold to the byte (up to oneDNN's small constant), so a rule
 that drifts with a PyTorch or oneDNN upgrade is named by the test that fails, not only by a pass's error."""
 
@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from turbovae.bench.models import seeded_init
-from turbovae.vae import cpu_conv_memory
+from turbovae.vae.memory import cpu_conv as cpu_conv_memory
 from turbovae.vae.accel.switches import FastPaths
-from turbovae.vae.allocator_peak import measure_peak
-from turbovae.vae.op_memory import CpuOpMemory
-from turbovae.vae.peak_memory import LiveBytes, predict_pass
+from turbovae.vae.memory.allocator import measure_peak
+from turbovae.vae.memory.op_rules import CpuOpMemory
+from turbovae.vae.memory.peak import LiveBytes, predict_pass
 from turbovae.vae.registry import family
 
 LOW, HIGH = -0.05, 0.10  # the issue's bound: never under by more than 5 %, never over by more than 10 %
@@ -189,10 +189,10 @@ def test_backend_is_asked_without_memory_and_answers_as_for_real_tensors(xs, ws,
 
 def test_channels_last_group_norm_is_predicted_in_place():
     """The CPU's channels-last GroupNorm writes into its input when the caller allows it (vae/norms.py); a meta
-    pass for the CPU takes the same path (vae/meta_device.py), so a norm that allocates nothing beyond its chunked
+    pass for the CPU takes the same path (vae/memory/meta_device.py), so a norm that allocates nothing beyond its chunked
     statistics is predicted so, not as a new activation-sized output."""
     from turbovae.vae import norms
-    from turbovae.vae.peak_memory import meta_pass_for
+    from turbovae.vae.memory.peak import meta_pass_for
 
     x = torch.randn(1, 64, 2, 250, 256).contiguous(memory_format=torch.channels_last_3d)  # chunks: 15×16+10 rows
     w, b = torch.ones(64), torch.zeros(64)
@@ -211,7 +211,7 @@ def test_channels_last_group_norm_is_predicted_in_place():
 
 def test_group_norm_of_a_strided_view_is_predicted_with_its_copy():
     """`F.group_norm` of a frame-major view of a contiguous clip (what the contiguous path normalises per frame)
-    copies its input densely first (vae/op_memory.py): output plus that copy, as the allocator sees it."""
+    copies its input densely first (vae/memory/op_rules.py): output plus that copy, as the allocator sees it."""
     x = torch.randn(1, 16, 5, 64, 64)
     frames = x.transpose(1, 2).reshape(5, 16, 64, 64)  # a view: no copy yet
     assert frames.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()

@@ -10,7 +10,7 @@ import torch
 import turbovae
 from turbovae.vae.checkpoint import CheckpointError
 from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE, build, expected_shapes
-from turbovae.vae.seedvr2.layers import PassContext, Upsample3D
+from turbovae.vae.seedvr2.layers import SeedVR2PassContext, Upsample3D
 from turbovae.vae.seedvr2.shuffle import pixel_shuffle_3d
 
 from seedvr2_reference import ReferenceSeedVR2, random_state_dict  # noqa: E402
@@ -125,13 +125,13 @@ def test_functional_state_matches_layout(tiny_sd):
     z = latents(4, seed=6)
     with torch.inference_mode():
         out0, state = model.decode_step(z[:, :, :2], None)
-        layout = model.memory_layout(decode=True, batch=1, height=2, width=3, first_frames=2)
+        layout = model.cache_layout(decode=True, batch=1, height=2, width=3, first_frames=2)
         assert [s for _, s in layout] == [tuple(t.shape) for t in state]
         compact = lambda t: t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last_3d)  # noqa: E731
         assert all(compact(t) and t._base is None for t in state)  # compact copies (either layout), no views
         out1, state2 = model.decode_step(z[:, :, 2:], state)
         assert len(state2) == len(state)
-        with pytest.raises(ValueError, match="causal memory"):
+        with pytest.raises(ValueError, match="causal cache"):
             model.decode_step(z[:, :, 2:], state[:-1])
     assert rel_err(torch.cat([out0, out1], 2), model.decode_latents(z)) <= REL
 
@@ -139,7 +139,7 @@ def test_functional_state_matches_layout(tiny_sd):
 def test_encode_layout_shapes():
     with torch.device("meta"):
         model = SeedVR2VAE()
-    layout = dict(model.memory_layout(decode=False, batch=1, height=64, width=96, first_frames=5))
+    layout = dict(model.cache_layout(decode=False, batch=1, height=64, width=96, first_frames=5))
     assert layout["encoder.conv_in"] == (1, 3, 2, 64, 96)
     assert layout["encoder.down_blocks.1.downsamplers.0.conv"] == (1, 256, 1, 33, 49)  # right/bottom pad kept
     assert "encoder.down_blocks.0.downsamplers.0.conv" not in layout  # k_t = 1: no memory
@@ -234,7 +234,7 @@ def test_every_layer_keeps_the_channels_last_layout(first):
                     p.weight.data = p.weight.data.contiguous(
                         memory_format=torch.channels_last_3d if cl else torch.contiguous_format)
         def ctx(memory):
-            return PassContext(fast, None if first else [memory], collect=True)
+            return SeedVR2PassContext(fast, None if first else [memory], collect=True)
         with torch.inference_mode():
             y = conv(x, ctx(prev[0] if prev else None))  # a contiguous input: the conv lays it out itself
             up_ctx = ctx(prev[1] if prev else None)

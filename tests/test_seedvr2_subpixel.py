@@ -1,7 +1,7 @@
 """The composed space-only upsampler (vae/seedvr2/subpixel.py) against the plain 1×1 conv + shuffle + causal conv.
 
 Weights are seeded at the shipped model's scale; the layer runs at a channel count where the composition
-applies, first slices (image, clip), later slices with causal memory, and the memory it hands on.
+applies, first slices (image, clip), later slices with causal cache, and the memory it hands on.
 """
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 
 from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE
 from turbovae.vae.seedvr2 import subpixel
-from turbovae.vae.seedvr2.layers import PassContext, Upsample3D
+from turbovae.vae.seedvr2.layers import SeedVR2PassContext, Upsample3D
 
 TOL = 1e-5
 COMPOSED = FastPaths()
@@ -31,7 +31,7 @@ def run_slices(up: Upsample3D, x: torch.Tensor, bounds, composed: bool):
     outs, memories, state = [], [], None
     with torch.inference_mode():
         for a, b in bounds:
-            ctx = PassContext(COMPOSED if composed else PLAIN_LAYER, state, collect=True)
+            ctx = SeedVR2PassContext(COMPOSED if composed else PLAIN_LAYER, state, collect=True)
             layer = (lambda v, c: subpixel.upsample_conv(up, v, c)) if composed else up
             outs.append(layer(x[:, :, a:b], ctx))
             state = ctx.finish()
@@ -66,9 +66,9 @@ def test_memory_from_one_path_continues_on_the_other(temporal):
     ref, _ = run_slices(up, x, [(0, 6)], composed=False)
     for first_composed in (True, False):
         with torch.inference_mode():
-            ctx = PassContext(PLAIN_LAYER, None, collect=True)
+            ctx = SeedVR2PassContext(PLAIN_LAYER, None, collect=True)
             a = subpixel.upsample_conv(up, x[:, :, :2], ctx) if first_composed else up(x[:, :, :2], ctx)
-            ctx2 = PassContext(PLAIN_LAYER, ctx.finish(), collect=False)
+            ctx2 = SeedVR2PassContext(PLAIN_LAYER, ctx.finish(), collect=False)
             b = up(x[:, :, 2:], ctx2) if first_composed else subpixel.upsample_conv(up, x[:, :, 2:], ctx2)
         assert (torch.cat([a, b], dim=2) - ref[0]).abs().max().item() <= TOL
 
@@ -78,8 +78,8 @@ def test_composed_kernels_and_bias_reproduce_a_frame_at_every_border():
     up = seeded_upsampler(32, seed=4)
     x = torch.randn(1, 32, 1, 2, 2, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
-        fast = subpixel.upsample_conv(up, x, PassContext(FastPaths(), None))
-        plain = up.conv(up.upscale(x, PassContext(PLAIN_LAYER, None)), PassContext(PLAIN_LAYER, None))
+        fast = subpixel.upsample_conv(up, x, SeedVR2PassContext(FastPaths(), None))
+        plain = up.conv(up.upscale(x, SeedVR2PassContext(PLAIN_LAYER, None)), SeedVR2PassContext(PLAIN_LAYER, None))
     assert (fast - plain).abs().max().item() <= TOL
 
 

@@ -10,7 +10,7 @@ import torch
 from turbovae.bench import slices
 from turbovae.bench.common import BenchOptions
 from turbovae.vae.api import TurboVAE
-from turbovae.vae.free_memory import FASTEST_SLICE
+from turbovae.vae.memory.device import FASTEST_SLICE
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 
 

@@ -8,7 +8,7 @@ import torch
 
 import turbovae
 from turbovae import TurboVAE, decode_tiled, encode_tiled
-from turbovae.vae.memory_budget import MemoryBudget
+from turbovae.vae.memory.budget import MemoryBudget
 from turbovae.vae.seedvr2.config import SeedVR2Config
 from turbovae.vae.seedvr2.model import SeedVR2VAE
 from turbovae.vae.planning import execute as tiling_api  # the executor the tiled passes run
@@ -64,7 +64,7 @@ def test_fast_multi_tile_shape_and_range(vae):
     (1, 13, 9, 64, None),      # odd latent sizes, 2x2 cores
     (1, 24, 8, 64, None),      # one-tile-wide strip
     (2, 11, 9, 64, 1),         # video T = 5 frames, one slice of 1 + 1 latents
-    (4, 9, 7, 64, 1),          # video T = 13 frames, three slices: causal memory crosses slices
+    (4, 9, 7, 64, 1),          # video T = 13 frames, three slices: causal cache crosses slices
     (3, 9, 7, 64, None),       # video T = 9 frames
 ])
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_exact_decode_equals_untiled(vae, t, h, w, tile, ts):
     (1, 104, 72, 64, None),
     (1, 64, 136, 64, None),    # one-tile-high strip
     (5, 80, 72, 64, 1),        # one slice of 1 + 4 frames
-    (9, 48, 40, 64, 1),        # two slices: causal memory crosses slices
+    (9, 48, 40, 64, 1),        # two slices: causal cache crosses slices
     (9, 72, 48, 64, None),
 ])
 def test_exact_encode_equals_untiled(vae, t, h, w, tile, ts):

@@ -58,7 +58,7 @@ def plan_engines(backend_name: str, table: BucketTable) -> list[tuple[int, ...]]
 
 
 def plan_video_engines(table: BucketTable) -> list[tuple[int, ...]]:
-    """One first/next pair per static bucket. Slice engines are static-shape (their causal memory has a
+    """One first/next pair per static bucket. Slice engines are static-shape (their causal cache has a
     fixed size per latent size), so a multi-profile table is refused rather than silently padded."""
     if table.mode == "multi_profile":
         raise ValueError("video slice engines are static-shape: build them with --static or --multi-ratio buckets "

@@ -50,7 +50,7 @@ def component_profiles(component: str, table: BucketTable, entries: Sequence[int
 
 def engine_profiles(ident: EngineIdentity, table: BucketTable) -> list[dict[str, ShapeRange]]:
     """The shape ranges an engine was built for: its recorded static input shapes (video slice
-    engines: latents + causal memory), else the image component's ranges from the table."""
+    engines: latents + causal cache), else the image component's ranges from the table."""
     if ident.input_shapes:
         return [{name: (tuple(shape),) * 3 for name, shape in ident.input_shapes.items()}]
     lf = ident.latent_format

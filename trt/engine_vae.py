@@ -23,7 +23,7 @@ from ..vae.accel.self_checks import oom_may_switch_off
 from ..vae.api import TurboVAE, load_checkpoint, resolve_device
 from ..vae.planning import PassPlan
 from ..vae.base import Progress, VAEModel
-from ..vae.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
+from ..vae.memory.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 from .interface import EngineError
 from .engine_set import EngineSet, SizeNotServed, load_manifest
 from .formats import is_engine_path
@@ -34,7 +34,7 @@ from .video import SLICE_FIRST
 
 log = logging.getLogger(__name__)
 
-ENGINE_OOM_FAILURES_TO_DISABLE = OOM_FAILURES_TO_DISABLE  # the one rule (vae/oom.py), named for the engines
+ENGINE_OOM_FAILURES_TO_DISABLE = OOM_FAILURES_TO_DISABLE  # the one rule (vae/memory/oom.py), named for the engines
 
 
 class EngineFallbackWarning(RuntimeWarning):

@@ -111,12 +111,12 @@ def validate_onnx(path: Path, module: nn.Module, inputs: Mapping[str, torch.Tens
             for g, r in zip(got, reference)]
 
 
-# -- video slice graph (any VAE with decode_step + memory_layout) ----------------------------------
+# -- video slice graph (any VAE with decode_step + cache_layout) ----------------------------------
 class DecodeSliceGraph(nn.Module):
-    """One causal decode slice with the causal memory as explicit tensors.
+    """One causal decode slice with the causal cache as explicit tensors.
 
     first=True: latents [B, C, n, h, w] -> (pixels, *memory); first=False: (latents, *memory) ->
-    (pixels, *memory'). The memory layout is `model.memory_layout(decode=True, ...)` (one tensor per
+    (pixels, *memory'). The memory layout is `model.cache_layout(decode=True, ...)` (one tensor per
     causal conv, a fixed number of frames each), so chaining first -> next -> next ... equals the
     eager sliced decode for any clip length.
     """
@@ -148,7 +148,7 @@ def export_decode_slice_graphs(model: nn.Module, latent_hw: tuple[int, int], fol
     """
     h, w = latent_hw
     c = model.latent_format.channels
-    layout = model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=first_frames)
+    layout = model.cache_layout(decode=True, batch=1, height=h, width=w, first_frames=first_frames)
     ins, outs = slice_graph_names(len(layout))
     cpu = torch.device("cpu")
     z0 = torch.randn(1, c, first_frames, h, w)

@@ -81,7 +81,7 @@ class EngineIdentity:
     latent_format: dict = field(default_factory=dict)
     build_options: dict = field(default_factory=dict)
     # Static full shape of every input by name, for engines whose inputs the table alone does not give
-    # (the video slice engines' latents and causal memory). Empty for the image engines.
+    # (the video slice engines' latents and causal cache). Empty for the image engines.
     input_shapes: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 

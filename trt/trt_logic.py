@@ -107,7 +107,7 @@ def is_static(shape: Sequence[int]) -> bool:
 
 def dynamic_inputs(shapes: Mapping[str, Sequence[int]]) -> list[str]:
     """Network inputs that need optimization-profile dimensions: the dynamic ones, in order. A fully
-    static network (the video slice engines: latents + causal memory) gets no profile at all."""
+    static network (the video slice engines: latents + causal cache) gets no profile at all."""
     return [name for name, shape in shapes.items() if not is_static(shape)]
 
 

@@ -1,11 +1,11 @@
 """Video slice engines: what is built (names, static I/O) and how a clip runs on them.
 
 Any VAE with the causal-step contract gets them (SeedVR2, Qwen-Image / Wan 2.1, Wan 2.2):
-`decode_step(latents, state) -> (pixels, state)` with the causal memory as explicit tensors, and
-`memory_layout(decode=True, ...)` naming their shapes. The engines are decided by that contract, never
+`decode_step(latents, state) -> (pixels, state)` with the causal cache as explicit tensors, and
+`cache_layout(decode=True, ...)` naming their shapes. The engines are decided by that contract, never
 by architecture name.
 
-A clip runs as "decode_slice_first" on latents 0..k (the first slice 1 + k) -> (pixels, causal memory),
+A clip runs as "decode_slice_first" on latents 0..k (the first slice 1 + k) -> (pixels, causal cache),
 then "decode_slice_next" on k latents at a time, (latents, memory) -> (pixels, memory'). That is the eager
 `decode_latents(z, temporal_slice=k)` schedule, so the chain equals it (and the whole-clip decode) up to
 float rounding. k is chosen at build time (`slice_latents`; default: the eager decode's measured fastest
@@ -13,7 +13,7 @@ slice on the build device, see `default_slice_latents`) and read back from the e
 A clip whose length does not fill the last slice is padded at the end with zero latents and its pixels
 cropped: the decoder is causal, so the padding cannot reach an earlier frame (it costs at most k - 1
 latents of work). Both engines are static-shape: one pair per bucket at the bucket's latent size; the
-memory is one tensor per entry of `memory_layout()`, in its order. The graphs themselves are
+memory is one tensor per entry of `cache_layout()`, in its order. The graphs themselves are
 `export.DecodeSliceGraph`.
 """
 
@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..vae.free_memory import FASTEST_SLICE
+from ..vae.memory.device import FASTEST_SLICE
 from .interface import EngineRunError, LoadedEngine
 from .export import DecodeSliceGraph, slice_graph_names
 
@@ -37,7 +37,7 @@ MAX_SLICE_LATENTS = 16  # a static next slice longer than this holds a clip's wo
 
 def default_slice_latents(device: torch.device) -> int:
     """Latents per next-slice engine call when the build does not say: the slice the eager decode measured
-    fastest on this device type (`vae.free_memory.FASTEST_SLICE`), else 1 (the smallest static working set)."""
+    fastest on this device type (`vae.memory.device.FASTEST_SLICE`), else 1 (the smallest static working set)."""
     return FASTEST_SLICE.get(torch.device(device).type, 1)
 
 
@@ -49,11 +49,11 @@ def check_slice_latents(k: int) -> int:
     return k
 
 
-CONTRACT = ("decode_step", "memory_layout")  # what a model needs for slice graphs (vae/base.py's causal-step contract)
+CONTRACT = ("decode_step", "cache_layout")  # what a model needs for slice graphs (vae/base.py's causal-step contract)
 
 
 def supports_video(model: nn.Module) -> bool:
-    """A decoder with explicit causal memory (`decode_step` + `memory_layout`) has slice graphs."""
+    """A decoder with explicit causal cache (`decode_step` + `cache_layout`) has slice graphs."""
     return all(callable(getattr(model, name, None)) for name in CONTRACT)
 
 
@@ -62,7 +62,7 @@ def check_video_model(model: nn.Module) -> None:
     missing = [name for name in CONTRACT if not callable(getattr(model, name, None))]
     if missing:
         kind = getattr(model, "kind", type(model).__name__)
-        raise ValueError(f"video slice engines need a VAE with explicit causal memory ({' and '.join(CONTRACT)}); "
+        raise ValueError(f"video slice engines need a VAE with explicit causal cache ({' and '.join(CONTRACT)}); "
                          f"this {kind} VAE has no {' or '.join(missing)} — build without video (CLI: drop --video; "
                          "Build Engine: video off), or give the model the causal-step contract")
 
@@ -83,7 +83,7 @@ def slice_io(model: nn.Module, component: str, latent_hw: tuple[int, int], slice
     k = check_slice_latents(slice_latents)
     h, w = latent_hw
     c = model.latent_format.channels
-    layout = model.memory_layout(decode=True, batch=1, height=h, width=w, first_frames=1 + k)
+    layout = model.cache_layout(decode=True, batch=1, height=h, width=w, first_frames=1 + k)
     ins, outs = slice_graph_names(len(layout))
     if component == SLICE_FIRST:
         return SliceIO(("latents",), tuple(outs), {"latents": (1, c, 1 + k, h, w)})
@@ -134,13 +134,13 @@ def chain_slices(first: LoadedEngine, first_names: tuple[Sequence[str], Sequence
     slice and the padding's pixels cropped (causal: exact).
 
     `*_names` are each engine's (input names, output names) from its identity; output 0 / input 0 are
-    pixels / latents, the rest is the causal memory in the same order on both engines. Each slice's pixels
+    pixels / latents, the rest is the causal cache in the same order on both engines. Each slice's pixels
     are written into one clip tensor allocated after the first slice (no list of slices concatenated at
     the end: that held the clip twice at its peak).
     """
     (_fin, fout), (nin, nout) = first_names, next_names
     if not (len(fout) == len(nin) == len(nout)):
-        raise EngineRunError(f"slice engines disagree on the causal memory: {len(fout) - 1} tensors out of "
+        raise EngineRunError(f"slice engines disagree on the causal cache: {len(fout) - 1} tensors out of "
                              f"{first.path.name}, {len(nin) - 1} into {nxt.path.name}; rebuild them together")
     latents = z.shape[2]
     if latents < 2:

@@ -22,9 +22,9 @@ from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dic
 from .accel.cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
-from .free_memory import check_fits
-from .memory_budget import MemoryBudget
-from .peak_memory import MetaPasses, PassPaths, PeakPrediction
+from .memory.device import check_fits
+from .memory.budget import MemoryBudget
+from .memory.peak import MetaPasses, PassPaths, PeakPrediction
 from .planning import PassPlan, PlanRequest, plan_pass, run_plan
 
 log = logging.getLogger("turbovae")
@@ -76,7 +76,7 @@ class TurboVAE:
         self.model = model.eval().requires_grad_(False)
         self.source = source
         self._graphs: dict[bool, CudaGraphRunner] = {}  # decode? -> runner, once use_cuda_graphs() opts in
-        self.budget = MemoryBudget()  # what automatic temporal slices may use (vae/memory_budget.py)
+        self.budget = MemoryBudget()  # what automatic temporal slices may use (vae/memory/budget.py)
         self._meta_passes: Optional[MetaPasses] = None  # meta copies and predictions, made on first use
 
     # -- descriptive ---------------------------------------------------------------------------
@@ -314,7 +314,7 @@ class TurboVAE:
                      device: Union[None, str, torch.device] = None) -> PeakPrediction:
         """The predicted peak of an untiled pass over validated input `shape` run `temporal_slice` latents per step
         (None: the whole clip) on `device` (default the model's): the model's pass on meta tensors
-        (vae/peak_memory.py), cached per shape."""
+        (vae/memory/peak.py), cached per shape."""
         dev = self.device if device is None else torch.device(device)
         return self._meta().predict(tuple(int(d) for d in shape), decode=decode, dtype=self.dtype,
                                     temporal_slice=temporal_slice, paths=self._paths(dev))

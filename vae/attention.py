@@ -4,8 +4,8 @@ Why a function of ours: on real tensors it is `F.scaled_dot_product_attention`, 
 memory-efficient on CUDA, flash on the CPU) never hold the tokens × tokens score matrix. On meta tensors PyTorch
 takes its math path instead, which materialises that matrix (4 GB for a 1080p frame's 32,400 tokens), so a pass
 predicted on meta tensors would be predicted to need memory the real pass never allocates. Here a meta call runs
-the fused kernel's own op for the device type the prediction is made for (`vae.meta_device.predicting_for`),
-whose meta kernel allocates what the real kernel returns; vae/op_memory.py adds what it holds inside.
+the fused kernel's own op for the device type the prediction is made for (`vae.memory.meta_device.predicting_for`),
+whose meta kernel allocates what the real kernel returns; vae/memory/op_rules.py adds what it holds inside.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .meta_device import path_device_type
+from .memory.meta_device import path_device_type
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

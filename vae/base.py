@@ -19,7 +19,7 @@ from .accel.switches import FastPaths, active
 from .accel import self_checks
 from .gpu_defaults import UNMEASURED, GpuDefaults, channels_last_applies
 from .norms import fused_norms_run
-from .placement import Placement, cache_placement
+from .memory.placement import Placement, cache_placement
 from .tracing import tracing
 
 from .accel.weight_layout import PassScratch, conv_modules, hold_layout
@@ -59,7 +59,7 @@ Progress = Optional[Callable[[int, int], None]]
 
 
 class CausalStream(ABC):
-    """Runs a clip through a causal encoder or decoder slice by slice, carrying the causal memory.
+    """Runs a clip through a causal encoder or decoder slice by slice, carrying the causal cache.
 
     Slices must respect the temporal stride: an encode stream takes 1+4k frames first, then 4k
     frames per step; a decode stream takes k+1 latent frames first, then k per step. Concatenating the
@@ -80,7 +80,7 @@ class CausalStream(ABC):
 
 
 class CausalState(ABC):
-    """What a pass carries from layer to layer and slice to slice (causal caches, memory read and written)
+    """What a pass carries from layer to layer and slice to slice (causal caches read and written)
     and may advance in any layer call.
 
     Why: a layer run that fails part-way (a compiled region whose later sub-graph fails after an earlier
@@ -99,53 +99,53 @@ class CausalState(ABC):
 
 
 State = tuple[torch.Tensor, ...]
-"""The causal memory a step hands to the next: one tensor per cached thing, in execution order."""
+"""The causal cache a step hands to the next: one tensor per cached thing, in execution order."""
 
 
-class MemoryHandoff(list):
-    """A step's input memory passed with ownership: the step drops each tensor as soon as it has read it, so a
-    later slice does not hold the old memory beside the new one (up to twice the memory at its end). The
+class CacheHandoff(list):
+    """A step's input cache passed with ownership: the step drops each tensor as soon as it has read it, so a
+    later slice does not hold the old cache beside the new one (up to twice the cache at its end). The
     caller must keep no other reference (`run_slices` hands its state over and drops its own)."""
 
 
-class CausalMemory(CausalState):
-    """The causal memory of one encode/decode step as an explicit list of tensors, read (`take`) and written
+class CausalCache(CausalState):
+    """The causal cache of one encode/decode step as an explicit list of tensors, read (`take`) and written
     (`put`) in execution order; every architecture's pass context is one.
 
-    Why explicit: a step is then a pure function (input slice, memory) -> (output, memory') that can be
-    traced for export and chained by engines, streams and tiles alike. `memory_in` None means "first slice"
+    Why explicit: a step is then a pure function (input slice, cache) -> (output, cache') that can be
+    traced for export and chained by engines, streams and tiles alike. `cache_in` None means "first slice"
     (`take` gives None: no history); otherwise it must be exactly the tuple a previous step of the same model
     returned. `collect=False` (the last slice of a clip) builds no memory. A stream calls `advance` after
-    each step, so the memory written becomes the memory read.
+    each step, so the cache written becomes the cache read.
     """
 
-    def __init__(self, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True):
-        # where the memory written is kept (vae/placement.py: device, or host memory); None: where it is made
+    def __init__(self, cache_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True):
+        # where the memory written is kept (vae/memory/placement.py: device, or host memory); None: where it is made
         self.placement: Optional[Placement] = cache_placement()
-        self.start(memory_in, collect)
+        self.start(cache_in, collect)
 
-    def start(self, memory_in: Optional[Sequence[torch.Tensor]], collect: bool) -> None:
-        """Begin a step reading `memory_in` (None: the first slice)."""
-        self.first = memory_in is None
+    def start(self, cache_in: Optional[Sequence[torch.Tensor]], collect: bool) -> None:
+        """Begin a step reading `cache_in` (None: the first slice)."""
+        self.first = cache_in is None
         # A handoff is read in place and emptied as read; any other sequence is the caller's and is only read.
-        self._release = isinstance(memory_in, MemoryHandoff)
-        self._memory_in = memory_in if self._release else (list(memory_in) if memory_in is not None else [])
+        self._release = isinstance(cache_in, CacheHandoff)
+        self._cache_in = cache_in if self._release else (list(cache_in) if cache_in is not None else [])
         self._pos = 0
         self.collect = collect
-        self.memory_out: list[torch.Tensor] = []
+        self.cache_out: list[torch.Tensor] = []
 
     def take(self, fetch: bool = True) -> Optional[torch.Tensor]:
-        """The next memory tensor (None on the first slice), where the pass computes; `fetch=False`: as it is
+        """The next cache tensor (None on the first slice), where the pass computes; `fetch=False`: as it is
         held (in host memory under a host placement), for a caller that copies in only the parts it reads
         (`fetch_held` then copies those)."""
         if self.first:
             return None
-        if self._pos >= len(self._memory_in):
-            raise ValueError(f"causal memory has {len(self._memory_in)} tensors but the model needs more; "
+        if self._pos >= len(self._cache_in):
+            raise ValueError(f"causal cache has {len(self._cache_in)} tensors but the model needs more; "
                              "pass the state returned by the previous step of the same model")
-        t = self._memory_in[self._pos]
+        t = self._cache_in[self._pos]
         if self._release:
-            self._memory_in[self._pos] = None  # the caller's conv holds it while it needs it
+            self._cache_in[self._pos] = None  # the caller's conv holds it while it needs it
         self._pos += 1
         return self.fetch_held(t) if fetch else t
 
@@ -164,37 +164,37 @@ class CausalMemory(CausalState):
         return torch.empty(tuple(shape), dtype=dtype, device=where)
 
     def fetch_held(self, t: torch.Tensor) -> torch.Tensor:
-        """A held memory tensor (or a part of one) where the pass computes."""
+        """A held cache tensor (or a part of one) where the pass computes."""
         return t if self.placement is None else self.placement.fetch(t)
 
     def put(self, t: torch.Tensor, owner: Optional[nn.Module] = None, *, held: bool = False) -> None:
-        """Record the next memory tensor (dropped when not collecting); `owner`: the module it belongs to
-        (named by `VAEModel.memory_layout`); `held`: `t` was made by `new_held`, where the memory is kept."""
+        """Record the next cache tensor (dropped when not collecting); `owner`: the module it belongs to
+        (named by `VAEModel.cache_layout`); `held`: `t` was made by `new_held`, where the cache is kept."""
         if self.collect:
-            self.memory_out.append(t if held or self.placement is None else self.placement.hold(t))
-            owners = _memory_owners.get()
+            self.cache_out.append(t if held or self.placement is None else self.placement.hold(t))
+            owners = _cache_owners.get()
             if owners is not None:
                 owners.append(owner)
 
     def snapshot(self) -> object:
         self._release = False  # a region that may be re-run from here reads these tensors again
-        return self._pos, len(self.memory_out)
+        return self._pos, len(self.cache_out)
 
     def restore(self, saved: object) -> None:
         self._pos, produced = saved
-        del self.memory_out[produced:]
+        del self.cache_out[produced:]
 
     def finish(self) -> State:
-        """The memory this step wrote; ValueError when the memory read was not all used (another model's)."""
-        if not self.first and self._pos != len(self._memory_in):
-            raise ValueError(f"causal memory has {len(self._memory_in)} tensors, the model used {self._pos}; "
+        """The cache this step wrote; ValueError when the cache read was not all used (another model's)."""
+        if not self.first and self._pos != len(self._cache_in):
+            raise ValueError(f"causal cache has {len(self._cache_in)} tensors, the model used {self._pos}; "
                              "pass the state returned by the previous step of the same model")
-        return tuple(self.memory_out)
+        return tuple(self.cache_out)
 
     def advance(self) -> None:
-        """End a stream's step: the memory written becomes the memory the next step reads, handed over (each
-        tensor dropped as the next step reads it, so old and new memory are not all held at once)."""
-        self.start(MemoryHandoff(self.finish()), self.collect)
+        """End a stream's step: the cache written becomes the cache the next step reads, handed over (each
+        tensor dropped as the next step reads it, so old and new caches are not all held at once)."""
+        self.start(CacheHandoff(self.finish()), self.collect)
 
 
 R = TypeVar("R")
@@ -223,24 +223,24 @@ class ExactTiling(ABC, Generic[R]):
         """`runner.staged(self)` or `runner.layerwise(self)`, whichever this plan is."""
 
 
-class PassContext(CausalMemory):
+class PassContext(CausalCache):
     """The context of one encode/decode step, one type for every architecture: what its layers read besides their
-    input. The fast paths it runs (`fast`), its causal memory in and out (`CausalMemory`; `collect=False` builds
+    input. The fast paths it runs (`fast`), its causal cache in and out (`CausalCache`; `collect=False` builds
     none), the frame split across devices (`shard`: this rank's band, vae/parallel; None on one device), the
     progress `tick` of a layer-by-layer pass, and the `scratch` where its convs pack a weight view the kernel
     cannot read in place (freed with the pass). An architecture reads what it uses; SeedVR2 adds its layer-wise
     split policy in a subclass (vae/seedvr2/layers.py)."""
 
-    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
+    def __init__(self, fast: FastPaths, cache_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
                  shard: Optional[object] = None):
-        super().__init__(memory_in, collect)
+        super().__init__(cache_in, collect)
         self.fast = fast
         self.shard = shard
         self.tick: Optional[Callable[[], None]] = None
         self.scratch = PassScratch()
 
     def clear(self) -> None:
-        """Back to a fresh stream: no memory, first slice next, scratch freed."""
+        """Back to a fresh stream: no cache, first slice next, scratch freed."""
         self.start(None, self.collect)
         self.scratch.clear()
 
@@ -271,8 +271,8 @@ class VAEModel(nn.Module, ABC):
     """An architecture: holds the weights and runs validated tensors.
 
     The architecture supplies the two causal steps (`encode_step`, `decode_step`: pure functions of (slice,
-    causal memory) -> (output, memory')), the single-frame export graphs and `meta_copy`; whole-clip passes
-    with temporal slicing, streams and `memory_layout` are written once, here, on top of the steps.
+    causal cache) -> (output, cache')), the single-frame export graphs and `meta_copy`; whole-clip passes
+    with temporal slicing, streams and `cache_layout` are written once, here, on top of the steps.
 
     Inputs reaching these methods are already checked by `TurboVAE`: 5-D, right channels, model
     dtype and device, spatial dims multiples of `latent_format.spatial_factor`, and pixel clips of
@@ -333,21 +333,21 @@ class VAEModel(nn.Module, ABC):
     @abstractmethod
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True) -> tuple[torch.Tensor, State]:
-        """One causal encode slice: [B, I, T, H, W] -> (moments [B, 2C, T', h, w], memory for the next slice).
+        """One causal encode slice: [B, I, T, H, W] -> (moments [B, 2C, T', h, w], cache for the next slice).
 
         I is `latent_format.image_channels` here and below. First slice (`state=None`): T = 1 + tf·k frames
         (tf = `latent_format.temporal_factor`); later slices tf·k frames, with `state` the tuple the previous
-        step returned. `collect=False` skips building the memory (the last slice of a clip)."""
+        step returned. `collect=False` skips building the cache (the last slice of a clip)."""
 
     @abstractmethod
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
-        """One causal decode slice: [B, C, n, h, w] -> (pixels, memory). The first slice (`state=None`) gives
+        """One causal decode slice: [B, C, n, h, w] -> (pixels, cache). The first slice (`state=None`) gives
         1 + tf·(n-1) frames, later slices tf·n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
 
     @abstractmethod
     def meta_copy(self) -> "VAEModel":
-        """The same architecture and options on the meta device (no memory): `memory_layout` runs it."""
+        """The same architecture and options on the meta device (no memory): `cache_layout` runs it."""
 
     # -- whole-clip passes -------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
@@ -392,21 +392,21 @@ class VAEModel(nn.Module, ABC):
         return StepStream(self.decode_step, first=lambda t: t >= 1, rest=lambda t: t >= 1,
                           rule="latent frames: at least 1 per step")
 
-    # -- causal memory -----------------------------------------------------------------------
-    def memory_layout(self, *, decode: bool, batch: int, height: int, width: int,
+    # -- causal cache -----------------------------------------------------------------------
+    def cache_layout(self, *, decode: bool, batch: int, height: int, width: int,
                       first_frames: int = 2) -> list[tuple[str, tuple[int, ...]]]:
-        """(module name, memory shape) in state order after a first slice of `first_frames` frames (latent
+        """(module name, cache shape) in state order after a first slice of `first_frames` frames (latent
         frames for decode, pixel frames 1+tf·k for encode) at `height`×`width` of the step's input.
         Runs a meta-device copy, so it costs nothing; engines use it to declare the cache I/O."""
         clone = self.meta_copy()
         names = {id(m): n for n, m in clone.named_modules()}
         channels = self.latent_format.channels if decode else self.latent_format.image_channels
         x = torch.empty(batch, channels, first_frames, height, width, device="meta")
-        with recorded_memory_owners() as owners:
+        with recorded_cache_owners() as owners:
             _, state = clone.decode_step(x, None, clamp=False) if decode else clone.encode_step(x, None)
         if len(owners) != len(state):
-            raise RuntimeError(f"{type(self).__name__}: {len(state)} memory tensors but {len(owners)} recorded "
-                               "owners; every memory tensor must be `put` with the module that owns it")
+            raise RuntimeError(f"{type(self).__name__}: {len(state)} cache tensors but {len(owners)} recorded "
+                               "owners; every cache tensor must be `put` with the module that owns it")
         return [(names[id(o)], tuple(t.shape)) for o, t in zip(owners, state)]
 
     # -- exact tiling ------------------------------------------------------------------------
@@ -419,7 +419,7 @@ class VAEModel(nn.Module, ABC):
     # -- frame streaming ---------------------------------------------------------------------
     def frame_stages(self, *, decode: bool) -> Optional[FrameStages]:
         """This model's decode (or encode) as stages streamed frame by frame (vae/frame_stages.py: the smallest
-        step any layer can take, each stage with its own causal memory), or None: the default, an architecture
+        step any layer can take, each stage with its own causal cache), or None: the default, an architecture
         that has not declared them runs whole steps. Equal to the whole-clip pass."""
         return None
 
@@ -446,7 +446,7 @@ def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
                bounds: Sequence[tuple[int, int]], kwargs: dict, progress: Progress = None, *,
                out_frames: Optional[int] = None, canvas: Optional[Placement] = None,
                sample: bool = False) -> torch.Tensor:
-    """A clip through `step` slice by slice (time bounds `bounds`), memory carried, the last slice collecting
+    """A clip through `step` slice by slice (time bounds `bounds`), cache carried, the last slice collecting
     none; each slice's output is written into one output canvas of `out_frames` frames as it finishes (contiguous),
     which `canvas` allocates (default: where the outputs are made). `progress(i, n)` after each slice.
 
@@ -454,7 +454,7 @@ def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
     and a canvas can live in host memory when the output does not fit beside the pass.
 
     `sample` (meta-tensor predictions only, vae/planning): run the first two slices and the last, each on the
-    memory the one before it left: every middle slice repeats the second on memory of the same shapes, and the
+    cache the one before it left: every middle slice repeats the second on caches of the same shapes, and the
     canvas holds the whole output from the first slice on, so the peak is the same as running them all."""
     if len(bounds) > 1 and out_frames is None:
         raise ValueError("run_slices needs out_frames for a pass of several slices (the canvas's frames)")
@@ -465,7 +465,7 @@ def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
     out_canvas: Optional[torch.Tensor] = None
     at = 0
     for n, (i, (a, b)) in enumerate(steps):
-        carried, state = (None if state is None else MemoryHandoff(state)), None  # freed as the step reads it
+        carried, state = (None if state is None else CacheHandoff(state)), None  # freed as the step reads it
         out, state = step(x[:, :, a:b], carried, collect=i < len(bounds) - 1, **kwargs)
         if len(bounds) == 1:
             if canvas is not None and canvas.on_host:
@@ -491,7 +491,7 @@ def run_slices(step: Callable[..., tuple[torch.Tensor, State]], x: torch.Tensor,
 
 class StepStream(CausalStream):
     """A `CausalStream` over a step function: checks each slice's length against the stream's rule (other
-    lengths would break the causal memory) and carries the memory from step to step."""
+    lengths would break the causal cache) and carries the cache from step to step."""
 
     def __init__(self, step: Callable[..., tuple[torch.Tensor, State]], *, first: Callable[[int], bool],
                  rest: Callable[[int], bool], rule: str):
@@ -505,7 +505,7 @@ class StepStream(CausalStream):
         if not ok:
             raise ValueError(f"stream slice of {t} frames is not allowed ({self._rule}; this was the "
                              f"{'first' if not self._started else 'a later'} slice); other lengths would break the "
-                             "causal memory")
+                             "causal cache")
         out, self._state = self._step(x, self._state, collect=True)
         self._started = True
         return out
@@ -515,19 +515,19 @@ class StepStream(CausalStream):
         self._started = False
 
 
-_memory_owners: ContextVar[Optional[list]] = ContextVar("turbovae_memory_owners", default=None)
+_cache_owners: ContextVar[Optional[list]] = ContextVar("turbovae_cache_owners", default=None)
 
 
 @contextmanager
-def recorded_memory_owners() -> Iterator[list]:
-    """Within the block, every `CausalMemory.put` also records the module that owns the tensor (what
-    `memory_layout` names); outside it nothing is recorded."""
+def recorded_cache_owners() -> Iterator[list]:
+    """Within the block, every `CausalCache.put` also records the module that owns the tensor (what
+    `cache_layout` names); outside it nothing is recorded."""
     owners: list = []
-    token = _memory_owners.set(owners)
+    token = _cache_owners.set(owners)
     try:
         yield owners
     finally:
-        _memory_owners.reset(token)
+        _cache_owners.reset(token)
 
 
 def check_temporal_slice(temporal_slice: Optional[int]) -> None:

@@ -80,8 +80,8 @@ def versions(turbovae_version: str) -> dict:
 def devices() -> list[dict]:
     """Each device with its memory and the default budget of a pass's own tensors there (`turbovae.MemoryBudget`
     outside ComfyUI: what automatic slices and tiles are sized against, docs/memory.md)."""
-    from .free_memory import free_memory_bytes, total_memory_bytes
-    from .memory_budget import default_budget_bytes
+    from .memory.device import free_memory_bytes, total_memory_bytes
+    from .memory.budget import default_budget_bytes
 
     def memory(dev: torch.device) -> dict:
         return {"total_mb": round(total_memory_bytes(dev) / 2**20), "free_mb": round(free_memory_bytes(dev) / 2**20),

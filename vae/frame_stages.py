@@ -8,8 +8,8 @@ runs of layers between which the frame rate changes (a temporal up- or downsampl
 many input frames each stage's first and later steps take. This driver pushes the input through them depth
 first: a stage runs as soon as it has the frames for a step, its output goes straight to the next stage, and the
 last stage's frames go to the output canvas. Every layer sees exactly the frames and history it would see in the
-whole-clip pass, so the result equals it (fp32 within rounding); each stage keeps its own causal memory, under the
-pass's placement (vae/placement.py), so it can live in host memory.
+whole-clip pass, so the result equals it (fp32 within rounding); each stage keeps its own causal cache, under the
+pass's placement (vae/memory/placement.py), so it can live in host memory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from .base import FrameStages, Progress
-from .placement import Placement
+from .memory.placement import Placement
 
 
 def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,

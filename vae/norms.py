@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from .accel import self_checks
 from .accel.tensor_layout import memory_format_of
 from .autograd import records_grad
-from .meta_device import path_device_type
-from .oom import is_out_of_memory
+from .memory.meta_device import path_device_type
+from .memory.oom import is_out_of_memory
 from .tracing import tracing
 
 _AUTO = object()  # not resolved yet: vae.accel.kernels.default_dispatch() is asked on the first CUDA call
@@ -84,7 +84,7 @@ _META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `me
 @contextmanager
 def meta_fused_norms(dispatch) -> Iterator[None]:
     """Inside the block, norms of meta tensors go to `dispatch` (same methods as a fused dispatcher): a meta
-    pass then allocates what the fused kernels allocate, so vae/peak_memory.py predicts the GPU path's memory."""
+    pass then allocates what the fused kernels allocate, so vae/memory/peak.py predicts the GPU path's memory."""
     with _module_setting("_META_FUSED", dispatch):
         yield
 
@@ -225,7 +225,7 @@ def _gn2d(x: torch.Tensor, num_groups: int, weight, bias, eps: float, inplace: b
         w = weight.float() if weight is not None else None
         b = bias.float() if bias is not None else None
         return _gn2d(x.float(), num_groups, w, b, eps, inplace=True).to(x.dtype)  # the fp32 copy is ours
-    # path_device_type: a meta pass predicting a CPU pass takes the CPU's path (in place, vae/meta_device.py)
+    # path_device_type: a meta pass predicting a CPU pass takes the CPU's path (in place, vae/memory/meta_device.py)
     if _STABLE_CHANNELS_LAST_STATS and path_device_type(x) == "cpu" and _channels_innermost(x) and not tracing():
         if records_grad(x, weight, bias):  # autograd: the contiguous kernel (stable statistics, differentiable)
             return F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
@@ -288,7 +288,7 @@ def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[
     starts = range(0, h, rows)
     sq_devs = x.new_empty((len(starts), n, c))
     centred = None
-    arithmetic = x.device.type != "meta"  # a meta pass (vae/peak_memory.py) needs the loop's buffers, not its sums
+    arithmetic = x.device.type != "meta"  # a meta pass (vae/memory/peak.py) needs the loop's buffers, not its sums
     for i, r0 in enumerate(starts):
         chunk = x[:, :, r0:r0 + rows] if arithmetic or centred is None or h - r0 < rows else None
         if centred is None or (chunk is not None and centred.shape != chunk.shape):
@@ -367,7 +367,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`a @ b` for 2-D fp32 tensors; on CPU computed as a 1×1 conv2d over `a`'s rows (channels-last, no copy of
     `a`): oneDNN's convolution runs these products at about twice the rate of `torch.mm` on the CPUs measured
     (docs/BENCHMARKS.md, SeedVR2 composed upsamplers). Other devices, dtypes, and tracing keep `torch.mm`; meta
-    tensors take the path of the device a meta pass predicts (vae/meta_device.py)."""
+    tensors take the path of the device a meta pass predicts (vae/memory/meta_device.py)."""
     if path_device_type(a) != "cpu" or a.dtype != torch.float32 or b.dtype != torch.float32 or tracing():
         return a @ b
     m, k = a.shape

@@ -7,7 +7,7 @@ Modes:
 - "exact": exact tiles (equal to the untiled pass, fp32 ≤ 1e-4) of `tile_px` (512 px by default; 0: sized by the
   budget).
 - "fast": independent tiles blended with raised-cosine ramps (not exact; PSNR in the docs).
-On out-of-memory (any allocation failure `vae.oom` recognises) the tile that failed is redone at half the size and
+On out-of-memory (any allocation failure `vae.memory.oom` recognises) the tile that failed is redone at half the size and
 the finished tiles are kept (vae/tiling/retry.py); at the floor the temporal slice is halved; then a clear
 MemoryError states the numbers.
 """
@@ -20,7 +20,7 @@ import torch
 
 from .api import TurboVAE, moments_to_latents
 from .base import Progress, check_temporal_slice
-from .oom import OutOfMemory, attempt
+from .memory.oom import OutOfMemory, attempt
 from .planning import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, MODES, PassPlan, run_plan
 from .tiling.exact import supports_exact
 from .tiling.retry import MIN_TILE_LATENT, TileRetry

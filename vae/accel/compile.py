@@ -36,7 +36,7 @@ from torch import nn
 from . import self_checks
 from ..base import CausalState
 from ..gpu_defaults import COMPILE_ARCHITECTURES, COMPILE_MEASURED
-from ..oom import is_out_of_memory, release_cached
+from ..memory.oom import is_out_of_memory, release_cached
 
 log = logging.getLogger("turbovae")
 

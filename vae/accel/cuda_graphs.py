@@ -16,7 +16,7 @@ memory (the graph keeps its intermediates' pool) and rigidity (one graph per sha
   on: graphs are an optimisation, never a new way to fail. A capture that runs out of memory is
   transient (other models were resident): its pool is released, that call runs eagerly, and the next
   call captures again; only `OOM_FAILURES_TO_DISABLE` out-of-memory failures in a row switch graphs off
-  (the one rule of vae/oom.py `OomStreak`);
+  (the one rule of vae/memory/oom.py `OomStreak`);
 - capture and replay run on the inputs' own device (`device_guard.on_device`): a model on a GPU that is not
   the current one captures on its own streams, and the caller's current device is left as it was;
 - `pool_bytes` is what the captured graphs' private pool holds (the growth of reserved memory across
@@ -37,7 +37,7 @@ import torch
 
 from .. import device_guard
 from . import self_checks
-from ..oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
+from ..memory.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 
 log = logging.getLogger("turbovae")
 

@@ -14,7 +14,7 @@ it makes would be baked into the traced program as constants). A traced call use
 for its (device, key), or, while undecided, the plain path for that trace; nothing is recorded, and a failure
 reported under a tracer switches nothing off.
 
-An out-of-memory is not a failed check either (`vae.oom.OomStreak`, the rule CUDA graphs and engines follow):
+An out-of-memory is not a failed check either (`vae.memory.oom.OomStreak`, the rule CUDA graphs and engines follow):
 the probe's or the launch's out-of-memory is re-raised so the pass frees and retries by the tiler's rule,
 the path is kept and checked again, and only `OOM_FAILURES_TO_DISABLE` in a row on a (path, device) switch
 it off — and only a path that costs memory (`FastPath.saves_memory` False: graph pools, compiled buffers,
@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable, Iterator, Optional, Union
 
 import torch
 
-from ..oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
+from ..memory.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached
 from ..tracing import tracing
 
 log = logging.getLogger("turbovae")
@@ -112,7 +112,7 @@ PATHS: dict[str, FastPath] = {p.name: p for p in (
 
 
 def oom_may_switch_off(path: str) -> bool:
-    """Whether out-of-memory failures in a row (`vae.oom.OomStreak`) may switch `path` off: only where the path
+    """Whether out-of-memory failures in a row (`vae.memory.oom.OomStreak`) may switch `path` off: only where the path
     costs memory. A path that saves memory stays on whatever the streak: its fallback would need more.
     KeyError for a name not in `PATHS`."""
     if path not in PATHS:

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from ..meta_device import path_device_type
+from ..memory.meta_device import path_device_type
 from ..tracing import tracing
 from .tensor_layout import channels_last_format
 
@@ -67,12 +67,12 @@ def conv_modules(model: nn.Module) -> Iterator[nn.Module]:
 class PassScratch:
     """One reusable buffer for the weights that one pass's convs must pack (the image path's last temporal
     tap of a channels-last 3-D weight): each conv copies its tap in and the next conv overwrites it. It
-    grows to the largest such tap of the pass and is freed with the pass (the `StreamContext` owns it), so
+    grows to the largest such tap of the pass and is freed with the pass (the `PassContext` owns it), so
     nothing beside the parameters outlives a call. Fresh tensors instead where reusing storage is unsafe or
     buys nothing: under tracing, in grad mode (a conv whose input or weight requires grad saves the packed
     weight for its backward, and the next conv's copy would overwrite it; the input is not seen here), and on
     CUDA (its caching allocator makes a fresh tensor free, and kernels may still read the previous one). A meta
-    pass predicting a CPU pass takes the CPU's path (`vae.meta_device`): the buffer is held from the first
+    pass predicting a CPU pass takes the CPU's path (`vae.memory.meta_device`): the buffer is held from the first
     packed tap to the end of the pass."""
 
     def __init__(self) -> None:

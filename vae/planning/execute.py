@@ -14,7 +14,7 @@ import torch
 
 from ..base import Progress, VAEModel, run_slices
 from ..frame_stages import run_frame_stages
-from ..placement import OnDevice, OnHost, OnMetaHost, Placement, held_in
+from ..memory.placement import OnDevice, OnHost, OnMetaHost, Placement, held_in
 from ..tiling.exact import run_exact
 from ..tiling.fast import PassGeometry, run_tiled
 from ..tiling.retry import TileRetry

@@ -8,7 +8,7 @@ otherwise:
   "fast" (independent tiles blended: not exact);
 - `frame_stages`: the model's stages streamed one frame step at a time (vae/frame_stages.py);
 - `cache_on_host` / `output_on_host`: the causal caches / the output canvas kept in host memory
-  (vae/placement.py).
+  (vae/memory/placement.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..peak_memory import PeakPrediction
+from ..memory.peak import PeakPrediction
 from ..tiling.grid import TileGrid
 
 MODES = ("auto", "fast", "exact")  # what a caller asks for, the default first (the nodes offer them in this order)

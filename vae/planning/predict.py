@@ -1,10 +1,10 @@
 """The peak a plan will need: the executor (vae/planning/execute.py) run on meta tensors, its storages counted.
 
 A meta pass allocates nothing and computes nothing, but every op makes its outputs with their real sizes and
-layouts and frees them when the last reference goes, as the real pass would (vae/peak_memory.py `LiveBytes`); what
-the real kernels allocate inside ops is added per device type (vae/op_memory.py), attention runs as its fused
+layouts and frees them when the last reference goes, as the real pass would (vae/memory/peak.py `LiveBytes`); what
+the real kernels allocate inside ops is added per device type (vae/memory/op_rules.py), attention runs as its fused
 kernel (vae/attention.py), the fused norms as the one output they make and the CPU's device-specific paths as the
-CPU takes them (vae/peak_memory.py `meta_pass_for`). Host-held tensors are counted apart.
+CPU takes them (vae/memory/peak.py `meta_pass_for`). Host-held tensors are counted apart.
 The run is sampled where its steps repeat (`run_plan(..., sample=True)`): the first two temporal steps and the
 last, one tile of each shape, one core of the largest size — into canvases of the full size, so the peak is that
 of the whole pass.
@@ -19,9 +19,9 @@ from typing import Optional
 import torch
 
 from ..base import VAEModel
-from ..meta_device import predicting_for
-from ..op_memory import op_memory_for
-from ..peak_memory import LiveBytes, MetaPasses, PassPaths, PeakPrediction, meta_pass_for, weight_bytes
+from ..memory.meta_device import predicting_for
+from ..memory.op_rules import op_memory_for
+from ..memory.peak import LiveBytes, MetaPasses, PassPaths, PeakPrediction, meta_pass_for, weight_bytes
 from .execute import run_plan
 from .plan import PassPlan
 

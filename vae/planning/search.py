@@ -26,9 +26,9 @@ import torch
 
 from ..base import VAEModel
 from ..exact_tiling import ExactPlan, partition
-from ..free_memory import FASTEST_SLICE
-from ..memory_budget import BudgetTooSmall
-from ..peak_memory import MetaPasses, PassPaths
+from ..memory.device import FASTEST_SLICE
+from ..memory.budget import BudgetTooSmall
+from ..memory.peak import MetaPasses, PassPaths
 from ..tiling.grid import TileGrid
 from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
@@ -347,11 +347,11 @@ def output_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype
 
 
 def cache_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype) -> int:
-    """Bytes of the causal caches an untiled step over the whole frame holds (`VAEModel.memory_layout`): what a
+    """Bytes of the causal caches an untiled step over the whole frame holds (`VAEModel.cache_layout`): what a
     plan with caches in host memory keeps there."""
     fmt = model.latent_format
     h, w = shape[-2], shape[-1]
     first = 2 if decode else 1 + fmt.temporal_factor
-    layout = model.memory_layout(decode=decode, batch=shape[0], height=h, width=w, first_frames=first)
+    layout = model.cache_layout(decode=decode, batch=shape[0], height=h, width=w, first_frames=first)
     esize = torch.empty((), dtype=dtype).element_size()
     return sum(math.prod(s) for _name, s in layout) * esize

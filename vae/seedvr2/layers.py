@@ -1,9 +1,9 @@
-"""SeedVR2 building blocks: causal 3-D conv with explicit memory, resnet, mid attention, resamplers.
+"""SeedVR2 building blocks: causal 3-D conv with an explicit cache, resnet, mid attention, resamplers.
 
-Every layer takes `(x, ctx)`; `ctx` (a `PassContext`) carries the switchable fast paths and the
-causal memory of the previous temporal slice as a flat list of tensors (read in execution order,
-new memory appended in the same order), so a whole encode/decode step is a pure function of
-(input slice, previous memory) that can be traced for export. Module attribute names reproduce the
+Every layer takes `(x, ctx)`; `ctx` (a `SeedVR2PassContext`) carries the switchable fast paths and the
+causal cache of the previous temporal slice as a flat list of tensors (read in execution order,
+the new cache appended in the same order), so a whole encode/decode step is a pure function of
+(input slice, previous cache) that can be traced for export. Module attribute names reproduce the
 released checkpoint's keys exactly.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import PassContext as BasePassContext
+from ..base import PassContext
 from ..accel.tensor_layout import channels_last_format, memory_format_of
 from ..attention import attention
 from ..norms import group_norm_silu
@@ -26,19 +26,19 @@ from .shuffle import pixel_shuffle_3d
 from ..accel.switches import FastPaths
 
 
-class SeedVR2Pass(BasePassContext):
+class SeedVR2PassContext(PassContext):
     """The base pass context (vae/base.py) plus SeedVR2's layer-wise split: `split` runs every layer with
     tile-bounded working memory (exact tiling; its `shard` is the context's), `inplace` the in-place residuals.
     `collect` defaults to False here (a whole clip in one step), as SeedVR2's callers have always relied on.
 
-    On the first slice (`memory_in` None) causal convs replicate the first frame as head padding and
+    On the first slice (`cache_in` None) causal convs replicate the first frame as head padding and
     temporal upsamplers drop the duplicated first frame, as the reference does outside its ACTIVE
-    state. Otherwise `memory_in` must be exactly the tuple a previous step returned (see `memory_layout`).
+    state. Otherwise `cache_in` must be exactly the tuple a previous step returned (see `cache_layout`).
     """
 
-    def __init__(self, fast: FastPaths, memory_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False,
+    def __init__(self, fast: FastPaths, cache_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = False,
                  split: Optional["SplitPolicy"] = None):
-        super().__init__(fast, memory_in, collect, shard=split.shard if split is not None else None)
+        super().__init__(fast, cache_in, collect, shard=split.shard if split is not None else None)
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
         self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
 
@@ -50,9 +50,6 @@ class SeedVR2Pass(BasePassContext):
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
         return self.fast.image_path and self.first and x.shape[2] == 1
-
-
-PassContext = SeedVR2Pass  # the name SeedVR2's layers, its model and its tests use
 
 
 class CausalConv3d(nn.Conv3d):
@@ -67,7 +64,7 @@ class CausalConv3d(nn.Conv3d):
                  padding: tuple[int, int, int] = (1, 1, 1), pad_right_bottom: bool = False):
         super().__init__(cin, cout, kernel, stride=stride, padding=(0, padding[1], padding[2]))
         self.head_frames = 2 * padding[0]
-        self.memory_frames = max(kernel[0] - stride[0], 0)
+        self.cache_frames = max(kernel[0] - stride[0], 0)
         self.pad_right_bottom = pad_right_bottom
 
     def folded_weight(self) -> torch.Tensor:
@@ -77,7 +74,7 @@ class CausalConv3d(nn.Conv3d):
         only resident copy of the weights (`vae/accel/weight_layout.py` says why)."""
         return tap_sum(self.weight)
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         if ctx.split is not None:
             return layerwise.causal_conv(self, x, ctx, ctx.split)
         # The pass's layout for every conv: the step's input arrives contiguous (the first conv lays it out), and a
@@ -88,13 +85,13 @@ class CausalConv3d(nn.Conv3d):
             return self._image_forward(x, ctx)
         if ctx.first and ctx.fast.head_taps and self._head_taps_apply(x):
             return self._head_taps_forward(x, ctx)
-        prev = ctx.take() if self.memory_frames else None
+        prev = ctx.take() if self.cache_frames else None
         if ctx.fast.single_buffer:
             padded = self._write_padded(x, prev, ctx.fast.channels_last)
         else:
             padded = self._cat_padded(x, prev)
-        if self.memory_frames and ctx.collect:
-            tail = padded[:, :, -self.memory_frames:]
+        if self.cache_frames and ctx.collect:
+            tail = padded[:, :, -self.cache_frames:]
             ctx.put(tail.clone() if ctx.fast.single_buffer else tail, self)
         return guarded_conv3d(padded, self.weight, self.bias, self.stride, self.padding)
 
@@ -102,7 +99,7 @@ class CausalConv3d(nn.Conv3d):
         return (self.kernel_size[0] == 3 and self.stride[0] == 1 and self.head_frames == 2
                 and not self.pad_right_bottom and x.shape[2] >= 2)
 
-    def _head_taps_forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _head_taps_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         """First slice, T >= 2: the head windows are [f0,f0,f0] and [f0,f0,f1], so output 0 is
         conv2d(f0, w0+w1+w2) and output 1 is conv2d(f0, w0+w1) + conv2d(f1, w2); the rest is a plain
         valid conv3d over the input. 3 instead of 6 frame-taps for the head, and no padded copy."""
@@ -127,8 +124,8 @@ class CausalConv3d(nn.Conv3d):
         out[:, :, 1] = second
         if t > 2:
             out[:, :, 2:] = guarded_conv3d(x, self.weight, self.bias, self.stride, self.padding)
-        if self.memory_frames and ctx.collect:
-            ctx.put(x[:, :, -self.memory_frames:].clone(memory_format=fmt), self)  # one compact copy
+        if self.cache_frames and ctx.collect:
+            ctx.put(x[:, :, -self.cache_frames:].clone(memory_format=fmt), self)  # one compact copy
         return out
 
     def _head(self, prev: Optional[torch.Tensor]) -> int:
@@ -162,14 +159,14 @@ class CausalConv3d(nn.Conv3d):
             return torch.cat([x[:, :, :1].repeat(1, 1, self.head_frames, 1, 1), x], dim=2)
         return x
 
-    def _image_forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _image_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         x2 = x[:, :, 0]
         if self.pad_right_bottom:
             x2 = F.pad(x2, (0, 1, 0, 1))
         if ctx.fast.channels_last:
             x2 = x2.contiguous(memory_format=torch.channels_last)
-        if self.memory_frames and ctx.collect:  # the padded input was [f0] * k_t; its tail is the memory
-            ctx.put(x2.unsqueeze(2).expand(-1, -1, self.memory_frames, -1, -1).contiguous(), self)
+        if self.cache_frames and ctx.collect:  # the padded input was [f0] * k_t; its tail is the memory
+            ctx.put(x2.unsqueeze(2).expand(-1, -1, self.cache_frames, -1, -1).contiguous(), self)
         y = F.conv2d(x2, self.folded_weight(), self.bias, self.stride[1:], self.padding[1:])
         return y.unsqueeze(2)
 
@@ -190,7 +187,7 @@ def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True, inplace: b
     return group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu, inplace=inplace)
 
 
-def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: PassContext, *,
+def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: SeedVR2PassContext, *,
                    last_use: bool = False) -> torch.Tensor:
     """conv(SiLU(GroupNorm(x))); under exact tiling the normalisation is fused into the conv's input tiles.
     `last_use`: the caller drops `x` after this, so with in-place ops on (`ctx.inplace`) the norm may write
@@ -211,7 +208,7 @@ class ResnetBlock3D(nn.Module):
         self.conv2 = CausalConv3d(cout, cout, (3, 3, 3))
         self.conv_shortcut = CausalConv3d(cin, cout, (1, 1, 1), padding=(0, 0, 0)) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         if ctx.split is not None:
             return layerwise.resnet(self, x, ctx, ctx.split)
         h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
@@ -231,7 +228,7 @@ class MidAttention(nn.Module):
         self.to_v = nn.Linear(channels, channels)
         self.to_out = nn.ModuleList([nn.Linear(channels, channels), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         b, c, t, h, w = x.shape
         frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
         shard = ctx.shard
@@ -262,7 +259,7 @@ class MidBlock3D(nn.Module):
         self.resnets = nn.ModuleList([ResnetBlock3D(channels, channels, groups, eps) for _ in range(2)])
         self.attentions = nn.ModuleList([MidAttention(channels, groups, eps)])
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         x = self.resnets[0](x, ctx)
         x = self.attentions[0](x, ctx)
         return self.resnets[1](x, ctx)
@@ -277,7 +274,7 @@ class Downsample3D(nn.Module):
         self.conv = CausalConv3d(channels, channels, (kt, 3, 3), stride=(st, 2, 2),
                                  padding=(1 if temporal else 0, 0, 0), pad_right_bottom=True)
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         return self.conv(x, ctx)
 
 
@@ -303,13 +300,13 @@ class Upsample3D(nn.Module):
         bk = bias.view(4, self.zr, c)[:, 0].reshape(4 * c)
         return wk, bk
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         if self._composed_applies(x, ctx):
             return subpixel.upsample_conv(self, x, ctx)
         y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)
         return self.conv(y, ctx)
 
-    def _composed_applies(self, x: torch.Tensor, ctx: PassContext) -> bool:
+    def _composed_applies(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> bool:
         """The composed low-resolution convs (vae/seedvr2/subpixel.py): whole-frame passes, and only where the
         output is large enough to pay for composing the weights."""
         if not (ctx.fast.subpixel_conv and ctx.split is None and self.conv.kernel_size == (3, 3, 3)
@@ -319,7 +316,7 @@ class Upsample3D(nn.Module):
         frames_out = subpixel.output_frames(self.zr, x.shape[2], first_slice=ctx.first, image=image)
         return subpixel.worth_composing(x.shape[1], 4 * frames_out * x.shape[3] * x.shape[4], 1 if image else self.zr)
 
-    def upscale(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def upscale(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         """upscale_conv + sub-pixel shuffle (pixel-local, so exact tiling runs it per tile)."""
         drop_head = self.zr == 2 and ctx.first
         if ctx.image(x):

@@ -10,7 +10,7 @@ independent. Instead the forward pass runs layer by layer on whole-frame tensors
   only at true frame borders), so the padded-input buffer is tile-sized;
 - each upsampler's 1×1 conv and sub-pixel shuffle run per tile;
 - mid-block attention runs on the whole frame at latent resolution.
-The causal memory handed between temporal slices has exactly the layout of the normal path.
+The causal cache handed between temporal slices has exactly the layout of the normal path.
 
 The same decomposition splits a frame across devices (vae/parallel, `SplitPolicy.shard`): statistics
 become an all-reduce of the fp64 (sum, sum of squares), the conv crops read halo rows exchanged with the
@@ -166,7 +166,7 @@ def representative(starts: Sequence[int], x: torch.Tensor) -> Sequence[int]:
 
 
 class RepresentativeTiles:
-    """On meta tensors (a predicted pass, vae/peak_memory.py), tiles of a shape already run are skipped: a tile's
+    """On meta tensors (a predicted pass, vae/memory/peak.py), tiles of a shape already run are skipped: a tile's
     temporaries are freed before the next tile and its output goes into a buffer made before the loop, so tiles of
     one shape and border position allocate alike, and the peak is the same with one of each (a 1080p frame has
     hundreds of tiles per layer; a meta op costs Python time). Real tensors run every tile."""
@@ -208,7 +208,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
     image = ctx.image(x) and conv.head_frames == kt - 1
     # the history as it is held (host memory under a host placement), and on the device for this conv's tiles: one
     # copy of the whole held tensor (dense, so it moves at the link's speed; crops of it would be staged on the host)
-    prev = None if image or not conv.memory_frames else ctx.take(fetch=False)
+    prev = None if image or not conv.cache_frames else ctx.take(fetch=False)
     prev_here = ctx.fetch_held(prev) if prev is not None else None
     head = 0 if image else (prev.shape[2] if prev is not None else conv.head_frames)
     t_out = 1 if image else (head + t - kt) // st + 1
@@ -250,7 +250,7 @@ def causal_conv(conv, x: torch.Tensor, ctx, policy: SplitPolicy, pre: Pre = None
                 y += residual(slice(oy0, oy1), slice(ox0, ox1))
             out[:, :, :, oy0:oy1, ox0:ox1] = y
             del xin, buf, y
-    if conv.memory_frames and ctx.collect:
+    if conv.cache_frames and ctx.collect:
         history = [prev_here]  # handed over, so _memory can free the device copy before it makes the new frames
         del prev_here
         ctx.put(_memory(conv, src, history, pre, image, e, ctx, policy), conv, held=True)
@@ -275,7 +275,7 @@ def _with_halo(shard: RowShard, x: torch.Tensor, kh: int, sh: int, ph: int,
 
 def _memory(conv, src: Sequence[torch.Tensor], history: list, pre: Pre, image: bool,
             e: int, ctx, policy: SplitPolicy) -> torch.Tensor:
-    """The conv's next causal memory: the last `memory_frames` frames of its (normalised, right/bottom padded)
+    """The conv's next causal cache: the last `cache_frames` frames of its (normalised, right/bottom padded)
     input, whose rows are the pieces `src` (a band between its halo rows, or one tensor). Made where the pass keeps
     its memory (`ctx.new_held`: on the device, or in host memory) a band of rows at a time, so only a band is
     normalised at once (a whole 1080p frame normalised in fp32 is 2 GB per 256 channels). `history` holds the
@@ -285,7 +285,7 @@ def _memory(conv, src: Sequence[torch.Tensor], history: list, pre: Pre, image: b
     Host memory is only ever written, from the device (`ctx.placement.write`), never read here: on CUDA those
     writes are asynchronous, so a read of held memory by the CPU could see it before they land (the first GPU run
     caught a host-to-host copy of the older frames doing so: 16.8 dB)."""
-    mf = conv.memory_frames
+    mf = conv.cache_frames
     first = src[0]
     b, c, t = first.shape[:3]
     t0 = max(0, t - mf)

@@ -1,10 +1,10 @@
 """`SeedVR2VAE`: the SeedVR2 3-D causal VAE with functional temporal steps.
 
 Whole-clip passes, temporal slicing and streams all run through `encode_step` / `decode_step`,
-pure functions of (slice, causal memory) -> (output, new memory). Nothing is cached on the modules
+pure functions of (slice, causal cache) -> (output, new memory). Nothing is cached on the modules
 between calls: weights derived for the T=1 image path are made per call (`layers.tap_sum`).
 
-Memory layout (`memory_layout()` lists it): one tensor per causal conv whose temporal kernel
+Memory layout (`cache_layout()` lists it): one tensor per causal conv whose temporal kernel
 exceeds its stride, in execution order; each holds the last `k_t - s_t` frames of that conv's
 padded input, [B, C_in, k_t - s_t, H(+1), W(+1)] (the encoder's downsamplers store their
 right/bottom zero pad too). The first slice is a step with `state=None`.
@@ -22,11 +22,11 @@ from ..base import LatentFormat, State, VAEModel, run_slices
 from ..exact_tiling import LayerwisePlan
 from ..base import FrameStage, FrameStages
 from ..frame_stages import run_frame_stages
-from ..placement import Placement
+from ..memory.placement import Placement
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
-from .layers import CausalConv3d, Downsample3D, MidBlock3D, PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
+from .layers import CausalConv3d, Downsample3D, MidBlock3D, SeedVR2PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
 from .layerwise import SplitPolicy, normalised_convs
 
 class DownBlock3D(nn.Module):
@@ -36,7 +36,7 @@ class DownBlock3D(nn.Module):
                                       for i in range(layers)])
         self.downsamplers = nn.ModuleList([Downsample3D(cout, downsample)]) if downsample is not None else None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         for resnet in self.resnets:
             x = resnet(x, ctx)
         if self.downsamplers is not None:
@@ -51,7 +51,7 @@ class UpBlock3D(nn.Module):
                                       for i in range(layers)])
         self.upsamplers = nn.ModuleList([Upsample3D(cout, upsample)]) if upsample is not None else None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         for resnet in self.resnets:
             x = resnet(x, ctx)
         if self.upsamplers is not None:
@@ -72,7 +72,7 @@ class Encoder3D(nn.Module):
         self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, ch[-1], eps=cfg.eps)
         self.conv_out = CausalConv3d(ch[-1], 2 * cfg.latent_channels, (3, 3, 3))
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         x = self.conv_in(x, ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
@@ -93,7 +93,7 @@ class Decoder3D(nn.Module):
         self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, rev[-1], eps=cfg.eps)
         self.conv_out = CausalConv3d(rev[-1], cfg.out_channels, (3, 3, 3))
 
-    def forward(self, z: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         x = self.mid_block(self.conv_in(z, ctx), ctx)
         for block in self.up_blocks:
             x = block(x, ctx)
@@ -126,7 +126,7 @@ class SeedVR2VAE(VAEModel):
         building the memory (last slice / whole clip). `split` runs layer by layer with tile-bounded
         working memory (exact tiling; same result); `tick` is called after each of its layers.
         """
-        ctx = PassContext(self.active_fast(), state, collect, split)
+        ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
         out = self.encoder(pixels, ctx)
         return out, ctx.finish()
@@ -137,7 +137,7 @@ class SeedVR2VAE(VAEModel):
                     tick: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, State]:
         """One causal decode slice: [B,C,n,h,w] -> (pixels, memory). First slice gives 1+4(n-1)
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
-        ctx = PassContext(self.active_fast(), state, collect, split)
+        ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
         out = self.decoder(latents, ctx)
         if clamp:
@@ -161,8 +161,8 @@ class SeedVR2VAE(VAEModel):
         part = self.decoder if decode else self.encoder
         stages = _decoder_stages(part, self.config) if decode else _encoder_stages(part, self.config)
 
-        def open_context(split: Optional[SplitPolicy]) -> PassContext:
-            return PassContext(self.active_fast(), None, True, split)
+        def open_context(split: Optional[SplitPolicy]) -> SeedVR2PassContext:
+            return SeedVR2PassContext(self.active_fast(), None, True, split)
 
         def finish(y: torch.Tensor) -> torch.Tensor:
             return y.clamp_(-1.0, 1.0) if decode else y
@@ -233,8 +233,8 @@ def _encoder_stages(enc: Encoder3D, cfg: SeedVR2Config) -> list[FrameStage]:
     return [FrameStage(f"encoder stage {n}", _chain(g), 1, rest) for n, (rest, g) in enumerate(groups)]
 
 
-def _chain(layers: list[Callable]) -> Callable[[torch.Tensor, PassContext], torch.Tensor]:
-    def run(x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+def _chain(layers: list[Callable]) -> Callable[[torch.Tensor, SeedVR2PassContext], torch.Tensor]:
+    def run(x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         for layer in layers:
             x = layer(x, ctx)
         return x
@@ -250,7 +250,7 @@ class _ImageEncoder(nn.Module):
         self.vae = vae
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        ctx = PassContext(replace(self.vae.fast, image_path=True))
+        ctx = SeedVR2PassContext(replace(self.vae.fast, image_path=True))
         return self.vae.encoder(pixels.unsqueeze(2), ctx).squeeze(2)
 
 
@@ -262,5 +262,5 @@ class _ImageDecoder(nn.Module):
         self.vae = vae
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        ctx = PassContext(replace(self.vae.fast, image_path=True))
+        ctx = SeedVR2PassContext(replace(self.vae.fast, image_path=True))
         return self.vae.decoder(latents.unsqueeze(2), ctx).squeeze(2).clamp(-1.0, 1.0)

@@ -20,7 +20,7 @@ What the composition must still honour:
   pixel would be the 1×1 conv's bias, not zero: the bias is kept out of the composed weights and added
   per class, inside the frame as the conv's bias and on the border rows/columns as a correction computed
   on a 6×6 pattern;
-- causal memory: the state holds the frames the plain conv holds (its padded input's last full-resolution
+- causal cache: the state holds the frames the plain conv holds (its padded input's last full-resolution
   frames), so slices can switch paths and engines see one layout. A later slice convolves the frames it
   reads from memory at full resolution (three frame-taps) and its own frames through the composition.
 
@@ -167,7 +167,7 @@ def output_frames(zr: int, frames: int, first_slice: bool, image: bool = False) 
 
 def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     """`up.conv(up.upscale(x, ctx), ctx)` for an `Upsample3D`, through the composed atoms; takes and puts the
-    conv's causal memory exactly as that call would."""
+    conv's causal cache exactly as that call would."""
     conv = up.conv
     b, c, t, h, w = x.shape
     o = conv.out_channels
@@ -191,8 +191,8 @@ def upsample_conv(up, x: torch.Tensor, ctx) -> torch.Tensor:
     del atoms, xp
     if prev is not None:
         _add_memory_taps(out, prev, w3, patterns)
-    if ctx.collect and conv.memory_frames:
-        ctx.put(_memory_tail(up, x, prev, conv.memory_frames), conv)
+    if ctx.collect and conv.cache_frames:
+        ctx.put(_cache_tail(up, x, prev, conv.cache_frames), conv)
     return out
 
 
@@ -261,7 +261,7 @@ def _add_memory_taps(out: torch.Tensor, prev: torch.Tensor, w3: torch.Tensor, pa
         out[:, :, j] += F.conv2d(src, weight, padding=1) - credited
 
 
-def _memory_tail(up, x: torch.Tensor, prev: Optional[torch.Tensor], frames: int) -> torch.Tensor:
+def _cache_tail(up, x: torch.Tensor, prev: Optional[torch.Tensor], frames: int) -> torch.Tensor:
     """The last `frames` frames of the plain conv's padded input: the shuffled upscale of the slice's last
     low-resolution frames, preceded by the history (memory, or copies of frame 0) when those are fewer."""
     n = min(x.shape[2], math.ceil(frames / up.zr))

@@ -26,8 +26,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..oom import OutOfMemory, attempt
-from ..placement import OnDevice, Placement
+from ..memory.oom import OutOfMemory, attempt
+from ..memory.placement import OnDevice, Placement
 from ..exact_tiling import ExactPlan, LayerwisePlan, LocalStage, partition, supports_exact
 from .fast import PassGeometry, Progress
 from .grid import TileGrid

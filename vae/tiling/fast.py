@@ -2,7 +2,7 @@
 
 Not exact (GroupNorm statistics and mid-block attention see only the tile), but memory is bounded
 by the tile and the blend is a partition of unity, so a single tile reproduces the untiled pass.
-Temporal slices inside a tile carry that tile's causal memory — never restarted.
+Temporal slices inside a tile carry that tile's causal cache — never restarted.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..base import CausalStream, Progress, check_temporal_slice, split_slices
-from ..oom import OutOfMemory, attempt
-from ..placement import OnDevice, Placement
+from ..memory.oom import OutOfMemory, attempt
+from ..memory.placement import OnDevice, Placement
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry
 
@@ -61,7 +61,7 @@ def run_tiled(x: torch.Tensor, grid: TileGrid, geom: PassGeometry, open_stream: 
     """Blend per-tile outputs into one pre-allocated fp32 accumulator; returns fp32.
 
     A tile done in one temporal slice runs `whole` (the model's whole-clip pass, which keeps no
-    causal memory: a stream would hold a copy of every conv's input for a next step that never
+    causal cache: a stream would hold a copy of every conv's input for a next step that never
     comes); longer clips run a stream per tile. `blend` is the ramp width in output units. Weights are
     a partition of unity; the weight plane is still accumulated and divided out so rounding at the
     ramps cannot tint the result.

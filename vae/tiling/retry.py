@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 
 from ..base import Progress
-from ..free_memory import free_memory_bytes
-from ..oom import OutOfMemory, RetriesExhausted, release_cached
+from ..memory.device import free_memory_bytes
+from ..memory.oom import OutOfMemory, RetriesExhausted, release_cached
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Building blocks of the Wan-family causal VAE, each with an image path and a streaming video path.
 
 Every block takes either a 4-D tensor [N, C, H, W] (a single frame: the exact T = 1 fold, no cache)
-or a 5-D tensor [B, C, T, H, W] plus a `StreamContext` carrying the causal memory between steps.
+or a 5-D tensor [B, C, T, H, W] plus a `PassContext` carrying the causal cache between steps.
 Why two paths: with T = 1 the causal zero padding makes every 3x3x3 conv a 3x3 conv with the last
 temporal tap, and the time-only convs never run, so images need a third of the MACs.
 """
@@ -32,8 +32,7 @@ WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_
 """The `FastPaths` fields the Wan blocks read."""
 
 
-StreamContext = PassContext
-"""Wan's steps run the base pass context (vae/base.py), kept under the name the Wan modules use. Every memory
+"""Wan's steps run the base pass context (`PassContext`, vae/base.py). Every cache
 tensor holds the conv's whole history (`time_history` frames; a history shorter than that, such as a folded
 one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape is fixed from the first
 slice on. A temporal upsampler's "started" state is "not the first slice": every step runs every block; with a
@@ -60,7 +59,7 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu, out=out)
 
 
-def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.Tensor:
+def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: Optional[PassContext]) -> torch.Tensor:
     """conv(SiLU(norm(x))). After the first slice, with `single_buffer`, the norm writes its result straight into
     the conv's padded input (the causal history in front, `CausalConv3d.padded_input`), instead of the conv
     concatenating history and a normalised copy: one activation-sized write and read fewer per conv."""
@@ -72,7 +71,7 @@ def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: Optiona
     return conv(norm(x), ctx)
 
 
-def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_format:
+def pass_format(x: torch.Tensor, ctx: Optional[PassContext]) -> torch.memory_format:
     """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
     stored so: the kernel reads the parameter itself), else `x`'s own."""
     if ctx is not None:
@@ -80,7 +79,7 @@ def pass_format(x: torch.Tensor, ctx: Optional[StreamContext]) -> torch.memory_f
     return memory_format_of(x)
 
 
-def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[StreamContext]) -> torch.Tensor:
+def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[PassContext]) -> torch.Tensor:
     """`weight` (a parameter or a view of one) packed in `fmt`: itself when stored so, else a copy for this
     conv only (in the pass's scratch). Nothing is kept: the parameter is the only resident copy."""
     return ctx.scratch.packed(weight, fmt) if ctx is not None else weight.contiguous(memory_format=fmt)
@@ -101,12 +100,12 @@ class CausalConv3d(nn.Conv3d):
         self.pad_hw = (pad[1], pad[2])
 
     # -- image ---------------------------------------------------------------------------------
-    def image(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def image(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         weight = packed(self.weight[:, :, -1], memory_format_of(x), ctx)
         return F.conv2d(x, weight, self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
-    def video(self, x: torch.Tensor, ctx: Optional[StreamContext], fmt_ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def video(self, x: torch.Tensor, ctx: Optional[PassContext], fmt_ctx: Optional[PassContext] = None) -> torch.Tensor:
         """Causal conv over a chunk; with a context, the last input frames are kept as next step's history.
         `fmt_ctx`: the pass whose memory format and scratch a context-free call (no history) uses."""
         fmt_ctx = ctx if ctx is not None else fmt_ctx
@@ -138,7 +137,7 @@ class CausalConv3d(nn.Conv3d):
             ctx.put(tail.clone(), self)
         return out
 
-    def padded_input(self, x: torch.Tensor, ctx: StreamContext) -> Optional[torch.Tensor]:
+    def padded_input(self, x: torch.Tensor, ctx: PassContext) -> Optional[torch.Tensor]:
         """After the first slice (`single_buffer` on): this conv's padded input for `x`, [B, C, history + T, H, W]
         in the pass's layout, with the causal history (taken from the memory now) written in front and the
         frames slot (`[:, :, time_history:]`) left for the producer to fill; run it with `video_padded`.
@@ -155,7 +154,7 @@ class CausalConv3d(nn.Conv3d):
         padded[:, :, self.time_history - n_hist:self.time_history] = hist
         return padded
 
-    def video_padded(self, padded: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def video_padded(self, padded: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """The causal conv of a `padded_input` whose frames slot is filled: `video` without its concatenation."""
         out = guarded_conv3d(padded, packed(self.weight, pass_format(padded, ctx), ctx), self.bias, self.stride,
                              (0, *self.pad_hw))
@@ -167,7 +166,7 @@ class CausalConv3d(nn.Conv3d):
         return (x.shape[2] >= 2 and self.time_history == 2 and self.kernel_size[0] == 3 and self.stride[0] == 1
                 and self.dilation[0] == 1)
 
-    def _head_taps(self, x: torch.Tensor, ctx: StreamContext, fmt: torch.memory_format) -> torch.Tensor:
+    def _head_taps(self, x: torch.Tensor, ctx: PassContext, fmt: torch.memory_format) -> torch.Tensor:
         """First slice, T >= 2: the causal padding is two zero frames, so output 0 reads only tap 2 (frame 0)
         and output 1 taps 1 and 2 (frames 0, 1); the rest is a valid conv3d over the unpadded input. 3 frame-taps
         fewer than the padded conv (a third of a 3-frame slice's work), no padded copy, and the head is 2-D
@@ -189,7 +188,7 @@ class CausalConv3d(nn.Conv3d):
                                            (0, *self.pad_hw))
         return out
 
-    def skip(self, x: torch.Tensor, ctx: StreamContext) -> None:
+    def skip(self, x: torch.Tensor, ctx: PassContext) -> None:
         """This conv does not run on this (first) slice: its memory is an all-zero history, the causal padding
         it would have read, so that every step's memory has the same tensors of the same shapes."""
         if ctx.collect:
@@ -200,11 +199,11 @@ class CausalConv3d(nn.Conv3d):
         shape = (x.shape[0], x.shape[1], frames, *x.shape[3:])
         return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt).zero_()
 
-    def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
 
 
-def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[StreamContext], padding=None) -> torch.Tensor:
+def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[PassContext], padding=None) -> torch.Tensor:
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
     if x.ndim == 4:
@@ -223,7 +222,7 @@ class ResidualBlock(nn.Module):
         self.conv2 = CausalConv3d(cout, cout, 3, padding=1)
         self.conv_shortcut = CausalConv3d(cin, cout, 1) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         y = norm_conv(self.norm1, self.conv1, x, ctx)
         y = norm_conv(self.norm2, self.conv2, y, ctx)
@@ -239,14 +238,14 @@ class AttentionBlock(nn.Module):
         self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
         self.proj = nn.Conv2d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if x.ndim == 5:
             b, c, t, h, w = x.shape
             frames = x.transpose(1, 2).reshape(b * t, c, h, w)
             return self._attend(frames, ctx).reshape(b, t, c, h, w).transpose(1, 2)
         return self._attend(x, ctx)
 
-    def _attend(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         n, c, h, w = x.shape
         tokens = self.norm(x, silu=False).flatten(2).transpose(1, 2)  # [N, HW, C]
         if ctx.shard is not None:
@@ -266,7 +265,7 @@ class AttentionBlock(nn.Module):
         return add_residual(out, x, ctx.fast)
 
 
-    def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         """Every rank holds the whole latent frame: keys/values from all of it, queries from this band's rows
         only (the attention work divides), then the bands' outputs are gathered back into the whole frame."""
         n, c, h, w = x.shape
@@ -290,7 +289,7 @@ class MidBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(dim, dim), ResidualBlock(dim, dim)])
         self.attentions = nn.ModuleList([AttentionBlock(dim)])
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         x = self.resnets[0](x, ctx)
         x = self.attentions[0](x, ctx)
         return self.resnets[1](x, ctx)
@@ -324,7 +323,7 @@ class Resample(nn.Module):
         else:
             self.time_conv = None
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if self.mode.startswith("up"):
             if self.time_conv is not None and x.ndim == 5:
                 x = self._time_up(x, ctx)
@@ -337,7 +336,7 @@ class Resample(nn.Module):
             x = self._time_down(x, ctx)
         return x
 
-    def _time_up(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def _time_up(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if not ctx.first:
             return interleave_time(self.time_conv.video(x, ctx))
         if x.shape[2] == 1:
@@ -346,7 +345,7 @@ class Resample(nn.Module):
         rest = interleave_time(self.time_conv.video(x[:, :, 1:], ctx))
         return torch.cat([x[:, :, :1], rest], dim=2)
 
-    def _time_down(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def _time_down(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         prev = ctx.take()
         t = x.shape[2]
         if prev is None:
@@ -405,7 +404,7 @@ class DownResidualBlock(nn.Module):
             return avg_down(x.unsqueeze(2), self.cout, self.factor_t, self.factor_s).squeeze(2)
         return avg_down(x, self.cout, self.factor_t, self.factor_s)
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         h = x
         for r in self.resnets:
             h = r(h, ctx)
@@ -423,12 +422,12 @@ class UpResidualBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
         self.upsampler = Resample(cout, "upsample3d" if temporal else "upsample2d", up_out=cout) if up else None
 
-    def shortcut(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def shortcut(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         if x.ndim == 4:
             return dup_up(x.unsqueeze(2), self.cout, self.factor_t, 2, True).squeeze(2)
         return dup_up(x, self.cout, self.factor_t, 2, ctx.first)
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         h = x
         for r in self.resnets:
             h = r(h, ctx)
@@ -446,7 +445,7 @@ class UpBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
         self.upsamplers = nn.ModuleList([Resample(cout, mode)]) if mode else None
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
         for r in self.resnets:
             x = r(x, ctx)
         if self.upsamplers is not None:

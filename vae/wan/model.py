@@ -5,7 +5,7 @@ below depends on the count except the two pixel convs.
 Module and parameter names follow the diffusers layout (`encoder.down_blocks.*`), so a diffusers
 state dict loads as is and original/ComfyUI files go through vae/wan/keys.py.
 
-Exactness: clips run through `encode_step` / `decode_step` with explicit causal memory (the contract in
+Exactness: clips run through `encode_step` / `decode_step` with explicit causal cache (the contract in
 vae/base.py; encode: 1+4k frames, then 4k per step; decode: any number of latent frames per step) and equal
 diffusers' frame-by-frame pass for every slicing; images (T = 1) run the exact 2-D fold.
 """
@@ -25,7 +25,7 @@ from ..accel.tensor_layout import channels_last_format
 from ..exact_tiling import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
-from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, StreamContext,
+from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, PassContext,
                      UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
@@ -80,23 +80,23 @@ class Encoder(_CausalStack):
             r = self.patch_size * r + self.patch_size - 1
         return math.ceil(r / cfg.spatial_factor)
 
-    def forward_down(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def forward_down(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or StreamContext(WAN_FAST)
+        ctx = ctx or PassContext(WAN_FAST)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
         return x
 
-    def forward_mid(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def forward_mid(self, h: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or StreamContext(WAN_FAST)
+        ctx = ctx or PassContext(WAN_FAST)
         h = self.mid_block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return self._quant[0](h, ctx)
 
-    def forward(self, x: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WAN_FAST)
+    def forward(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+        ctx = ctx or PassContext(WAN_FAST)
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -124,22 +124,22 @@ class Decoder(_CausalStack):
         pixel, so it adds nothing)."""
         return footprint(spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out]))[1]
 
-    def forward_mid(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def forward_mid(self, z: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or StreamContext(WAN_FAST)
+        ctx = ctx or PassContext(WAN_FAST)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
-    def forward_up(self, h: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
+    def forward_up(self, h: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or StreamContext(WAN_FAST)
+        ctx = ctx or PassContext(WAN_FAST)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return unpatchify(h, self.patch_size)
 
-    def forward(self, z: torch.Tensor, ctx: Optional[StreamContext] = None) -> torch.Tensor:
-        ctx = ctx or StreamContext(WAN_FAST)
+    def forward(self, z: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+        ctx = ctx or PassContext(WAN_FAST)
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 
@@ -187,8 +187,8 @@ class WanVAE(VAEModel):
                                           image_channels=cfg.image_channels)
         self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
-    def context(self) -> StreamContext:
-        return StreamContext(self.active_fast())
+    def context(self) -> PassContext:
+        return PassContext(self.active_fast())
 
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_fast().channels_last:
@@ -202,7 +202,7 @@ class WanVAE(VAEModel):
 
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = StreamContext(self.active_fast(), state, collect)
+        ctx = PassContext(self.active_fast(), state, collect)
         if self._fold(pixels, state, collect):
             out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
         else:
@@ -211,7 +211,7 @@ class WanVAE(VAEModel):
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = StreamContext(self.active_fast(), state, collect)
+        ctx = PassContext(self.active_fast(), state, collect)
         if self._fold(latents, state, collect):
             out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
         else:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import self_checks
-from ...oom import is_out_of_memory
+from ...memory.oom import is_out_of_memory
 from ...tracing import tracing
 
 log = logging.getLogger("turbovae")

@@ -7,7 +7,7 @@ memory (vae/planning) holds on the device only what one step works on; each hist
 runs and out when it is written.
 
 Host memory is allocated outside PyTorch's device allocator: pinned on CUDA (fast copies), and on the CPU as
-memory of numpy's own, so that on both the allocator's count (vae/allocator_peak.py) is the device side alone,
+memory of numpy's own, so that on both the allocator's count (vae/memory/allocator.py) is the device side alone,
 which is what a plan's budget is about; on the CPU, host and device memory are one, and a held tensor is used where
 it lies (`fetch` copies nothing).
 
@@ -127,7 +127,7 @@ class OnHost:
 
 
 class OnMetaHost:
-    """`OnHost` in a pass predicted on meta tensors (vae/peak_memory.py `LiveBytes`): held tensors count as host
+    """`OnHost` in a pass predicted on meta tensors (vae/memory/peak.py `LiveBytes`): held tensors count as host
     memory, and a fetch is a device copy where the planned device is not the CPU."""
 
     on_host = True

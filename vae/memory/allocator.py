@@ -1,11 +1,11 @@
 """A pass's peak memory as the allocator saw it: the measurement every prediction is checked against.
 
-Why a second count: the prediction (vae/peak_memory.py) counts the storages a pass creates, on meta tensors; a
+Why a second count: the prediction (vae/memory/peak.py) counts the storages a pass creates, on meta tensors; a
 count of our own cannot prove itself. The allocator can: on CUDA its `max_memory_allocated`; on the CPU the
 profiler's allocation events (every allocation and free of PyTorch's CPU allocator, with its address, size and
 time, including the buffers a kernel allocates inside one op, which no count of op outputs sees).
 
-Host-held tensors: a plan that keeps tensors in host memory (vae/placement.py) allocates them outside PyTorch's
+Host-held tensors: a plan that keeps tensors in host memory (vae/memory/placement.py) allocates them outside PyTorch's
 allocator (pinned memory on CUDA; on the CPU, memory of numpy's own), so on both devices the allocator's count is
 the device side alone, as a GPU's would be, and the placement reports the host side.
 """

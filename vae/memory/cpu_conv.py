@@ -7,7 +7,7 @@ fp32 only when N·C·D·H > 20480 or the kernel is larger than 3×3 or …, else
 the kernels differ by tens of times the output in what they hold while they run. The choice is PyTorch's own
 (`torch._C._select_conv_backend`, asked with stride-0 CPU tensors of the call's shapes: it reads shapes, dtype,
 parameters and the thread count, never the data, so nothing is allocated), and so is the output's layout
-(`torch._C._conv_determine_backend_memory_format`). Measured with vae/allocator_peak.py on one AMD EPYC
+(`torch._C._conv_determine_backend_memory_format`). Measured with vae/memory/allocator.py on one AMD EPYC
 (AVX-512), torch 2.13 CPU, fp32, 2 threads, single convs (tests/test_prediction_accuracy.py keeps checking them):
 
 - `Slow3d` / `Slow2d` (ConvolutionMM3d.cpp, ConvolutionMM2d.cpp): a contiguous copy of the input and of the

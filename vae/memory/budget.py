@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from .free_memory import USABLE_FRACTION, free_memory_bytes
+from .device import USABLE_FRACTION, free_memory_bytes
 
 log = logging.getLogger("turbovae")
 

@@ -1,6 +1,6 @@
 """What real kernels allocate that their meta kernels do not show, per device type (`LiveBytes.op_memory`).
 
-Why: a pass's peak is predicted by running its code on meta tensors (vae/peak_memory.py), which sees every
+Why: a pass's peak is predicted by running its code on meta tensors (vae/memory/peak.py), which sees every
 tensor an op returns but nothing an op allocates inside itself, and lays outputs out as the meta kernel says,
 which is not always what the real kernel returns. Both change the allocator's peak. Each rule here is read off a
 measurement, named where it is used:
@@ -9,14 +9,14 @@ measurement, named where it is used:
   conv3d on contiguous tensors holds a transposed copy of its input and of its output while it runs
   (extra = input + output); channels-last convs hold nothing measurable; scaled-dot-product attention holds twice
   its output.
-- CPU (one AMD EPYC with AVX-512, torch 2.13, fp32; vae/allocator_peak.py's profiler allocation events of single
+- CPU (one AMD EPYC with AVX-512, torch 2.13, fp32; vae/memory/allocator.py's profiler allocation events of single
   ops and whole passes, tests/test_prediction_accuracy.py): convolutions by the kernel PyTorch picks for the
-  call's shapes (vae/cpu_conv_memory.py: im2col columns and plain copies for its own kernels; oneDNN's blocked
+  call's shapes (vae/memory/cpu_conv.py: im2col columns and plain copies for its own kernels; oneDNN's blocked
   reorders, and channels-last outputs where the meta kernel says contiguous); `aten.group_norm` on an input not
   dense in its suggested layout holds a copy of it (a frame-major view of a contiguous clip, [5, 16, 256, 256]:
   20.0 MiB, the input's size). Paths the CPU takes by device rather than by op (the in-place channels-last
   GroupNorm, the 1×1-conv GEMM, the reused weight-packing buffer) are taken by the meta pass itself
-  (vae/meta_device.py), not modelled here.
+  (vae/memory/meta_device.py), not modelled here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch._prims_common import suggest_memory_format
 
-from . import cpu_conv_memory
+from . import cpu_conv as cpu_conv_memory
 
 aten = torch.ops.aten
 

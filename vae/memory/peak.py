@@ -29,18 +29,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import norms
-from .base import VAEModel, run_slices
-from .accel.switches import FastPaths, active
-from .accel import self_checks
+from .. import norms
+from ..base import VAEModel, run_slices
+from ..accel.switches import FastPaths, active
+from ..accel import self_checks
 from .meta_device import predicting_for
-from .op_memory import op_memory_for
-from .norms import fused_norms_possible
-from .gpu_defaults import channels_last_applies
+from .op_rules import op_memory_for
+from ..norms import fused_norms_possible
+from ..gpu_defaults import channels_last_applies
 
 
 class OpMemory(Protocol):
-    """What the real kernels of one device type do that their meta kernels do not show (vae/op_memory.py): memory
+    """What the real kernels of one device type do that their meta kernels do not show (vae/memory/op_rules.py): memory
     alive only inside an op (workspaces, layout copies, im2col buffers) and outputs laid out otherwise than the
     meta kernel lays them out (which changes the copies the code after them makes)."""
 
@@ -57,8 +57,8 @@ class LiveBytes(TorchDispatchMode):
     counted, also when an op returns a view of them. Works on meta tensors (prediction) and on real ones
     (measurement of the same quantity on the CPU).
 
-    `op_memory` adds what the real kernels allocate inside an op (vae/op_memory.py) to the peak while that op
-    runs. Storages handed to `hold_on_host` are held in host memory by the pass (vae/placement.py): they count in
+    `op_memory` adds what the real kernels allocate inside an op (vae/memory/op_rules.py) to the peak while that op
+    runs. Storages handed to `hold_on_host` are held in host memory by the pass (vae/memory/placement.py): they count in
     `host_live` / `host_peak`, never in the device count."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = (), op_memory: Optional[OpMemory] = None):
@@ -133,7 +133,7 @@ class PeakPrediction:
     input_bytes: int
     weight_bytes: int
     temporal_slice: Optional[int]
-    host_bytes: int = 0  # the most a plan holds in host memory at once (vae/placement.py); not in `pass_bytes`
+    host_bytes: int = 0  # the most a plan holds in host memory at once (vae/memory/placement.py); not in `pass_bytes`
 
     @property
     def total_bytes(self) -> int:
@@ -168,7 +168,7 @@ class MetaFusedNorms:
 @contextmanager
 def meta_pass_for(device_type: str, fused_norms: bool = False) -> Iterator[None]:
     """What a meta pass predicting a pass on `device_type` runs under: the fused norms' allocations where they run,
-    and wherever code picks its path by the device, that device's path (vae/meta_device.py: attention's fused
+    and wherever code picks its path by the device, that device's path (vae/memory/meta_device.py: attention's fused
     kernel; on the CPU the in-place channels-last GroupNorm, the 1×1-conv GEMM, the reused weight-packing
     buffer), so the paths predicted are the paths that will run."""
     with norms.meta_fused_norms(MetaFusedNorms() if fused_norms else None), predicting_for(device_type):
@@ -182,7 +182,7 @@ class PassPaths:
 
     fast: FastPaths
     fused_norms: bool = False
-    device_type: str = "cpu"  # whose kernels run the pass (what vae/op_memory.py models inside ops)
+    device_type: str = "cpu"  # whose kernels run the pass (what vae/memory/op_rules.py models inside ops)
 
     @classmethod
     def of(cls, model: VAEModel, device: Union[str, torch.device], dtype: torch.dtype) -> "PassPaths":

@@ -15,8 +15,8 @@ import torch
 
 from .base import VAEModel
 from .dtypes import parse_dtype
-from .memory_budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes
-from .peak_memory import MetaPasses, PassPaths
+from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes
+from .memory.peak import MetaPasses, PassPaths
 from .planning import PassPlan, PlanRequest
 from .planning.search import plan_pass as search_plan
 
