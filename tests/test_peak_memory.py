@@ -10,13 +10,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget, default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES
 from turbovae.vae.memory.peak import LiveBytes, MetaPasses, PassPaths, meta_pass_peak, predict_pass
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 from turbovae.vae.wan import TINY_WAN21, WanVAE
+
+from peak_checks import measured_and_predicted
 
 
 def _models():
@@ -58,17 +59,7 @@ def test_prediction_matches_the_measured_cpu_peak():
             model.fast = replace(FastPaths(), channels_last=channels_last)
             for decode, shape, k in CASES:
                 shape = tuple(model.latent_format.channels if d is None else d for d in shape)
-                x = torch.randn(shape).clamp(-1, 1)
-
-                def run():
-                    if decode:
-                        return model.decode_latents(x, temporal_slice=k)
-                    return model.encode_moments(x, temporal_slice=k)
-
-                with torch.inference_mode():
-                    run()
-                    measured = measure_peak(run, "cpu")[0].device_bytes
-                predicted = predict_pass(model, shape, decode=decode, temporal_slice=k).pass_bytes
+                measured, predicted = measured_and_predicted(model, decode, shape, k)
                 assert -0.05 * measured <= predicted - measured <= 0.10 * measured, \
                     (model.kind, channels_last, decode, shape, k, predicted, measured)
 

@@ -58,11 +58,14 @@ def _third_or_floor(plan_at) -> int:
         return int(re.search(r"the smallest needs (\d+) MB", str(e)).group(1)) * MB
 
 
-def _plan(model, x, decode, budget, **request):
+def _plan(model, x, decode, budget, copies=None, **request):
+    """The planner's choice at `budget`; `copies`: meta copies and predictions a test's earlier plans of the same
+    model made (a prediction depends on the model, plan and paths alone), else fresh ones."""
     separate = request.pop("host_is_separate", True)
     return plan_pass(model, tuple(x.shape), decode=decode, budget_bytes=int(budget),
                      paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
-                     request=PlanRequest(host_is_separate=separate, **request), copies=MetaPasses(model))
+                     request=PlanRequest(host_is_separate=separate, **request),
+                     copies=MetaPasses(model) if copies is None else copies)
 
 
 # -- the search ----------------------------------------------------------------------------------------------
@@ -74,18 +77,19 @@ def test_the_fastest_plan_when_it_fits_and_thriftier_plans_as_the_budget_falls(m
     prediction. Below the floor: BudgetTooSmall naming the smallest budget, which then works."""
     model = models["qwen_image"]
     x = _input(model, True, 5, (16, 24))
-    roomy = _plan(model, x, True, 2**40)
+    copies = MetaPasses(model)
+    roomy = _plan(model, x, True, 2**40, copies)
     assert roomy.mode == "untiled" and roomy.fits
     budget = roomy.predicted.pass_bytes
     seen = []
     for _ in range(8):
         budget = int(budget * 0.6)
         try:
-            plan = _plan(model, x, True, budget)
+            plan = _plan(model, x, True, budget, copies)
         except BudgetTooSmall as e:
             need = int(re.search(r"the smallest needs (\d+) MB", str(e)).group(1))
             assert need * MB > budget
-            assert _plan(model, x, True, need * MB).fits  # the budget the error names is enough
+            assert _plan(model, x, True, need * MB, copies).fits  # the budget the error names is enough
             break
         assert plan.predicted.pass_bytes <= budget, plan.describe()
         seen.append(plan)
@@ -133,15 +137,16 @@ def test_host_memory_only_where_host_memory_is_apart(models):
     made on this machine, host_is_separate, may)."""
     model = models["seedvr2"]
     x = _input(model, True, 3, (16, 16))
+    copies = MetaPasses(model)
     floor_cpu = None
     try:
-        _plan(model, x, True, 1, host_is_separate=False)
+        _plan(model, x, True, 1, copies, host_is_separate=False)
     except BudgetTooSmall as e:
         floor_cpu = int(re.search(r"the smallest needs (\d+) MB", str(e)).group(1))
-    plan = _plan(model, x, True, floor_cpu * MB, host_is_separate=False)
+    plan = _plan(model, x, True, floor_cpu * MB, copies, host_is_separate=False)
     assert not plan.on_host
     with pytest.raises(BudgetTooSmall) as e:
-        _plan(model, x, True, 1, host_is_separate=True)
+        _plan(model, x, True, 1, copies, host_is_separate=True)
     assert "host memory" in str(e.value)
 
 
@@ -198,8 +203,9 @@ def test_a_planned_pass_stays_within_its_budget_by_the_allocator(models, key):
         x = _input(model, decode, 4, hw)
         with torch.inference_mode():
             ref = model.decode_latents(x) if decode else model.encode_moments(x)
-        budget = _third_or_floor(lambda b: _plan(model, x, decode, b))
-        plan = _plan(model, x, decode, budget)
+        copies = MetaPasses(model)
+        budget = _third_or_floor(lambda b: _plan(model, x, decode, b, copies))
+        plan = _plan(model, x, decode, budget, copies)
         with torch.inference_mode():
             measured, out = measure_peak(lambda: run_plan(model, x, plan), "cpu")
         assert (out.float() - ref).abs().max().item() <= 1e-5, plan.layout()

@@ -17,8 +17,10 @@ from turbovae.vae.memory import cpu_conv as cpu_conv_memory
 from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.memory.op_rules import CpuOpMemory
-from turbovae.vae.memory.peak import LiveBytes, predict_pass
+from turbovae.vae.memory.peak import LiveBytes
 from turbovae.vae.registry import family
+
+from peak_checks import measured_and_predicted
 
 LOW, HIGH = -0.05, 0.10  # the issue's bound: never under by more than 5 %, never over by more than 10 %
 
@@ -45,21 +47,8 @@ def _error(key: str, real: bool, decode: bool, shape: tuple, temporal_slice: Opt
         shape = (shape[0], fmt.channels, *shape[2:])
     elif shape[1] == PX:  # sized in pixels: the family's latents of that image
         shape = (shape[0], fmt.channels, shape[2], shape[3] // fmt.spatial_factor, shape[4] // fmt.spatial_factor)
-
-    def run(x: torch.Tensor):
-        if decode:
-            return model.decode_latents(x, temporal_slice=temporal_slice)
-        return model.encode_moments(x, temporal_slice=temporal_slice)
-
-    x = torch.randn(shape).clamp(-1, 1)
-    smallest = (*shape[:2], 1, *(2 * (1 if decode else fmt.spatial_factor) for _ in shape[3:]))
-    with torch.inference_mode():
-        # once before, on the smallest input of the direction: what a first call alone allocates (the kernels'
-        # one-time set-up) is no part of a pass's peak; a first call of the case's own size measured the same
-        run(torch.randn(smallest).clamp(-1, 1) if real else x)
-        measured, _ = measure_peak(lambda: run(x), "cpu")
-        predicted = predict_pass(model, shape, decode=decode, temporal_slice=temporal_slice).pass_bytes
-    return (predicted - measured.device_bytes) / measured.device_bytes, predicted, measured.device_bytes
+    measured, predicted = measured_and_predicted(model, decode, shape, temporal_slice)
+    return (predicted - measured) / measured, predicted, measured
 
 
 FAMILIES = ["seedvr2", "qwen_image", "wan2.2"]
@@ -105,9 +94,9 @@ def test_real_config_images_predict_the_allocator_peak(key, decode, shape, k, ch
 
 REAL_SLOW = [(key, *case) for key in FAMILIES for case in [
     (True, (1, PX, 1, 128, 128), None),
-    (True, (1, PX, 2, 128, 256), 1),
-    (True, (1, PX, 3, 192, 128), 2),
-    (True, (1, PX, 3, 128, 128), None),
+    (True, (1, PX, 2, 64, 128), 1),
+    (True, (1, PX, 3, 96, 64), 2),
+    (True, (1, PX, 3, 64, 64), None),
     (False, (1, 3, 5, 64, 64), 1),
     (False, (1, 3, 9, 64, 64), 2),
     (False, (1, 3, 5, 128, 128), None),
@@ -118,7 +107,7 @@ REAL_SLOW = [(key, *case) for key in FAMILIES for case in [
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "contiguous"])
 @pytest.mark.parametrize("key,decode,shape,k", REAL_SLOW)
 def test_real_configs_predict_the_allocator_peak(key, decode, shape, k, channels_last):
-    """Real configs, decode and encode, whole and sliced clips (5-60 s each on two cores)."""
+    """Real configs, decode and encode, whole and sliced clips."""
     err, predicted, measured = _error(key, True, decode, shape, k, channels_last)
     assert LOW <= err <= HIGH, (predicted, measured, f"{err:+.1%}")
 
