@@ -30,7 +30,8 @@ from ..vae.dtypes import working_dtype
 from ..vae.memory.budget import BudgetTooSmall
 from ..vae.planning import PlanRequest, plan_pass, run_plan
 from ..vae.registry import families
-from .common import BenchOptions, BenchRow, max_abs, psnr
+from .common import BenchOptions, BenchRow
+from ..vae.measuring import max_abs, psnr
 from .models import build_model
 
 SECTION = "budget"

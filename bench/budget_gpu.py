@@ -181,7 +181,7 @@ def _kinds(vae, x, decode: bool, device) -> list[dict]:
 
     from ..vae.memory.allocator import measure_peak
     from ..vae.planning import PassPlan, predict_plan, run_plan
-    from .common import max_abs, psnr
+    from ..vae.measuring import max_abs, psnr
 
     fmt = vae.latent_format
     hw = (x.shape[-2], x.shape[-1]) if decode else (x.shape[-2] // fmt.spatial_factor, x.shape[-1] // fmt.spatial_factor)

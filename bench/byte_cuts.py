@@ -22,7 +22,8 @@ import torch
 from . import op_costs
 from .bytes_roofline import pass_of
 from .fidelity import model_shapes
-from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms
+from .common import BenchOptions, BenchRow, interleaved_ms
+from ..vae.seeded_weights import fan_in_weights
 from .family_names import WAN21, WAN22
 from ..vae.accel.switches import FastPaths
 

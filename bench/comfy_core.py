@@ -40,7 +40,8 @@ import torch
 
 from ..vae.registry import Family, families
 from ..vae.registry import family as registry_family
-from .common import BenchRow, max_abs, psnr
+from .common import BenchRow
+from ..vae.measuring import max_abs, psnr
 
 
 def core_families() -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Timing, memory and table/JSON helpers shared by every benchmark section.
 
 The error metrics, the device sync and the seeded weights are the library's (vae/measuring.py,
-vae/seeded_weights.py: the doctor uses them too); the sections take them from here with the rest.
+vae/seeded_weights.py: the doctor uses them too); the sections import them from there.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..trt.fileio import atomic_write_text
-from ..vae.measuring import max_abs, psnr, sync  # noqa: F401 - max_abs, psnr: for the sections
-from ..vae.seeded_weights import fan_in_weights  # noqa: F401 - for the sections
+from ..vae.measuring import sync
 
 
 @dataclass

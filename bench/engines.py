@@ -19,7 +19,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, interleaved_ms, time_ms
+from ..vae.measuring import max_abs, psnr
+from ..vae.seeded_weights import fan_in_weights
 from .family_names import SEEDVR2, WAN21, WAN22
 from .models import checkpoint_for, family_model
 

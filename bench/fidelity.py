@@ -30,7 +30,8 @@ import torch
 from ..trt.fileio import atomic_write_text
 from ..vae.accel.switches import FastPaths
 from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
-from .common import environment, fan_in_weights, interleaved_ms
+from .common import environment, interleaved_ms
+from ..vae.seeded_weights import fan_in_weights
 from .family_names import QWEN, SEEDVR2, WAN22
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)

@@ -43,7 +43,8 @@ from ..vae.memory.budget import BudgetTooSmall, default_budget_bytes
 from ..vae.planning import PlanRequest, plan_pass
 from ..vae.memory.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
 from ..vae.memory.peak import MetaPasses, PassPaths
-from .common import BenchOptions, BenchRow, cuda_peak_mb, max_abs, psnr, time_ms
+from .common import BenchOptions, BenchRow, cuda_peak_mb, time_ms
+from ..vae.measuring import max_abs, psnr
 from .device_peaks import DEVICE_PEAKS
 from .family_names import QWEN, SEEDVR2
 from .models import build_model

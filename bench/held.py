@@ -21,7 +21,9 @@ import torch
 from ..vae.api import TurboVAE, load_checkpoint
 from ..vae.dtypes import working_dtype
 from ..vae.registry import Family, families
-from .common import BenchOptions, BenchRow, fan_in_weights, sync
+from .common import BenchOptions, BenchRow
+from ..vae.measuring import sync
+from ..vae.seeded_weights import fan_in_weights
 from .main import PeakMemory, resident_mb
 from .report import HELD_SECTION
 

@@ -81,7 +81,7 @@ def profile_case(model, case, device, dtype, top: int) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .common import sync
+    from ..vae.measuring import sync
     from .gpu import resolve_slice
 
     cuda = device.type == "cuda"

@@ -37,7 +37,9 @@ from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from ..vae.registry import Family, families
 from ..vae.registry import family as registry_family
-from .common import BenchOptions, BenchRow, fan_in_weights, interleaved_ms, max_abs, psnr, sync
+from .common import BenchOptions, BenchRow, interleaved_ms
+from ..vae.measuring import max_abs, psnr, sync
+from ..vae.seeded_weights import fan_in_weights
 
 if TYPE_CHECKING:
     from .comfy_core import CoreSide

@@ -32,7 +32,8 @@ import torch.multiprocessing as mp
 from ..vae.api import TurboVAE
 from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiled import decode_tiled, encode_tiled
-from .common import BenchOptions, BenchRow, max_abs, sync
+from .common import BenchOptions, BenchRow
+from ..vae.measuring import max_abs, sync
 from .family_names import SEEDVR2, WAN21
 from .models import family_model, seeded_init
 from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported

@@ -19,7 +19,8 @@ from ..vae.dtypes import working_dtype
 from ..vae.accel.switches import FastPaths, ablations
 from ..vae.wan import WAN21, WanConfig, WanVAE, build, expected_shapes
 from ..vae.wan.config import diffusers_kwargs
-from .common import BenchOptions, BenchRow, max_abs, measure, psnr
+from .common import BenchOptions, BenchRow, measure
+from ..vae.measuring import max_abs, psnr
 
 SECTION = "qwen"
 

@@ -22,7 +22,8 @@ from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from ..vae.wan import QWEN_IMAGE_LAYERED, TINY_WAN21, build
 from ..vae.wan.config import diffusers_kwargs
-from .common import BenchOptions, BenchRow, max_abs, measure, psnr
+from .common import BenchOptions, BenchRow, measure
+from ..vae.measuring import max_abs, psnr
 from .qwen import reference_cls, weights
 
 SECTION = "qwen_layered"

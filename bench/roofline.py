@@ -25,7 +25,8 @@ from ..vae.dtypes import working_dtype
 from ..vae.norms import matmul
 from ..vae.registry import family
 from . import main, op_costs
-from .common import BenchOptions, BenchRow, sync
+from .common import BenchOptions, BenchRow
+from ..vae.measuring import sync
 from .family_names import QWEN_IMAGE, SEEDVR2
 
 SECTION = "roofline"

@@ -70,8 +70,9 @@ def run_default_job(opts: BenchOptions, env: dict, out: Path) -> int:
     from .report import format_text
 
     table = lambda rows: format_text([r.__dict__ | {"speedup": r.speedup} for r in rows])  # noqa: E731
-    if job.needs_reference_package():
-        print(job.needs_reference_package(), file=sys.stderr)
+    hint = job.needs_reference_package()
+    if hint:
+        print(hint, file=sys.stderr)
     if not opts.comfyui:
         from .comfy_core import ADD_ROWS_HINT
 

@@ -16,7 +16,9 @@ from ..vae.api import load_checkpoint
 from ..vae.dtypes import working_dtype
 from ..vae.accel.switches import FastPaths, ablations
 from ..vae.seedvr2 import SeedVR2VAE, expected_shapes
-from .common import BenchOptions, BenchRow, fan_in_weights, max_abs, measure, psnr
+from .common import BenchOptions, BenchRow, measure
+from ..vae.measuring import max_abs, psnr
+from ..vae.seeded_weights import fan_in_weights
 
 SECTION = "seedvr2"
 

@@ -17,7 +17,8 @@ import torch
 
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
-from .common import BenchOptions, BenchRow, interleaved_ms, max_abs, sync
+from .common import BenchOptions, BenchRow, interleaved_ms
+from ..vae.measuring import max_abs, sync
 from .family_names import SEEDVR2, WAN21
 from .models import family_model, seeded_init
 

@@ -22,7 +22,8 @@ import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
 from ..vae.registry import family
-from .common import BenchOptions, BenchRow, max_abs, psnr
+from .common import BenchOptions, BenchRow
+from ..vae.measuring import max_abs, psnr
 from .content import synthetic_clip, synthetic_image
 from .family_names import QWEN, SEEDVR2
 from .models import checkpoint_for

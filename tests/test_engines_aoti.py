@@ -14,7 +14,7 @@ import torch
 from engines_toy import edit_manifest, save_toy_checkpoint, toy_checkpoint  # noqa: E402
 
 import turbovae  # noqa: E402
-from turbovae.bench.common import psnr  # noqa: E402
+from turbovae.vae.measuring import psnr  # noqa: E402
 from turbovae.trt.buckets import Bucket, static_table  # noqa: E402
 from turbovae.trt.build import build_engine_set  # noqa: E402
 from turbovae.trt.engine_vae import EngineFallbackWarning, EngineVAE  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from turbovae.bench.common import psnr
+from turbovae.vae.measuring import psnr
 from turbovae.trt.buckets import Bucket, multi_profile_table, static_table
 from turbovae.trt.build import build_engine_set
 from turbovae.trt.engine_set import EngineSet

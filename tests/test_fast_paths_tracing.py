@@ -209,7 +209,7 @@ def test_conv3d_route_under_export_uses_the_decided_state(monkeypatch):
 def test_real_bf16_slice_engines_compile_and_serve_with_gpu_paths_live(tmp_path):
     """The CUDA test's chain (tests/test_engines_video.py `_real_compile_chain`, bf16) on CPU with the GPU-only
     paths live: export, AOTInductor compile, load and the clip served by the engines within the bf16 bar."""
-    from turbovae.bench.common import psnr
+    from turbovae.vae.measuring import psnr
 
     import test_engines_video as video
 
