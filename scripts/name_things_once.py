@@ -214,7 +214,7 @@ def main() -> int:
     for path in tracked():
         if path.startswith(LEAVE_TEXT) or Path(path).suffix not in TEXT_SUFFIXES:
             continue
-        if dry and path in MOVES and MOVES[path] in was_at:  # not moved in a dry run: read it where it is, as if it had moved
+        if dry and path in MOVES and MOVES[path] in was_at:  # a dry run moved nothing: read it where it is
             path = MOVES[path]
             file = ROOT / was_at[path]
         else:

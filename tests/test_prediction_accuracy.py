@@ -178,8 +178,8 @@ def test_backend_is_asked_without_memory_and_answers_as_for_real_tensors(xs, ws,
 
 def test_channels_last_group_norm_is_predicted_in_place():
     """The CPU's channels-last GroupNorm writes into its input when the caller allows it (vae/norms.py); a meta
-    pass for the CPU takes the same path (vae/memory/meta_device.py), so a norm that allocates nothing beyond its chunked
-    statistics is predicted so, not as a new activation-sized output."""
+    pass for the CPU takes the same path (vae/memory/meta_device.py), so a norm that allocates nothing beyond its
+    chunked statistics is predicted so, not as a new activation-sized output."""
     from turbovae.vae import norms
     from turbovae.vae.memory.peak import meta_pass_for
 

@@ -7,8 +7,8 @@ Modes:
 - "exact": exact tiles (equal to the untiled pass, fp32 ≤ 1e-4) of `tile_px` (512 px by default; 0: sized by the
   budget).
 - "fast": independent tiles blended with raised-cosine ramps (not exact; PSNR in the docs).
-On out-of-memory (any allocation failure `vae.memory.oom` recognises) the tile that failed is redone at half the size and
-the finished tiles are kept (vae/tiling/retry.py); at the floor the temporal slice is halved; then a clear
+On out-of-memory (any allocation failure `vae.memory.oom` recognises) the tile that failed is redone at half the
+size and the finished tiles are kept (vae/tiling/retry.py); at the floor the temporal slice is halved; then a clear
 MemoryError states the numbers.
 """
 

@@ -26,7 +26,8 @@ from ..memory.placement import Placement
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
-from .layers import CausalConv3d, Downsample3D, MidBlock3D, SeedVR2PassContext, ResnetBlock3D, Upsample3D, norm_silu_conv
+from .layers import (CausalConv3d, Downsample3D, MidBlock3D, ResnetBlock3D, SeedVR2PassContext, Upsample3D,
+                     norm_silu_conv)
 from .layerwise import SplitPolicy, normalised_convs
 
 class DownBlock3D(nn.Module):
