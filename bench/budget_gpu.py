@@ -29,11 +29,18 @@ GB = 2**30
 MB = 2**20
 
 
+SLACK_GB = 1.0  # allocator slack between the pass's budget and the process limit (kernels' workspaces, rounding)
+ALLOC_CONF = "expandable_segments:True"  # the children's allocator: no stranded split blocks, as a card running
+# ComfyUI (cudaMallocAsync by default) would not strand them either; every row records it
+
+
 @dataclass(frozen=True)
 class GpuCase:
-    """`family` (registry key), a pass over `frames` pixel frames of `height`×`width`, planned under `budget_gb`
-    in a process limited to `limit_gb` of device memory (None: unconstrained, the default budget); `expected_s` what
-    it should take on an H100/H200 (the start, the model's build and the pass), `kinds`: what it checks."""
+    """`family` (registry key), a pass over `frames` pixel frames of `height`×`width`. Memory, three ways:
+    `budget_gb` alone: planned under that budget, in a process limited to the budget plus what it already holds
+    (weights, input) plus `SLACK_GB`; `limit_gb` alone: a card of that size — the process is limited to it and the
+    budget is what is left after weights, input and `SLACK_GB`; neither: unconstrained, the default budget.
+    `expected_s`: what it should take on an H100/H200 (the start, the model's build, the plan and the pass)."""
 
     key: str
     family: str
@@ -48,27 +55,48 @@ class GpuCase:
     # "diffusers": diffusers' eager decode of the same weights, warm (the reference the clip targets are against)
 
 
+def budget_and_limit(case: GpuCase, held_bytes: int) -> tuple[Optional[int], Optional[int]]:
+    """(the pass's budget, the process limit) in bytes for a case whose process already holds `held_bytes`
+    (weights and input): see `GpuCase`. A card too small for what it holds gets a budget of 0 (the planner's
+    typed error names what would fit)."""
+    if case.budget_gb is not None and case.limit_gb is not None:
+        raise ValueError(f"{case.key}: give budget_gb or limit_gb, not both")
+    slack = int(SLACK_GB * GB)
+    if case.budget_gb is not None:
+        budget = int(case.budget_gb * GB)
+        return budget, budget + held_bytes + slack
+    if case.limit_gb is not None:
+        limit = int(case.limit_gb * GB)
+        return max(0, limit - held_bytes - slack), limit
+    return None, None
+
+
 CASES = (
+    # the re-checks and the cases the last lease left open, first
     GpuCase("kinds-seedvr2", SEEDVR2, True, 9, 256, 384, None, None, 40, check="kinds"),
+    GpuCase("wan21-enc-1080p81-6g", QWEN_IMAGE, False, 81, 1080, 1920, 6, None, 40),
+    GpuCase("wan22-enc-1088x1920x81-6g", WAN22, False, 81, 1088, 1920, 6, None, 45),
+    GpuCase("wan22-dec-1088x1920x81-6g", WAN22, True, 81, 1088, 1920, 6, None, 45),
+    GpuCase("seedvr2-enc-1080p81-6g", SEEDVR2, False, 81, 1080, 1920, 6, None, 90),
+    # cards of 8, 12 and 24 GB against unconstrained, on the same machine
+    GpuCase("wan21-dec-720p81-free", QWEN_IMAGE, True, 81, 720, 1280, None, None, 25),
+    GpuCase("wan21-dec-720p81-card8g", QWEN_IMAGE, True, 81, 720, 1280, None, 8, 25),
+    GpuCase("wan21-dec-720p81-card12g", QWEN_IMAGE, True, 81, 720, 1280, None, 12, 25),
+    GpuCase("wan21-dec-720p81-card24g", QWEN_IMAGE, True, 81, 720, 1280, None, 24, 25),
+    GpuCase("seedvr2-dec-720p21-free", SEEDVR2, True, 21, 720, 1280, None, None, 35),
+    GpuCase("seedvr2-dec-720p21-card8g", SEEDVR2, True, 21, 720, 1280, None, 8, 35),
+    GpuCase("seedvr2-dec-720p21-card12g", SEEDVR2, True, 21, 720, 1280, None, 12, 35),
+    GpuCase("seedvr2-dec-720p21-card24g", SEEDVR2, True, 21, 720, 1280, None, 24, 35),
+    GpuCase("seedvr2-dec-1080p81-6g", SEEDVR2, True, 81, 1080, 1920, 6, None, 130),
+    # measured by the last lease (docs/results/2026-11-27-h200-budget-gpu-call*.json), rerun when time is left
     GpuCase("kinds-qwen", QWEN_IMAGE, True, 9, 256, 384, None, None, 30, check="kinds"),
-    GpuCase("wan21-dec-1080p81-6g", QWEN_IMAGE, True, 81, 1080, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-720p21-12g", SEEDVR2, True, 21, 720, 1280, 12, 16, 40),
-    GpuCase("seedvr2-dec-720p21-free", SEEDVR2, True, 21, 720, 1280, None, None, 40),
-    GpuCase("wan21-dec-720p81-10g", QWEN_IMAGE, True, 81, 720, 1280, 10.3, 12, 40),
+    GpuCase("wan21-dec-1080p81-6g", QWEN_IMAGE, True, 81, 1080, 1920, 6, None, 40),
     GpuCase("diffusers-wan21-dec-720p81", QWEN_IMAGE, True, 81, 720, 1280, None, None, 45, check="diffusers"),
-    GpuCase("wan22-dec-1088x1920x81-6g", WAN22, True, 81, 1088, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-1080p81-6g", SEEDVR2, True, 81, 1080, 1920, 6, 8, 150),
-    GpuCase("wan21-dec-720p81-free", QWEN_IMAGE, True, 81, 720, 1280, None, None, 40),
-    GpuCase("seedvr2-enc-1080p81-6g", SEEDVR2, False, 81, 1080, 1920, 6, 8, 120),
-    GpuCase("wan21-enc-1080p81-6g", QWEN_IMAGE, False, 81, 1080, 1920, 6, 8, 60),
-    GpuCase("wan22-enc-1088x1920x81-6g", WAN22, False, 81, 1088, 1920, 6, 8, 60),
-    GpuCase("seedvr2-dec-720p81-4g", SEEDVR2, True, 81, 720, 1280, 4, 6, 90),
-    GpuCase("wan21-dec-720p81-4g", QWEN_IMAGE, True, 81, 720, 1280, 4, 6, 40),
-    GpuCase("wan21-dec-720p81-24g", QWEN_IMAGE, True, 81, 720, 1280, 24, 24, 40),
-    GpuCase("wan21-dec-720p81-12g", QWEN_IMAGE, True, 81, 720, 1280, 12, 12, 40),
-    GpuCase("wan21-dec-720p81-8g", QWEN_IMAGE, True, 81, 720, 1280, 8, 8, 40),
+    GpuCase("seedvr2-dec-720p81-4g", SEEDVR2, True, 81, 720, 1280, 4, None, 90),
+    GpuCase("wan21-dec-720p81-4g", QWEN_IMAGE, True, 81, 720, 1280, 4, None, 30),
 )
 DRY = {"frames": 9, "height": 64, "width": 96}  # the dry run's size (tiny configs), budgets scaled below
+DRY_GB = 4 * MB  # what a GB of a case's budget or limit is in the dry run
 
 
 def _now() -> float:
@@ -90,9 +118,6 @@ def run_case(case: GpuCase, dry: bool) -> dict:
     device = torch.device("cpu" if dry else "cuda")
     dtype = torch.float32 if dry else torch.bfloat16
     t0 = _now()
-    if case.limit_gb is not None and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, case.limit_gb * GB / total), torch.cuda.current_device())
     fam = family(case.family)
     model = seeded_init(fam.build_model(fam.config(real=not dry))).eval().to(device=device, dtype=dtype)
     vae = TurboVAE(model)
@@ -106,8 +131,21 @@ def run_case(case: GpuCase, dry: bool) -> dict:
     else:
         x = torch.randn(1, fmt.image_channels, frames, height, width, generator=g).clamp_(-1, 1)
     x = x.to(device=device, dtype=dtype)
+    held = 0
+    if dry:
+        budget = None if case.budget_gb is None and case.limit_gb is None else \
+            int((case.budget_gb if case.budget_gb is not None else case.limit_gb) * DRY_GB)
+        limit = None
+    else:
+        held = torch.cuda.memory_allocated(device)
+        budget, limit = budget_and_limit(case, held)
+        if limit is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), torch.cuda.current_device())
     row = {"case": case.key, "family": case.family, "decode": case.decode, "shape": list(x.shape),
-           "dtype": str(dtype), "limit_gb": case.limit_gb, "budget_gb": case.budget_gb,
+           "dtype": str(dtype), "limit_gb": None if limit is None else round(limit / GB, 2),
+           "budget_gb": None if budget is None else round(budget / GB, 2),
+           "held_mb": round(held / MB, 1), "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
            "environment": environment(), "build_s": round(_now() - t0, 1)}
     if case.check == "kinds":
         row["kinds"] = _kinds(vae, x, case.decode, device)
@@ -116,9 +154,6 @@ def run_case(case: GpuCase, dry: bool) -> dict:
     if case.check == "diffusers":
         row.update(_diffusers(vae, x, device, dtype))
         return row
-    budget = None
-    if case.budget_gb is not None:
-        budget = int(case.budget_gb * GB) if not dry else int(case.budget_gb * 4 * MB)
     t = _now()
     try:
         plan: PassPlan = vae.plan(tuple(x.shape), decode=case.decode, budget_bytes=budget)
@@ -238,7 +273,7 @@ def orchestrate(out_dir: Path, budget_s: float, only: Optional[set], dry: bool) 
         t = _now()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=max(30.0, min(left, 3 * case.expected_s)),
-                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1", PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF))
             line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
             try:
                 entry.update(json.loads(line))
