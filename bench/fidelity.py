@@ -144,17 +144,27 @@ def _error(out: torch.Tensor, truth: torch.Tensor, scale: float) -> float:
     return (out.double() - truth).abs().max().item() / scale
 
 
-def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Sequence[str]] = None,
-             repeat: int = 0, seed: int = 0) -> FidelityResult:
-    """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
-    (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
-    with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds."""
+def build_models(family: str, bias_shift: float = 20.0, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(fp32, float64) real-config models of `family` with the same shifted seeded weights: what `run_case` runs.
+    Building Wan 2.2's pair takes seconds (705 M parameters, the float64 copy 5.6 GB), so cases of one family may
+    share one pair (`run_case(models=…)`); `run_case` sets the fp32 model's paths itself before every pass."""
     from ..vae.api import load_checkpoint
 
-    sd = shifted_activation_weights(model_shapes(case.family), bias_shift, seed)
+    sd = shifted_activation_weights(model_shapes(family), bias_shift, seed)
     m32 = load_checkpoint(sd, dtype=torch.float32, device="cpu").model
     m64 = load_checkpoint(sd, dtype=torch.float64, device="cpu").model
-    del sd
+    return m32, m64
+
+
+def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Sequence[str]] = None,
+             repeat: int = 0, seed: int = 0,
+             models: Optional[tuple[torch.nn.Module, torch.nn.Module]] = None) -> FidelityResult:
+    """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
+    (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
+    with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds.
+    `models`: the pair `build_models(case.family, bias_shift, seed)` returns, when the caller already has it."""
+    m32, m64 = models if models is not None else build_models(case.family, bias_shift, seed)
+    m32.fast = FastPaths()
     pixels = photo(case.frames, case.height, case.width, seed)
 
     with torch.inference_mode():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from turbovae.bench.fidelity import FidelityCase, run_case
+from turbovae.bench.fidelity import FidelityCase, build_models, run_case
 
 BAR = 3e-5
 
@@ -30,10 +30,26 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def models_of():
+    """The fp32/float64 pair of a family, built once for that family's cases (CASES keeps them together): the
+    pair of the last family asked for is kept, and freed with the module."""
+    kept: dict = {}
+
+    def get(family: str):
+        if family not in kept:
+            kept.clear()
+            kept[family] = build_models(family)
+        return kept[family]
+
+    yield get
+    kept.clear()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name.replace(" ", "-"))
-def test_fp32_matches_float64_at_real_statistics(case):
-    r = run_case(case)
+def test_fp32_matches_float64_at_real_statistics(case, models_of):
+    r = run_case(case, models=models_of(case.family))
     assert r.max_norm_mean_over_std >= 10, f"norm inputs too tame to test anything: {r.max_norm_mean_over_std:.1f}"
     assert r.plain_vs_fp64 <= BAR, f"plain path {r.plain_vs_fp64:.2e}"
     assert r.default_vs_fp64 <= BAR, f"default paths {r.default_vs_fp64:.2e}"
