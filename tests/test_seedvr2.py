@@ -259,7 +259,7 @@ def test_native_shuffle_is_bit_exact_to_einops(zr, drop_head):
     ref = rearrange(u, "b (x y z c) f h w -> b c (f z) (h x) (w y)", x=2, y=2, z=zr)
     assert torch.equal(pixel_shuffle_3d(u, 2, zr), ref)
     up = Upsample3D(5, temporal=zr == 2)
-    got = up._shuffle_into_output(u, drop_head)
+    got = up.shuffle_into_output(u, drop_head)
     want = torch.cat([ref[:, :, :1], ref[:, :, 2:]], dim=2) if drop_head else ref
     assert torch.equal(got, want)
 

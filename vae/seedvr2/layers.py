@@ -16,19 +16,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base import PassContext
-from ..accel.tensor_layout import channels_last_format, memory_format_of
-from ..attention import attention
+from ..accel.tensor_layout import memory_format_of
 from ..norms import group_norm_silu
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
 from .layerwise import SplitPolicy
+from . import pieces
+from .pieces import SeedVR2Pieces
 from .shuffle import pixel_shuffle_3d
 from ..accel.switches import FastPaths
 
 
 class SeedVR2PassContext(PassContext):
     """The base pass context (vae/base.py) plus SeedVR2's layer-wise split: `split` runs every layer with
-    tile-bounded working memory (exact tiling; its `shard` is the context's), `inplace` the in-place residuals.
+    tile-bounded working memory (exact tiling; its `shard` is the context's), `inplace` the in-place residuals,
+    `pieces` how its fast paths run (vae/seedvr2/pieces.py, chosen here once).
     `collect` defaults to False here (a whole clip in one step), as SeedVR2's callers have always relied on.
 
     On the first slice (`cache_in` None) causal convs replicate the first frame as head padding and
@@ -40,16 +42,18 @@ class SeedVR2PassContext(PassContext):
                  split: Optional["SplitPolicy"] = None):
         super().__init__(fast, cache_in, collect, shard=split.shard if split is not None else None)
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
-        self.inplace = fast.inplace_residual and torch.is_inference_mode_enabled()
+        self.pieces = SeedVR2Pieces.of(fast)
+        self.inplace = self.pieces.writes_in_place and torch.is_inference_mode_enabled()
+        self.add_residual = pieces.add_in_place if self.inplace else pieces.add_into_new
 
     @property
     def memory_format(self) -> torch.memory_format:
         """The layout of this pass's 5-D activations (its convs' inputs and outputs)."""
-        return torch.channels_last_3d if self.fast.channels_last else torch.contiguous_format
+        return self.pieces.memory_format
 
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
-        return self.fast.image_path and self.first and x.shape[2] == 1
+        return self.pieces.fold_images and self.first and x.shape[2] == 1
 
 
 class CausalConv3d(nn.Conv3d):
@@ -81,25 +85,21 @@ class CausalConv3d(nn.Conv3d):
         # conv that took ATen's reference kernel (small shapes) returns contiguous memory. Exact tiling and the
         # multi-device pass (`split`, above) keep the input's layout, so both run the same kernels.
         x = x.contiguous(memory_format=ctx.memory_format)
-        if ctx.image(x) and self.head_frames == self.kernel_size[0] - 1:
-            return self._image_forward(x, ctx)
-        if ctx.first and ctx.fast.head_taps and self._head_taps_apply(x):
-            return self._head_taps_forward(x, ctx)
+        if ctx.first:  # the pass's shortcuts that skip the replicate padding's taps, if one applies
+            shortcut = next((s for s in ctx.pieces.first_slice_convs if s.applies(self, x)), None)
+            if shortcut is not None:
+                return shortcut.run(self, x, ctx)
         prev = ctx.take() if self.cache_frames else None
-        if ctx.fast.single_buffer:
-            padded = self._write_padded(x, prev, ctx.fast.channels_last)
-        else:
-            padded = self._cat_padded(x, prev)
+        padded = ctx.pieces.padding.pad(self, x, prev, ctx.memory_format)
         if self.cache_frames and ctx.collect:
-            tail = padded[:, :, -self.cache_frames:]
-            ctx.put(tail.clone() if ctx.fast.single_buffer else tail, self)
+            ctx.put(ctx.pieces.padding.keep(padded[:, :, -self.cache_frames:]), self)
         return guarded_conv3d(padded, self.weight, self.bias, self.stride, self.padding)
 
-    def _head_taps_apply(self, x: torch.Tensor) -> bool:
+    def head_taps_apply(self, x: torch.Tensor) -> bool:
         return (self.kernel_size[0] == 3 and self.stride[0] == 1 and self.head_frames == 2
                 and not self.pad_right_bottom and x.shape[2] >= 2)
 
-    def _head_taps_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+    def head_taps_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         """First slice, T >= 2: the head windows are [f0,f0,f0] and [f0,f0,f1], so output 0 is
         conv2d(f0, w0+w1+w2) and output 1 is conv2d(f0, w0+w1) + conv2d(f1, w2); the rest is a plain
         valid conv3d over the input. 3 instead of 6 frame-taps for the head, and no padded copy."""
@@ -114,8 +114,7 @@ class CausalConv3d(nn.Conv3d):
         heads = F.conv2d(x[:, :, 0], pair_w, pair_b, sp_stride, sp_pad)
         del pair_w
         fmt = ctx.memory_format
-        last = w[:, :, 2].contiguous(memory_format=channels_last_format(4) if ctx.fast.channels_last
-                                     else torch.contiguous_format)
+        last = w[:, :, 2].contiguous(memory_format=ctx.pieces.frame_format)
         second = F.conv2d(x[:, :, 1], last, self.bias, sp_stride, sp_pad).add_(heads[:, cout:])
         del last
         out = torch.empty((x.shape[0], cout, t, *heads.shape[-2:]), dtype=heads.dtype, device=heads.device,
@@ -131,11 +130,12 @@ class CausalConv3d(nn.Conv3d):
     def _head(self, prev: Optional[torch.Tensor]) -> int:
         return prev.shape[2] if prev is not None else self.head_frames
 
-    def _write_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor], channels_last: bool) -> torch.Tensor:
+    def write_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor], fmt: torch.memory_format) -> torch.Tensor:
+        """The padded input in one buffer of layout `fmt`: head (previous frames, or frame 0 replicated), `x`,
+        and the right/bottom zero pad, each written once."""
         head = self._head(prev)
-        fmt = torch.channels_last_3d if channels_last else torch.contiguous_format
         if head == 0 and not self.pad_right_bottom:
-            return x.contiguous(memory_format=fmt) if channels_last else x
+            return x.contiguous(memory_format=fmt) if fmt == torch.channels_last_3d else x
         b, c, t, h, w = x.shape
         e = 1 if self.pad_right_bottom else 0
         buf = torch.empty((b, c, head + t, h + e, w + e), dtype=x.dtype, device=x.device, memory_format=fmt)
@@ -149,7 +149,7 @@ class CausalConv3d(nn.Conv3d):
             buf[:, :, :head].copy_(buf[:, :, head:head + 1].expand(-1, -1, head, -1, -1))
         return buf
 
-    def _cat_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> torch.Tensor:
+    def cat_padded(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> torch.Tensor:
         """The reference's order of copies: pad, then concatenate the head."""
         if self.pad_right_bottom:
             x = F.pad(x, (0, 1, 0, 1))
@@ -159,11 +159,12 @@ class CausalConv3d(nn.Conv3d):
             return torch.cat([x[:, :, :1].repeat(1, 1, self.head_frames, 1, 1), x], dim=2)
         return x
 
-    def _image_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+    def image_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+        """A lone first frame: conv2d with the summed taps (`folded_weight`)."""
         x2 = x[:, :, 0]
         if self.pad_right_bottom:
             x2 = F.pad(x2, (0, 1, 0, 1))
-        if ctx.fast.channels_last:
+        if ctx.pieces.frame_format == torch.channels_last:
             x2 = x2.contiguous(memory_format=torch.channels_last)
         if self.cache_frames and ctx.collect:  # the padded input was [f0] * k_t; its tail is the memory
             ctx.put(x2.unsqueeze(2).expand(-1, -1, self.cache_frames, -1, -1).contiguous(), self)
@@ -214,7 +215,7 @@ class ResnetBlock3D(nn.Module):
         h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
         h = norm_silu_conv(self.norm2, self.conv2, h, ctx, last_use=True)
         skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
-        return h.add_(skip) if ctx.inplace else skip + h
+        return ctx.add_residual(h, skip)
 
 
 class MidAttention(nn.Module):
@@ -243,13 +244,8 @@ class MidAttention(nn.Module):
             del whole
             queries = tokens[:, lo * w:hi * w]
         q, k, v = self.to_q(queries), self.to_k(tokens), self.to_v(tokens)
-        if ctx.fast.sdpa:
-            o = attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
-        else:  # explicit attention, softmax in fp32 (the reference's upcast_softmax)
-            scores = torch.bmm(q, k.transpose(1, 2)).mul_(c ** -0.5)
-            o = torch.bmm(scores.float().softmax(dim=-1).to(v.dtype), v)
-        o = self.to_out[0](o).transpose(1, 2).reshape(b * t, c, h, w)
-        o = o.add_(frames) if ctx.inplace else o + frames
+        o = ctx.pieces.attend(q, k, v)
+        o = ctx.add_residual(self.to_out[0](o).transpose(1, 2).reshape(b * t, c, h, w), frames)
         return o.unsqueeze(2) if t == 1 else o.view(b, t, c, h, w).transpose(1, 2)
 
 
@@ -301,15 +297,15 @@ class Upsample3D(nn.Module):
         return wk, bk
 
     def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
-        if self._composed_applies(x, ctx):
+        if self.composed_applies(x, ctx):
             return subpixel.upsample_conv(self, x, ctx)
         y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)
         return self.conv(y, ctx)
 
-    def _composed_applies(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> bool:
-        """The composed low-resolution convs (vae/seedvr2/subpixel.py): whole-frame passes, and only where the
-        output is large enough to pay for composing the weights."""
-        if not (ctx.fast.subpixel_conv and ctx.split is None and self.conv.kernel_size == (3, 3, 3)
+    def composed_applies(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> bool:
+        """The composed low-resolution convs (vae/seedvr2/subpixel.py), where the pass runs them: whole-frame
+        passes, and only where the output is large enough to pay for composing the weights."""
+        if not (ctx.pieces.composed_upsampler and ctx.split is None and self.conv.kernel_size == (3, 3, 3)
                 and self.conv.head_frames == 2):
             return False
         image = ctx.image(x)
@@ -325,15 +321,17 @@ class Upsample3D(nn.Module):
             b, _, h, w = u.shape
             c = u.shape[1] // 4
             y = u.view(b, 2, 2, c, h, w).permute(0, 3, 4, 1, 5, 2).reshape(b, c, 1, h * 2, w * 2)
-        elif ctx.fast.native_shuffle:
-            y = self._shuffle_into_output(guarded_conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), drop_head)
         else:
-            y = pixel_shuffle_3d(guarded_conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), 2, self.zr)
-            if drop_head:
-                y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
+            y = ctx.pieces.shuffle(self, guarded_conv3d(x, self.upscale_conv.weight, self.upscale_conv.bias), drop_head)
         return y
 
-    def _shuffle_into_output(self, u: torch.Tensor, drop_head: bool) -> torch.Tensor:
+    def shuffle_reference(self, u: torch.Tensor, drop_head: bool) -> torch.Tensor:
+        """The reference's sub-pixel rearrange of `upscale_conv`'s output, then the dropped head cut out."""
+        y = pixel_shuffle_3d(u, 2, self.zr)
+        return torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2) if drop_head else y
+
+    def shuffle_into_output(self, u: torch.Tensor, drop_head: bool) -> torch.Tensor:
+        """The same shuffle as views copied straight into the output, the dropped head never written."""
         b, ch, f, h, w = u.shape
         zr, c = self.zr, ch // (4 * self.zr)
         uv = u.view(b, 2, 2, zr, c, f, h, w)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..base import CausalStream
 from ..exact_tiling import ExactPlan, LocalStage
-from .layers import PassContext
+from .pieces import WanPassContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
@@ -24,7 +24,7 @@ class _StageStream(CausalStream):
     """One stage of one tile. The stages of a tile share one causal context (`ctx`): their memory is one
     state in execution order, and the last stage ends the step (`advance`)."""
 
-    def __init__(self, ctx: PassContext, fn: Callable[[torch.Tensor, PassContext], torch.Tensor], last: bool,
+    def __init__(self, ctx: WanPassContext, fn: Callable[[torch.Tensor, WanPassContext], torch.Tensor], last: bool,
                  prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool):
         self.ctx, self.fn, self.last, self.prepare, self.image_path = ctx, fn, last, prepare, image_path
 
@@ -43,7 +43,7 @@ class _StageStream(CausalStream):
             self.ctx.clear()
 
 
-def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], PassContext],
+def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], WanPassContext],
                    prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool) -> ExactPlan:
     """The plan of `part` (the model's decoder when `decode`, else its encoder). `open_context()`: a fresh
     causal context of the model's fast paths; `prepare`: the model's input memory-format conversion."""

@@ -1,26 +1,24 @@
 """Building blocks of the Wan-family causal VAE, each with an image path and a streaming video path.
 
 Every block takes either a 4-D tensor [N, C, H, W] (a single frame: the exact T = 1 fold, no cache)
-or a 5-D tensor [B, C, T, H, W] plus a `PassContext` carrying the causal cache between steps.
+or a 5-D tensor [B, C, T, H, W] plus a `WanPassContext` carrying the causal cache between steps.
 Why two paths: with T = 1 the causal zero padding makes every 3x3x3 conv a 3x3 conv with the last
 temporal tap, and the time-only convs never run, so images need a third of the MACs.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import PassContext
 from ..accel.switches import FastPaths
-from ..attention import attention
 from ..norms import rms_norm_silu
 from ..accel.tensor_layout import channels_last_format, memory_format_of
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
+from .pieces import CONTEXT_FREE, WanPassContext
 
 CACHE_FRAMES = 2  # history a k_t = 3 causal conv needs
 
@@ -32,19 +30,11 @@ WAN_FAST_FIELDS = ("image_path", "head_taps", "sdpa", "channels_last", "inplace_
 """The `FastPaths` fields the Wan blocks read."""
 
 
-"""Wan's steps run the base pass context (`PassContext`, vae/base.py). Every cache
-tensor holds the conv's whole history (`time_history` frames; a history shorter than that, such as a folded
+"""Wan's steps run `WanPassContext` (vae/wan/pieces.py: the base pass context and the pieces its fast paths
+choose). Every cache tensor holds the conv's whole history (`time_history` frames; a history shorter than that, such as a folded
 one-frame first slice's, is zero-padded in front: causal padding is zeros), so its shape is fixed from the first
 slice on. A temporal upsampler's "started" state is "not the first slice": every step runs every block; with a
 `shard`, attention computes this band's query rows, then gathers."""
-
-
-def _can_inplace(fast: FastPaths) -> bool:
-    return fast.inplace_residual and not torch.is_grad_enabled()
-
-
-def add_residual(x: torch.Tensor, h: torch.Tensor, fast: FastPaths) -> torch.Tensor:
-    return x.add_(h) if _can_inplace(fast) else x + h
 
 
 class RMSNorm(nn.Module):
@@ -59,27 +49,18 @@ class RMSNorm(nn.Module):
         return rms_norm_silu(x, gamma, silu=silu, out=out)
 
 
-def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: Optional[PassContext]) -> torch.Tensor:
-    """conv(SiLU(norm(x))). After the first slice, with `single_buffer`, the norm writes its result straight into
-    the conv's padded input (the causal history in front, `CausalConv3d.padded_input`), instead of the conv
-    concatenating history and a normalised copy: one activation-sized write and read fewer per conv."""
-    if ctx is not None and x.ndim == 5:
-        padded = conv.padded_input(x, ctx)
-        if padded is not None:
-            norm(x, out=padded[:, :, conv.time_history:])
-            return conv.video_padded(padded, ctx)
-    return conv(norm(x), ctx)
+def norm_conv(norm: RMSNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
+    """conv(SiLU(norm(x))), as the pass's `norm_conv` piece runs it (vae/wan/pieces.py)."""
+    return ctx.pieces.norm_conv(norm, conv, x, ctx)
 
 
-def pass_format(x: torch.Tensor, ctx: Optional[PassContext]) -> torch.memory_format:
+def pass_format(x: torch.Tensor, ctx: Optional[WanPassContext]) -> torch.memory_format:
     """A clip-path conv's memory format: channels-last 3-D when the pass runs channels-last (the weights are
     stored so: the kernel reads the parameter itself), else `x`'s own."""
-    if ctx is not None:
-        return torch.channels_last_3d if ctx.fast.channels_last else torch.contiguous_format
-    return memory_format_of(x)
+    return ctx.pieces.memory_format if ctx is not None else memory_format_of(x)
 
 
-def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[PassContext]) -> torch.Tensor:
+def packed(weight: torch.Tensor, fmt: torch.memory_format, ctx: Optional[WanPassContext]) -> torch.Tensor:
     """`weight` (a parameter or a view of one) packed in `fmt`: itself when stored so, else a copy for this
     conv only (in the pass's scratch). Nothing is kept: the parameter is the only resident copy."""
     return ctx.scratch.packed(weight, fmt) if ctx is not None else weight.contiguous(memory_format=fmt)
@@ -100,12 +81,13 @@ class CausalConv3d(nn.Conv3d):
         self.pad_hw = (pad[1], pad[2])
 
     # -- image ---------------------------------------------------------------------------------
-    def image(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def image(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         weight = packed(self.weight[:, :, -1], memory_format_of(x), ctx)
         return F.conv2d(x, weight, self.bias, self.stride[1:], self.pad_hw)
 
     # -- video ---------------------------------------------------------------------------------
-    def video(self, x: torch.Tensor, ctx: Optional[PassContext], fmt_ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def video(self, x: torch.Tensor, ctx: Optional[WanPassContext],
+              fmt_ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Causal conv over a chunk; with a context, the last input frames are kept as next step's history.
         `fmt_ctx`: the pass whose memory format and scratch a context-free call (no history) uses."""
         fmt_ctx = ctx if ctx is not None else fmt_ctx
@@ -114,36 +96,30 @@ class CausalConv3d(nn.Conv3d):
         if self.time_history == 0:
             return guarded_conv3d(x.contiguous(memory_format=fmt), weight, self.bias, self.stride, (0, *self.pad_hw))
         hist = ctx.take() if ctx is not None else None
-        n_hist = 0 if hist is None else hist.shape[2]
-        fold = hist is None and x.shape[2] == 1 and (ctx is None or ctx.fast.image_path)
-        if fold:
-            out = self.image(x[:, :, 0], fmt_ctx).unsqueeze(2)
-            xin = x
-        elif hist is None and ctx is not None and ctx.fast.head_taps and self._head_taps_apply(x):
-            out = self._head_taps(x.contiguous(memory_format=fmt), ctx, fmt)
-            xin = x
+        shortcut = None
+        if hist is None:  # a first slice: the pass's shortcuts that skip the causal padding's taps, if one applies
+            shortcuts = ctx.pieces.first_slice_convs if ctx is not None else CONTEXT_FREE
+            shortcut = next((s for s in shortcuts if s.applies(self, x)), None)
+        if shortcut is not None:
+            out = shortcut.run(self, x, fmt_ctx, fmt)
         else:
+            n_hist = 0 if hist is None else hist.shape[2]
             parts = [x]
             if n_hist:
                 parts.insert(0, hist)
             if n_hist < self.time_history:
-                parts.insert(0, self._zeros(x, self.time_history - n_hist, fmt))
+                parts.insert(0, self.zeros_like_frames(x, self.time_history - n_hist, fmt))
             xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
             out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
         if ctx is not None and ctx.collect:
-            # A folded first frame is the last of a zero-padded history (`skip` below says why it is padded).
-            tail = torch.cat([self._zeros(x, self.time_history - 1, fmt), x], dim=2) if fold else \
-                xin[:, :, -self.time_history:]
+            tail = shortcut.history(self, x, fmt) if shortcut is not None else xin[:, :, -self.time_history:]
             ctx.put(tail.clone(), self)
         return out
 
-    def padded_input(self, x: torch.Tensor, ctx: PassContext) -> Optional[torch.Tensor]:
-        """After the first slice (`single_buffer` on): this conv's padded input for `x`, [B, C, history + T, H, W]
-        in the pass's layout, with the causal history (taken from the memory now) written in front and the
-        frames slot (`[:, :, time_history:]`) left for the producer to fill; run it with `video_padded`.
-        None where `video` would not concatenate (first slice, no history)."""
-        if ctx.first or not ctx.fast.single_buffer or self.time_history == 0:
-            return None
+    def padded_input(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
+        """After the first slice, for a conv with history: this conv's padded input for `x`, [B, C, history + T,
+        H, W] in the pass's layout, with the causal history (taken from the cache now) written in front and the
+        frames slot (`[:, :, time_history:]`) left for the producer to fill; run it with `video_padded`."""
         hist = ctx.take()
         fmt = pass_format(x, ctx)
         b, c, t, h, w = x.shape
@@ -154,7 +130,7 @@ class CausalConv3d(nn.Conv3d):
         padded[:, :, self.time_history - n_hist:self.time_history] = hist
         return padded
 
-    def video_padded(self, padded: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def video_padded(self, padded: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """The causal conv of a `padded_input` whose frames slot is filled: `video` without its concatenation."""
         out = guarded_conv3d(padded, packed(self.weight, pass_format(padded, ctx), ctx), self.bias, self.stride,
                              (0, *self.pad_hw))
@@ -162,11 +138,11 @@ class CausalConv3d(nn.Conv3d):
             ctx.put(padded[:, :, -self.time_history:].clone(), self)
         return out
 
-    def _head_taps_apply(self, x: torch.Tensor) -> bool:
+    def head_taps_apply(self, x: torch.Tensor) -> bool:
         return (x.shape[2] >= 2 and self.time_history == 2 and self.kernel_size[0] == 3 and self.stride[0] == 1
                 and self.dilation[0] == 1)
 
-    def _head_taps(self, x: torch.Tensor, ctx: PassContext, fmt: torch.memory_format) -> torch.Tensor:
+    def head_taps(self, x: torch.Tensor, ctx: WanPassContext, fmt: torch.memory_format) -> torch.Tensor:
         """First slice, T >= 2: the causal padding is two zero frames, so output 0 reads only tap 2 (frame 0)
         and output 1 taps 1 and 2 (frames 0, 1); the rest is a valid conv3d over the unpadded input. 3 frame-taps
         fewer than the padded conv (a third of a 3-frame slice's work), no padded copy, and the head is 2-D
@@ -188,22 +164,23 @@ class CausalConv3d(nn.Conv3d):
                                            (0, *self.pad_hw))
         return out
 
-    def skip(self, x: torch.Tensor, ctx: PassContext) -> None:
+    def skip(self, x: torch.Tensor, ctx: WanPassContext) -> None:
         """This conv does not run on this (first) slice: its memory is an all-zero history, the causal padding
         it would have read, so that every step's memory has the same tensors of the same shapes."""
         if ctx.collect:
-            ctx.put(self._zeros(x, self.time_history, pass_format(x, ctx)), self)
+            ctx.put(self.zeros_like_frames(x, self.time_history, pass_format(x, ctx)), self)
 
     @staticmethod
-    def _zeros(x: torch.Tensor, frames: int, fmt: torch.memory_format) -> torch.Tensor:
+    def zeros_like_frames(x: torch.Tensor, frames: int, fmt: torch.memory_format) -> torch.Tensor:
+        """`frames` zero frames shaped like `x`'s in `fmt`: causal padding."""
         shape = (x.shape[0], x.shape[1], frames, *x.shape[3:])
         return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt).zero_()
 
-    def forward(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         return self.image(x, ctx) if x.ndim == 4 else self.video(x, ctx)
 
 
-def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[PassContext], padding=None) -> torch.Tensor:
+def _conv2d_any(conv: nn.Conv2d, x: torch.Tensor, ctx: Optional[WanPassContext], padding=None) -> torch.Tensor:
     """A 2-D conv applied per frame; 5-D inputs use a (1, kh, kw) conv3d so frames are not copied into the batch."""
     pad = conv.padding if padding is None else padding
     if x.ndim == 4:
@@ -222,11 +199,11 @@ class ResidualBlock(nn.Module):
         self.conv2 = CausalConv3d(cout, cout, 3, padding=1)
         self.conv_shortcut = CausalConv3d(cin, cout, 1) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         h = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         y = norm_conv(self.norm1, self.conv1, x, ctx)
         y = norm_conv(self.norm2, self.conv2, y, ctx)
-        return add_residual(y, h, ctx.fast)
+        return ctx.pieces.add_residual(y, h)
 
 
 class AttentionBlock(nn.Module):
@@ -238,34 +215,26 @@ class AttentionBlock(nn.Module):
         self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
         self.proj = nn.Conv2d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         if x.ndim == 5:
             b, c, t, h, w = x.shape
             frames = x.transpose(1, 2).reshape(b * t, c, h, w)
             return self._attend(frames, ctx).reshape(b, t, c, h, w).transpose(1, 2)
         return self._attend(x, ctx)
 
-    def _attend(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         n, c, h, w = x.shape
         tokens = self.norm(x, silu=False).flatten(2).transpose(1, 2)  # [N, HW, C]
         if ctx.shard is not None:
             return self._attend_band(x, tokens, ctx)
         qkv = F.linear(tokens, self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias)
         q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # [N, 1, HW, C] each
-        if ctx.fast.sdpa:
-            a = attention(q, k, v)
-        else:
-            scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c))
-            a = torch.matmul(scores.softmax(dim=-1), v)
+        a = ctx.pieces.attend(q, k, v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, HW, C]
-        if ctx.fast.channels_last:
-            out = out.view(n, h, w, c).permute(0, 3, 1, 2)  # NHWC storage, no copy
-        else:
-            out = out.transpose(1, 2).reshape(n, c, h, w)
-        return add_residual(out, x, ctx.fast)
+        return ctx.pieces.add_residual(ctx.pieces.tokens_to_frames(out, n, h, w), x)
 
 
-    def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _attend_band(self, x: torch.Tensor, tokens: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """Every rank holds the whole latent frame: keys/values from all of it, queries from this band's rows
         only (the attention work divides), then the bands' outputs are gathered back into the whole frame."""
         n, c, h, w = x.shape
@@ -273,14 +242,11 @@ class AttentionBlock(nn.Module):
         weight, bias = self.to_qkv.weight.view(3 * c, c), self.to_qkv.bias
         q = F.linear(tokens[:, lo * w:hi * w], weight[:c], bias[:c]).unsqueeze(1)
         k, v = F.linear(tokens, weight[c:], bias[c:]).unsqueeze(1).chunk(2, dim=-1)
-        if ctx.fast.sdpa:
-            a = attention(q, k, v)
-        else:
-            a = torch.matmul(torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(c)).softmax(dim=-1), v)
+        a = ctx.pieces.attend(q, k, v)
         out = F.linear(a.squeeze(1), self.proj.weight.view(c, c), self.proj.bias)  # [N, band HW, C]
         out = out.transpose(1, 2).reshape(n, c, hi - lo, w) + x[:, :, lo:hi]
         whole = ctx.shard.gather_rows(out)
-        return whole.contiguous(memory_format=torch.channels_last) if ctx.fast.channels_last else whole
+        return whole.contiguous(memory_format=ctx.pieces.frame_format)
 
 
 class MidBlock(nn.Module):
@@ -289,7 +255,7 @@ class MidBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(dim, dim), ResidualBlock(dim, dim)])
         self.attentions = nn.ModuleList([AttentionBlock(dim)])
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         x = self.resnets[0](x, ctx)
         x = self.attentions[0](x, ctx)
         return self.resnets[1](x, ctx)
@@ -323,7 +289,7 @@ class Resample(nn.Module):
         else:
             self.time_conv = None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         if self.mode.startswith("up"):
             if self.time_conv is not None and x.ndim == 5:
                 x = self._time_up(x, ctx)
@@ -336,7 +302,7 @@ class Resample(nn.Module):
             x = self._time_down(x, ctx)
         return x
 
-    def _time_up(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _time_up(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         if not ctx.first:
             return interleave_time(self.time_conv.video(x, ctx))
         if x.shape[2] == 1:
@@ -345,7 +311,7 @@ class Resample(nn.Module):
         rest = interleave_time(self.time_conv.video(x[:, :, 1:], ctx))
         return torch.cat([x[:, :, :1], rest], dim=2)
 
-    def _time_down(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def _time_down(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         prev = ctx.take()
         t = x.shape[2]
         if prev is None:
@@ -404,13 +370,13 @@ class DownResidualBlock(nn.Module):
             return avg_down(x.unsqueeze(2), self.cout, self.factor_t, self.factor_s).squeeze(2)
         return avg_down(x, self.cout, self.factor_t, self.factor_s)
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         h = x
         for r in self.resnets:
             h = r(h, ctx)
         if self.downsampler is not None:
             h = self.downsampler(h, ctx)
-        return add_residual(h, self.shortcut(x), ctx.fast)
+        return ctx.pieces.add_residual(h, self.shortcut(x))
 
 
 class UpResidualBlock(nn.Module):
@@ -422,19 +388,19 @@ class UpResidualBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
         self.upsampler = Resample(cout, "upsample3d" if temporal else "upsample2d", up_out=cout) if up else None
 
-    def shortcut(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def shortcut(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         if x.ndim == 4:
             return dup_up(x.unsqueeze(2), self.cout, self.factor_t, 2, True).squeeze(2)
         return dup_up(x, self.cout, self.factor_t, 2, ctx.first)
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         h = x
         for r in self.resnets:
             h = r(h, ctx)
         if not self.up:
             return h
         h = self.upsampler(h, ctx)
-        return add_residual(h, self.shortcut(x, ctx), ctx.fast)
+        return ctx.pieces.add_residual(h, self.shortcut(x, ctx))
 
 
 class UpBlock(nn.Module):
@@ -445,7 +411,7 @@ class UpBlock(nn.Module):
         self.resnets = nn.ModuleList([ResidualBlock(cin if i == 0 else cout, cout) for i in range(num_res + 1)])
         self.upsamplers = nn.ModuleList([Resample(cout, mode)]) if mode else None
 
-    def forward(self, x: torch.Tensor, ctx: PassContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         for r in self.resnets:
             x = r(x, ctx)
         if self.upsamplers is not None:

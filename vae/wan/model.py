@@ -25,8 +25,9 @@ from ..accel.tensor_layout import channels_last_format
 from ..exact_tiling import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
-from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, PassContext,
-                     UpBlock, UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
+from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, UpBlock,
+                     UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
+from .pieces import WanPassContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
 
 
@@ -80,23 +81,23 @@ class Encoder(_CausalStack):
             r = self.patch_size * r + self.patch_size - 1
         return math.ceil(r / cfg.spatial_factor)
 
-    def forward_down(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def forward_down(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or PassContext(WAN_FAST)
+        ctx = ctx or WanPassContext(WAN_FAST)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
         return x
 
-    def forward_mid(self, h: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def forward_mid(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or PassContext(WAN_FAST)
+        ctx = ctx or WanPassContext(WAN_FAST)
         h = self.mid_block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return self._quant[0](h, ctx)
 
-    def forward(self, x: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
-        ctx = ctx or PassContext(WAN_FAST)
+    def forward(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+        ctx = ctx or WanPassContext(WAN_FAST)
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -124,22 +125,22 @@ class Decoder(_CausalStack):
         pixel, so it adds nothing)."""
         return footprint(spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out]))[1]
 
-    def forward_mid(self, z: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def forward_mid(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or PassContext(WAN_FAST)
+        ctx = ctx or WanPassContext(WAN_FAST)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
-    def forward_up(self, h: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
+    def forward_up(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or PassContext(WAN_FAST)
+        ctx = ctx or WanPassContext(WAN_FAST)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return unpatchify(h, self.patch_size)
 
-    def forward(self, z: torch.Tensor, ctx: Optional[PassContext] = None) -> torch.Tensor:
-        ctx = ctx or PassContext(WAN_FAST)
+    def forward(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+        ctx = ctx or WanPassContext(WAN_FAST)
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 
@@ -187,8 +188,8 @@ class WanVAE(VAEModel):
                                           image_channels=cfg.image_channels)
         self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
-    def context(self) -> PassContext:
-        return PassContext(self.active_fast())
+    def context(self) -> WanPassContext:
+        return WanPassContext(self.active_fast())
 
     def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active_fast().channels_last:
@@ -202,7 +203,7 @@ class WanVAE(VAEModel):
 
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = PassContext(self.active_fast(), state, collect)
+        ctx = WanPassContext(self.active_fast(), state, collect)
         if self._fold(pixels, state, collect):
             out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
         else:
@@ -211,7 +212,7 @@ class WanVAE(VAEModel):
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = PassContext(self.active_fast(), state, collect)
+        ctx = WanPassContext(self.active_fast(), state, collect)
         if self._fold(latents, state, collect):
             out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
         else:
