@@ -186,8 +186,8 @@ class ComfyTurboVAE:
         def whole() -> torch.Tensor:
             with reported(self.turbo, "decode", plan, self._keep):
                 for i in range(len(finished), z.shape[0]):
-                    px = self.turbo.decode(z[i:i + 1], plan=plan, progress=bar.item(i),
-                                           output_device=self.output_device)
+                    px = self.turbo.decode_checked(z[i:i + 1], plan=plan, progress=bar.item(i),
+                                                   output_device=self.output_device)  # z checked once, above
                     finished.append(px.to(self.output_device))  # items leave the device as they finish
                     bar.done(i)
                 return torch.cat(finished)

@@ -137,7 +137,7 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatc
     def oom(*a, **k):
         raise error
 
-    monkeypatch.setattr(vae.turbo, "decode", oom)
+    monkeypatch.setattr(vae.turbo, "decode_checked", oom)
     monkeypatch.setattr(vae.turbo, "encode", oom)
     with caplog.at_level("WARNING"):
         images, latents = vae.decode(z), vae.encode(frames)
@@ -152,7 +152,7 @@ def test_core_decode_keeps_finished_batch_items_when_a_later_one_runs_out_of_mem
     torch.manual_seed(4)
     z = torch.randn(3, vae.latent_channels, 2, 6, 5)
     want = vae.decode(z)
-    real, calls = vae.turbo.decode, []
+    real, calls = vae.turbo.decode_checked, []
 
     def second_fails(latents, **kw):
         calls.append(latents)
@@ -160,10 +160,23 @@ def test_core_decode_keeps_finished_batch_items_when_a_later_one_runs_out_of_mem
             raise RuntimeError("CUDA error: out of memory")
         return real(latents, **kw)
 
-    monkeypatch.setattr(vae.turbo, "decode", second_fails)
+    monkeypatch.setattr(vae.turbo, "decode_checked", second_fails)
     images = vae.decode(z)
     assert len(calls) == 2  # item 0 decoded whole once and kept; items 1 and 2 went to tiles
     torch.testing.assert_close(images, want, atol=1e-4, rtol=0)
+
+
+def test_core_decode_checks_the_latents_once(monkeypatch):
+    """Core VAE Decode of a batch: the latents are checked (every value read for NaN/inf) once for the batch, not
+    again for each item the pass decodes (issue 42, item 8)."""
+    vae = TurboVAELoader.execute(vae_name=VAE_NAMES[0], dtype="fp32").args[0]
+    z = torch.randn(3, vae.latent_channels, 2, 6, 5, generator=torch.Generator().manual_seed(6))
+    real, checked = vae.turbo.check_latents, []
+    monkeypatch.setattr(vae.turbo, "check_latents", lambda latents: checked.append(latents.shape) or real(latents))
+    images = vae.decode(z)
+    assert checked == [z.shape] and images.shape[:2] == (3, 5)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        vae.decode(torch.full_like(z, float("nan")))  # still checked, once
 
 
 def test_core_decode_does_not_retry_other_runtime_errors(monkeypatch):
@@ -172,7 +185,7 @@ def test_core_decode_does_not_retry_other_runtime_errors(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("Expected all tensors to be on the same device")
 
-    monkeypatch.setattr(vae.turbo, "decode", broken)
+    monkeypatch.setattr(vae.turbo, "decode_checked", broken)
     with pytest.raises(RuntimeError, match="same device"):
         vae.decode(torch.randn(1, vae.latent_channels, 1, 4, 4))
 

@@ -367,17 +367,28 @@ class TurboVAE:
         `plan(...)` made for these latents, run as it is."""
         check_temporal_slice(temporal_slice)
         squeeze = latents.ndim == 4 if isinstance(latents, torch.Tensor) else False
-        z = self.check_latents(latents)
-        self.check_decoded_size(z, torch.device(output_device) if output_device is not None else None)
-        z = self._prepare(z)
-        plan = self._given_or_new(plan, tuple(z.shape), True, temporal_slice, output_device, budget_bytes)
-        with torch.inference_mode():
-            out = self.run_decode(z, plan=plan, progress=progress, output_device=output_device)
+        out = self._decode_checked(self.check_latents(latents), plan, progress, output_device, temporal_slice,
+                                   budget_bytes)
         if num_frames is not None:
             if num_frames < 1 or num_frames > out.shape[2]:
                 raise ValueError(f"num_frames={num_frames} is outside 1..{out.shape[2]} decoded frames")
             out = out[:, :, :num_frames]
         return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+    def decode_checked(self, z: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                       output_device: Union[None, str, torch.device] = None) -> torch.Tensor:
+        """`decode` of 5-D latents that `check_latents` has already passed, run as `plan` (made for `z`'s shape):
+        for a caller that checks a batch once and decodes it item by item (the ComfyUI VAE, nodes/comfy_vae.py),
+        so no latent is checked twice. All decoded frames, no trimming."""
+        return self._decode_checked(z, plan, progress, output_device, None, None)
+
+    def _decode_checked(self, z: torch.Tensor, plan: Optional[PassPlan], progress: Progress, output_device,
+                        temporal_slice: Optional[int], budget_bytes: Optional[int]) -> torch.Tensor:
+        self.check_decoded_size(z, torch.device(output_device) if output_device is not None else None)
+        z = self._prepare(z)
+        plan = self._given_or_new(plan, tuple(z.shape), True, temporal_slice, output_device, budget_bytes)
+        with torch.inference_mode():
+            return self.run_decode(z, plan=plan, progress=progress, output_device=output_device)
 
     def _given_or_new(self, plan: Optional[PassPlan], shape: tuple[int, ...], decode: bool,
                       temporal_slice: Optional[int], output_device, budget_bytes: Optional[int]) -> PassPlan:
