@@ -9,6 +9,7 @@ released checkpoint's keys exactly.
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -21,7 +22,7 @@ from ..norms import group_norm_silu
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
 from . import layerwise, subpixel
 from .layerwise import SplitPolicy
-from .pieces import SeedVR2Pieces, add_in_place, add_into_new
+from .pieces import SeedVR2Pieces
 from .shuffle import pixel_shuffle_3d
 from ..accel.switches import FastPaths
 
@@ -43,7 +44,7 @@ class SeedVR2PassContext(PassContext):
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
         self.pieces = SeedVR2Pieces.of(fast)
         self.inplace = self.pieces.writes_in_place and torch.is_inference_mode_enabled()
-        self.add_residual = add_in_place if self.inplace else add_into_new
+        self.add_residual = torch.Tensor.add_ if self.inplace else operator.add  # residual adds
 
     @property
     def memory_format(self) -> torch.memory_format:

@@ -73,15 +73,6 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.bmm(scores.float().softmax(dim=-1).to(v.dtype), v)
 
 
-# -- residual adds ---------------------------------------------------------------------------------
-def add_in_place(x: Tensor, h: Tensor) -> Tensor:
-    return x.add_(h)
-
-
-def add_into_new(x: Tensor, h: Tensor) -> Tensor:
-    return x + h
-
-
 # -- the upsampler ---------------------------------------------------------------------------------
 def shuffle_into_output(up: nn.Module, u: Tensor, drop_head: bool) -> Tensor:
     """The sub-pixel shuffle as views written straight into the output, the dropped head never written."""

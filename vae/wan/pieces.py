@@ -10,6 +10,7 @@ against the one it replaces; tests/test_fast_paths.py and the architecture tests
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional, Sequence
@@ -31,16 +32,7 @@ def add_in_place(x: Tensor, h: Tensor) -> Tensor:
     return x.add_(h) if not torch.is_grad_enabled() else x + h
 
 
-def add_into_new(x: Tensor, h: Tensor) -> Tensor:
-    return x + h
-
-
 # -- attention --------------------------------------------------------------------------------------
-def fused_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q·kᵀ/√C)·v through the fused kernel (vae/attention.py)."""
-    return attention(q, k, v)
-
-
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The same product with the score matrix made explicitly (the reference the fused kernel is held to)."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
@@ -120,8 +112,8 @@ class WanPieces:
         return WanPieces(
             memory_format=torch.channels_last_3d if fast.channels_last else torch.contiguous_format,
             frame_format=torch.channels_last if fast.channels_last else torch.contiguous_format,
-            add_residual=add_in_place if fast.inplace_residual else add_into_new,
-            attend=fused_attention if fast.sdpa else explicit_attention,
+            add_residual=add_in_place if fast.inplace_residual else operator.add,
+            attend=attention if fast.sdpa else explicit_attention,  # the fused kernel (vae/attention.py)
             tokens_to_frames=tokens_as_nhwc if fast.channels_last else tokens_as_nchw,
             norm_conv=norm_into_padded_input if fast.single_buffer else norm_then_conv,
             first_slice_convs=shortcuts,
