@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from .budget_gpu import proof_environment, proof_rows
+from .dynamic_vram import dynamic_vram_environment, dynamic_vram_rows, is_dynamic_vram_results
 
 Row = Mapping[str, object]
 HEADER = ("case", "path", "time", "vs reference", "peak MB", "held MB", "max abs err", "PSNR dB")
@@ -31,7 +32,12 @@ def load_rows(path: Path) -> list[dict]:
     path, _, table = str(path).partition("#")
     try:
         data = json.loads(Path(path).read_text())
-        rows = proof_rows(data) if _is_budget_proof(data) else data["rows"]
+        if _is_budget_proof(data):
+            rows = proof_rows(data)
+        elif is_dynamic_vram_results(data):
+            rows = dynamic_vram_rows(data)
+        else:
+            rows = data["rows"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
     return [r for r in rows if not table or table_of(r) == table]
@@ -62,6 +68,8 @@ def load_environment(path: Path) -> dict:
         data = json.loads(path.read_text())
         if _is_budget_proof(data):
             return proof_environment(data)
+        if is_dynamic_vram_results(data):
+            return dynamic_vram_environment(data)
         return dict(data.get("environment") or {})
     except (OSError, ValueError, AttributeError) as e:
         raise ValueError(f"{path}: not a benchmark results file ({type(e).__name__}: {e})") from e
@@ -274,12 +282,32 @@ def kinds_cells(row: Row) -> list[str]:
             _num(row.get("psnr_db"), ".1f")]
 
 
+DYNAMIC_VRAM_HEADER = ("moment", "device free MB", "core's free MB", "a pass may count on MB", "stand-in resident MB",
+                       "VAE resident MB", "the decode")
+
+
+def dynamic_vram_cells(row: Row) -> list[str]:
+    """One moment of the dynamic VRAM check (bench/dynamic_vram.py): what the device, core and the pack saw."""
+    return [str(row["case"]), _num(row.get("device_free_mb"), ".0f"), _num(row.get("core_free_mb"), ".0f"),
+            _num(row.get("freeable_mb"), ".0f"), _num(row.get("stand_in_loaded_mb"), ".0f"),
+            _num(row.get("vae_loaded_mb"), ".0f"), str(row.get("note") or "")]
+
+
+DYNAMIC_VRAM_CHECKS_HEADER = ("check", "holds", "note")
+
+
+def dynamic_vram_check_cells(row: Row) -> list[str]:
+    return [str(row["case"]), "yes" if row.get("holds") else "**no**", str(row.get("note") or "")]
+
+
 # table name -> (header, one row's cells)
 LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_cells),
            "profile": (PROFILE_HEADER, profile_cells), "flops": (FLOPS_HEADER, flops_cells),
            "bytes": (BYTES_HEADER, bytes_cells), "cuts": (CUTS_HEADER, cuts_cells),
            "budget": (BUDGET_HEADER, budget_cells), "plans": (PLANS_HEADER, plans_cells),
-           "budget-gpu": (PROOF_HEADER, proof_cells), "kinds-gpu": (KINDS_HEADER, kinds_cells)}
+           "budget-gpu": (PROOF_HEADER, proof_cells), "kinds-gpu": (KINDS_HEADER, kinds_cells),
+           "dynamic-vram": (DYNAMIC_VRAM_HEADER, dynamic_vram_cells),
+           "dynamic-vram-checks": (DYNAMIC_VRAM_CHECKS_HEADER, dynamic_vram_check_cells)}
 
 
 def _layout(rows: Sequence[Row], unit: str = "s"):
