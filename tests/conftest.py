@@ -9,7 +9,9 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two threads, shared out between pytest-xdist's workers when the full tier runs two (README): a worker each
+# would otherwise oversubscribe this project's 2-core machines.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 def pytest_addoption(parser):
@@ -25,6 +27,12 @@ def pytest_collection_finish(session):
     few hundred times. Objects the tests make are still collected as before."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """Back to the collector before the interpreter exits, so its last collection frees them as it would have
+    (extension modules report what is never freed)."""
+    gc.unfreeze()
 
 
 def pytest_collection_modifyitems(config, items):
