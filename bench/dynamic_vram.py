@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import time
 import traceback
@@ -58,7 +59,8 @@ class DynamicVramCase:
 GPU_CASE = DynamicVramCase(WAN21, frames=81, height=720, width=1280, stand_in_gb=8.0, free_gb=4.0, dtype="bf16")
 DRY_CASE = DynamicVramCase(WAN21, frames=5, height=32, width=32, stand_in_gb=0.0625, free_gb=0.0, dtype="fp32")
 
-STAND_IN_WIDTH = 8192  # features of each stand-in layer (a 128 MiB bf16 weight; the dry run's are narrower)
+STAND_IN_WIDTH = 8192  # features of each stand-in layer (a 128 MiB bf16 weight)
+DRY_STAND_IN_WIDTH = 256  # the dry run's (a 256 KiB fp32 weight)
 
 
 class LogLines(logging.Handler):
@@ -180,9 +182,9 @@ class Results:
         return row if ok else None
 
     def write(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.payload, indent=1, default=str) + "\n")
-        tmp.replace(self.path)
+        from ..trt.fileio import atomic_write_text
+
+        atomic_write_text(self.path, json.dumps(self.payload, indent=1, default=str) + "\n", overwrite=True)
 
 
 def core_facts() -> dict[str, Any]:
@@ -248,7 +250,7 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
                 "weights_mb": sum(p.numel() * p.element_size() for p in held["vae"].turbo.model.parameters()) / MB}
 
     def stand_in_resident() -> dict[str, Any]:
-        width = STAND_IN_WIDTH if not dry else 256
+        width = DRY_STAND_IN_WIDTH if dry else STAND_IN_WIDTH
         module = build_stand_in(case.stand_in_gb, stand_in_dtype, width)
         held["stand_in"] = comfy.model_patcher.CoreModelPatcher(module, load_device=device,
                                                                  offload_device=mm.unet_offload_device())
@@ -286,7 +288,7 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
             predicted_mb=report.predicted_mb, pass_peak_mb=report.peak_mb, budget_mb=budget_mb, plan=report.how,
             report=report.line(), weights_mb=weights_mb,
             finite=bool(torch.isfinite(out.float()).all()), output=list(out.shape),
-            log=[line for line in log_lines.lines[first_line:]][:40], before=before,
+            log=log_lines.lines[first_line:][:40], before=before,
             after=memory_state(device, held["stand_in"], vae))
         return row
 
@@ -299,11 +301,14 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
                 "log": log_lines.lines[first_line:][:40]}
 
     ok = True
-    for name, fn in (("load_vae", load_vae), ("stand_in_resident", stand_in_resident),
-                     ("fill_the_card", fill_the_card), ("decode", decode), ("stand_in_again", stand_in_again)):
-        if results.step(name, fn) is None:
-            ok = False
-            break
+    try:
+        for name, fn in (("load_vae", load_vae), ("stand_in_resident", stand_in_resident),
+                         ("fill_the_card", fill_the_card), ("decode", decode), ("stand_in_again", stand_in_again)):
+            if results.step(name, fn) is None:
+                ok = False
+                break
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the seeded VAE file (hundreds of MB)
     results.payload["checks"] = checks(results.payload, dry)
     results.write()
     logging.getLogger().removeHandler(log_lines)
