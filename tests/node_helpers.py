@@ -6,6 +6,7 @@ test another architecture add it to `TINY_MODELS`.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,19 @@ def use_comfy_stubs() -> None:
         raise RuntimeError("a real ComfyUI `comfy` is already imported; run the node unit tests on their own")
     if str(STUBS) not in sys.path:
         sys.path.insert(0, str(STUBS))
+
+
+def comfy_python(checkout: Path) -> str:
+    """The interpreter that runs a real ComfyUI `checkout` (the real-server tests, the dynamic VRAM dry run):
+    TURBOVAE_COMFYUI_PYTHON if set, else the first of <checkout>/venv, <checkout>/.venv and <checkout>/../cvenv
+    that exists, else this interpreter."""
+    explicit = os.environ.get("TURBOVAE_COMFYUI_PYTHON")
+    if explicit:
+        return explicit
+    for venv in (checkout / "venv", checkout / ".venv", checkout.parent / "cvenv"):
+        if (venv / "bin" / "python").is_file():
+            return str(venv / "bin" / "python")
+    return sys.executable
 
 
 def _tiny_seedvr2():

@@ -12,11 +12,11 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from node_helpers import comfy_python
 from turbovae.bench import dynamic_vram as dv
 from turbovae.bench.report import render
 
@@ -91,16 +91,6 @@ def test_a_failed_step_is_a_failed_check_row():
 _CHECKOUT = os.environ.get("TURBOVAE_COMFYUI")
 
 
-def _comfy_python(checkout: Path) -> str:
-    explicit = os.environ.get("TURBOVAE_COMFYUI_PYTHON")
-    if explicit:
-        return explicit
-    for venv in (checkout / "venv", checkout / ".venv", checkout.parent / "cvenv"):
-        if (venv / "bin" / "python").is_file():
-            return str(venv / "bin" / "python")
-    return sys.executable
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not _CHECKOUT, reason="set TURBOVAE_COMFYUI to a ComfyUI checkout with dynamic VRAM (0.33.0+)")
 def test_the_steps_run_in_a_real_core_on_the_cpu(tmp_path):
@@ -111,7 +101,7 @@ def test_the_steps_run_in_a_real_core_on_the_cpu(tmp_path):
     site.mkdir()
     (site / "turbovae").symlink_to(ROOT)
     env = dict(os.environ, PYTHONPATH=str(site))
-    done = subprocess.run([_comfy_python(checkout), str(ROOT / "scripts" / "dynamic_vram_gpu.py"),
+    done = subprocess.run([comfy_python(checkout), str(ROOT / "scripts" / "dynamic_vram_gpu.py"),
                            "--comfyui", str(checkout), "--out", str(tmp_path / "out"), "--dry-run"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     results = json.loads((tmp_path / "out" / dv.RESULTS_NAME).read_text())

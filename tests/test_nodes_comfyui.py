@@ -36,7 +36,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -59,6 +58,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import comfy_workflow  # noqa: E402
+import node_helpers  # noqa: E402
 import test_workflows as offline  # noqa: E402  (our node signatures as the offline validator sees them)
 
 import turbovae  # noqa: E402
@@ -85,13 +85,7 @@ ENGINE_FALLBACK_MARKERS = ("TurboVAE engine", "are not used", "EngineFallbackWar
 
 
 def comfy_python() -> str:
-    explicit = os.environ.get("TURBOVAE_COMFYUI_PYTHON")
-    if explicit:
-        return explicit
-    for venv in (CHECKOUT / "venv", CHECKOUT / ".venv", CHECKOUT.parent / "cvenv"):
-        if (venv / "bin" / "python").is_file():
-            return str(venv / "bin" / "python")
-    return sys.executable
+    return node_helpers.comfy_python(CHECKOUT)
 
 
 # -- files the server reads ------------------------------------------------------------------------------
