@@ -226,6 +226,7 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
     import torch
 
     from ..nodes.loader_nodes import TurboVAELoader
+    from ..nodes.pass_budget import weights_bytes
     from .common import environment
 
     case = case or (DRY_CASE if dry else GPU_CASE)
@@ -246,8 +247,8 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
         name = write_seeded_vae(case.family, scratch / "vae")
         folder_paths.add_model_folder_path("vae", str(scratch / "vae"), is_default=True)
         held["vae"] = TurboVAELoader.execute(vae_name=name, dtype=case.dtype).args[0]
-        return {"device": str(device), "vae_file": name,
-                "weights_mb": sum(p.numel() * p.element_size() for p in held["vae"].turbo.model.parameters()) / MB}
+        held["weights_mb"] = weights_bytes(held["vae"].turbo) / MB
+        return {"device": str(device), "vae_file": name, "weights_mb": held["weights_mb"]}
 
     def stand_in_resident() -> dict[str, Any]:
         width = DRY_STAND_IN_WIDTH if dry else STAND_IN_WIDTH
@@ -281,12 +282,11 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
         budget_mb = comfy_budget_bytes(vae.turbo, device) / MB  # what the pass's plan is made under (the node's)
         first_line = len(log_lines.lines)
         row, out = measured_decode(vae, latents, device)
-        weights_mb = sum(p.numel() * p.element_size() for p in vae.turbo.model.parameters()) / MB
         report = vae.last_report  # what the pass planned and did (the nodes show it)
         row.update(
             latents=list(latents.shape), budget_source=device_memory.budget_source(device),
             predicted_mb=report.predicted_mb, pass_peak_mb=report.peak_mb, budget_mb=budget_mb, plan=report.how,
-            report=report.line(), weights_mb=weights_mb,
+            report=report.line(), weights_mb=held["weights_mb"],
             finite=bool(torch.isfinite(out.float()).all()), output=list(out.shape),
             log=log_lines.lines[first_line:][:40], before=before,
             after=memory_state(device, held["stand_in"], vae))

@@ -26,6 +26,11 @@ from .device_memory import budget_source, freeable_bytes
 log = logging.getLogger("turbovae")
 
 
+def weights_bytes(turbo: TurboVAE) -> int:
+    """The bytes of the VAE's parameters: what loading it onto a device takes from a pass's budget."""
+    return sum(p.numel() * p.element_size() for p in turbo.model.parameters())
+
+
 def comfy_budget_bytes(turbo: TurboVAE, device: torch.device) -> int:
     """USABLE_FRACTION of what ComfyUI's model management can free on `device` (`device_memory.freeable_bytes`),
     less the VAE's weights where they are not on `device` yet (at least 1 byte: the plan then takes its smallest
@@ -33,7 +38,7 @@ def comfy_budget_bytes(turbo: TurboVAE, device: torch.device) -> int:
     free = freeable_bytes(device)  # under dynamic VRAM also what core pages out on demand (device_memory.py)
     weights = 0
     if turbo.device != torch.device(device):
-        weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
+        weights = weights_bytes(turbo)
     return max(1, int(free * USABLE_FRACTION) - weights)
 
 
@@ -41,8 +46,7 @@ def comfy_capacity_bytes(turbo: TurboVAE, device: torch.device) -> int:
     """What a pass could have on `device` if model management unloaded every other model: USABLE_FRACTION of the
     device's memory less the VAE's weights (at least 1 byte)."""
     total = int(mm.get_total_memory(device))
-    weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
-    return max(1, int(total * USABLE_FRACTION) - weights)
+    return max(1, int(total * USABLE_FRACTION) - weights_bytes(turbo))
 
 
 def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device, *, decode: bool,
