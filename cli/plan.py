@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--budget-mb", type=float, default=None,
                    help="memory the pass may use besides weights and input, in MB (default: the stated default "
                         "budget, docs/memory.md)")
+    p.add_argument("--host-budget-mb", type=float, default=None,
+                   help="host memory (RAM) the pass may keep caches, output and activations in, in MB (default: the "
+                        "RAM available now less a margin, docs/memory.md)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="auto: any exact plan (default); exact: exact tiles; fast: blended tiles (not exact)")
     p.add_argument("--no-host-memory", action="store_true",
@@ -45,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.budget_mb is not None and args.budget_mb <= 0:
         raise UsageError(f"--budget-mb {args.budget_mb}: give a positive number of MB")
+    if args.host_budget_mb is not None and args.host_budget_mb <= 0:
+        raise UsageError(f"--host-budget-mb {args.host_budget_mb}: give a positive number of MB")
     budget = None if args.budget_mb is None else int(args.budget_mb * 2**20)
+    host = None if args.host_budget_mb is None else int(args.host_budget_mb * 2**20)
     plan = plan_pass(args.source, args.shape, decode=not args.encode, dtype=args.dtype, device_type=args.target,
-                     budget_bytes=budget, mode=args.mode, host_memory=False if args.no_host_memory else None)
+                     budget_bytes=budget, mode=args.mode, host_memory=False if args.no_host_memory else None,
+                     host_budget_bytes=host)
     print(json.dumps(plan_dict(plan)) if args.json else plan.describe())
     return 0

@@ -158,7 +158,8 @@ def test_plan_command_prints_the_prediction_and_the_choice(capsys):
     assert main(["plan", "wan2.1", "--shape", "1x16x21x90x160", "--dtype", "bf16", "--target", "cuda",
                  "--budget-mb", "1"]) == 2
     err = capsys.readouterr().err
-    assert "no plan fits the budget of 1 MB; the smallest needs" in err and "budget of at least that" in err
+    assert "no plan fits the budget of 1 MB on the device and" in err and "MB of host memory; the smallest needs" in err
+    assert "budget of at least that" in err
 
 
 def test_gpu_bench_rows_predict_the_peak_they_measure():

@@ -274,13 +274,15 @@ class TurboVAE:
         shape = self._plan_shape(shape, decode=decode)
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
+        host_budget = self.budget.resolve_host() if dev.type != "cpu" else None
         on_host = None
         if output_device is not None:
             on_host = torch.device(output_device).type != dev.type
         request = PlanRequest(mode=mode, tile_px=tile_px, overlap_px=overlap_px, temporal_slice=temporal_slice,
                               max_temporal_slice=max_temporal_slice, output_on_host=on_host, allow_host=allow_host)
         return plan_pass(self.model, tuple(int(d) for d in shape), decode=decode, budget_bytes=budget,
-                         paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta())
+                         paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
+                         host_budget_bytes=host_budget)
 
     def _plan_shape(self, shape, *, decode: bool) -> tuple[int, ...]:
         """`shape` as a pass's 5-D input shape, or a ValueError naming what is wrong (what decode / encode would

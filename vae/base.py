@@ -258,13 +258,15 @@ class FrameStage:
 
 @dataclass(frozen=True)
 class FrameStages:
-    """What `VAEModel.frame_stages(decode=...)` returns (run by vae/frame_stages.py): the stages in order; `open_context(split)` a fresh pass
-    context for one stage (`split`: the architecture's layer-wise tiling policy, or None); `finish` applied to the
-    last stage's output (the decoder's clamp)."""
+    """What `VAEModel.frame_stages(decode=...)` returns (run by vae/frame_stages.py): the stages in order;
+    `open_context(split)` a fresh pass context for one stage (`split`: the architecture's layer-wise tiling policy,
+    or None); `join(parts, split)` the frames a stage's steps emitted, joined along time for a next stage whose step
+    takes more of them (default: concatenated; a pass keeping its activations in host memory joins them there)."""
 
     stages: Sequence[FrameStage]
     open_context: Callable[[Optional[object]], PassContext]
-    finish: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
+    join: Callable[[Sequence[torch.Tensor], Optional[object]], torch.Tensor] = \
+        lambda parts, split: torch.cat(list(parts), dim=2)
 
 
 class VAEModel(nn.Module, ABC):

@@ -41,7 +41,6 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
     at = [0]
 
     def emit(y: torch.Tensor) -> None:
-        y = stages.finish(y)
         if canvas_t[0] is None:
             shape = (*y.shape[:2], out_frames, *y.shape[3:])
             canvas_t[0] = canvas.empty(shape, y.dtype) if canvas is not None else \
@@ -52,7 +51,7 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
         at[0] += frames
 
     def feed(i: int, y: torch.Tensor) -> None:
-        pending[i] = y if pending[i] is None else torch.cat([pending[i], y], dim=2)
+        pending[i] = y if pending[i] is None else stages.join([pending[i], y], split)
         stage, ctx = chain[i], ctxs[i]
         while pending[i] is not None:
             need = stage.first if ctx.first else stage.rest

@@ -15,7 +15,7 @@ import torch
 
 from .base import VAEModel
 from .dtypes import parse_dtype
-from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes
+from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes, default_host_budget_bytes
 from .memory.peak import MetaPasses, PassPaths
 from .planning import PassPlan, PlanRequest
 from .planning.search import plan_pass as search_plan
@@ -73,7 +73,7 @@ def parse_shape(shape: Union[str, Sequence[int]]) -> tuple[int, ...]:
 def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Sequence[int]], *, decode: bool,
               dtype: Union[None, str, torch.dtype] = None, device_type: str = "cuda",
               budget_bytes: Optional[int] = None, mode: str = "auto", copies: Optional[MetaPasses] = None,
-              host_memory: Optional[bool] = None) -> PassPlan:
+              host_memory: Optional[bool] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
     """The plan a pass would run under `budget_bytes` (vae/planning): what runs (untiled, temporal slices, exact
     tiles, frame stages, host memory), its predicted peak and expected time.
 
@@ -83,8 +83,9 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     the pass would run on (its default paths: fused norms on CUDA where Triton is installed). `budget_bytes`
     default: the default budget on this machine's device of that type, or DEFAULT_PASS_BUDGET_BYTES for a device
     this machine lacks. `host_memory`: whether the plan may keep caches and output in host memory (default: where
-    host memory is apart from the device's, i.e. not on the CPU). Nothing fits: BudgetTooSmall, naming the
-    smallest budget that works."""
+    host memory is apart from the device's, i.e. not on the CPU); `host_budget_bytes`: how much (default: this
+    machine's RAM available now less a margin, `default_host_budget_bytes`). Nothing fits: BudgetTooSmall, naming
+    the smallest budget that works."""
     model = meta_model(source)
     fmt = model.latent_format
     dims = parse_shape(shape)
@@ -111,9 +112,11 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     separate = device_type != "cpu"
     request = PlanRequest(mode=mode, allow_host=separate if host_memory is None else host_memory,
                           host_is_separate=True if host_memory else None)
+    if host_budget_bytes is None:
+        host_budget_bytes = default_host_budget_bytes()
     return search_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
                        paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
-                       copies=copies or MetaPasses(model))
+                       copies=copies or MetaPasses(model), host_budget_bytes=int(host_budget_bytes))
 
 
 def plan_dict(plan: PassPlan) -> dict:
@@ -126,6 +129,7 @@ def plan_dict(plan: PassPlan) -> dict:
             "frame_stages": plan.frame_stages, "cache_on_host": plan.cache_on_host,
             "output_on_host": plan.output_on_host, "layout": plan.layout(),
             "pass_mb": round(p.pass_bytes / mb, 1), "host_mb": round(p.host_bytes / mb, 1),
+            "frames_on_host": plan.frames_on_host,
             "weights_mb": round(p.weight_bytes / mb, 1), "input_mb": round(p.input_bytes / mb, 1),
             "total_mb": round(p.total_bytes / mb, 1), "budget_mb": round(plan.budget_bytes / mb, 1),
             "expected_s": round(plan.cost_s, 3) if plan.cost_s is not None else None, "fits": plan.fits}

@@ -29,6 +29,7 @@ class Placement(Protocol):
     """How a pass stores a tensor it keeps for a later step, and gets it back for use."""
 
     on_host: bool
+    fetch_copies: bool  # whether `fetch` copies to another device (host memory beside a GPU), or gives the memory itself
 
     def hold(self, t: torch.Tensor) -> torch.Tensor:
         """What to keep for `t` (itself on the device; a copy in host memory)."""
@@ -48,16 +49,25 @@ class Placement(Protocol):
         """Copy `src` (on the device) into `dst` (a part of a `held_empty` buffer). Asynchronous on CUDA: nothing
         may read `dst` on the CPU after this, only `fetch` it back (which the stream orders after the write)."""
 
+    def settled(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (held by this placement and written through `write`) readable on the CPU: once the writes into it
+        have landed (on CUDA the stream is waited for). For handing a finished output to code that copies it
+        on the host."""
+
 
 class OnDevice:
     """Everything stays where the pass computes."""
 
     on_host = False
+    fetch_copies = False
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
 
     def hold(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def settled(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
     def fetch(self, t: torch.Tensor) -> torch.Tensor:
@@ -102,6 +112,12 @@ class OnHost:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self._pinned = self.device.type == "cuda"
+        self.fetch_copies = self.device.type != "cpu"
+
+    def settled(self, t: torch.Tensor) -> torch.Tensor:
+        if self._pinned:
+            torch.cuda.current_stream(self.device).synchronize()
+        return t
 
     def hold(self, t: torch.Tensor) -> torch.Tensor:
         buf = host_like(t, pinned=self._pinned)
@@ -135,6 +151,10 @@ class OnMetaHost:
     def __init__(self, tracker, device_type: str):
         self.tracker, self.device_type = tracker, device_type
         self.device = torch.device("meta")
+        self.fetch_copies = device_type != "cpu"
+
+    def settled(self, t: torch.Tensor) -> torch.Tensor:
+        return t
 
     def _host(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         from torch.utils._python_dispatch import _disable_current_modes

@@ -1,10 +1,12 @@
 """How long a plan is expected to take, to choose among the plans that fit: the fastest by this estimate.
 
-A plan's time is its arithmetic (the untiled pass's convolution FLOPs, `predict.conv_flops`, times what its
-tiling adds: halos recomputed by exact staged tiles, overlaps by fast tiles, the layer-wise pass's slower
-crops), plus a fixed cost per causal step of each tile (kernel launches, Python), plus the bytes it copies
-between host and device memory. The constants are per device type and rough: they order plans, they do not
-promise times; `python -m turbovae bench --sections budget` measures what each chosen plan takes.
+A plan's time is its arithmetic (the untiled pass's FLOPs, `predict.pass_work`, at the device's sustained rate),
+what its tiling adds to that arithmetic (halos recomputed by exact staged tiles, overlaps by fast tiles, the
+layer-wise pass's band kernels), a fixed cost per causal step of each tile and per band of each layer-wise layer
+(kernel launches, Python), and the bytes it copies between host and device memory (the caches and output it keeps
+there, and a streamed pass's activations). Each part is reported (`CostBreakdown`), so the bench can set the
+estimate beside what a pass measured part by part (`python -m turbovae bench --sections plan_costs`). The constants
+are per device type: they order plans, they do not promise times.
 """
 
 from __future__ import annotations
@@ -12,32 +14,41 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Optional
 
 from ..base import VAEModel
 from ..exact_tiling import ExactPlan, partition
 from ..tiling.exact import stage_halos
 from .plan import PassPlan
+from .predict import PassWork
+
+# Bytes a streamed pass moves per byte of the untiled pass's convolution inputs and outputs: each activation is
+# written once and read once by the next layer, plus the residual reads of the blocks and the halo rows of each band.
+STREAMED_TRAFFIC = 1.3
 
 
 @dataclass(frozen=True)
 class DeviceSpeed:
-    """`flops_per_s`: the pass's sustained convolution throughput; `step_s`: the fixed cost of one causal step of
-    one tile (or one frame stage); `host_bytes_per_s`: copies between host and device memory, each direction
-    (on the CPU: a memory copy); `layerwise_factor`: the layer-wise exact pass's time over the untiled pass's
-    (contiguous crops, a loop per tile)."""
+    """`flops_per_s`: the untiled pass's sustained throughput; `step_s`: the fixed cost of one causal step of one
+    tile (or one frame stage step); `band_s`: the fixed cost of one band of one layer-wise layer; `host_bytes_per_s`:
+    copies between host and device memory, each direction (on the CPU: a memory copy); `fetch_copies`: whether
+    reading host-held memory copies it (a GPU; on the CPU held memory is used where it lies); `layerwise_factor`:
+    the layer-wise pass's arithmetic time over the untiled pass's (band kernels, normalisation into each band)."""
 
     flops_per_s: float
     step_s: float
+    band_s: float
     host_bytes_per_s: float
+    fetch_copies: bool
     layerwise_factor: float
 
 
 # One H100/H200 in bf16 (docs/results: ~100-400 TFLOP/s on the VAE passes; pageable copies ~25 GB/s, pinned 55) and
-# this project's 2-core CPU in fp32.
+# this project's 2-core CPU in fp32 (docs/results, `plan_costs` section).
 SPEEDS = {
-    "cuda": DeviceSpeed(flops_per_s=250e12, step_s=0.004, host_bytes_per_s=25e9, layerwise_factor=1.3),
-    "cpu": DeviceSpeed(flops_per_s=0.15e12, step_s=0.02, host_bytes_per_s=8e9, layerwise_factor=1.2),
+    "cuda": DeviceSpeed(flops_per_s=250e12, step_s=0.004, band_s=0.0004, host_bytes_per_s=25e9, fetch_copies=True,
+                        layerwise_factor=1.3),
+    "cpu": DeviceSpeed(flops_per_s=0.15e12, step_s=0.02, band_s=0.002, host_bytes_per_s=8e9, fetch_copies=False,
+                       layerwise_factor=1.2),
 }
 
 
@@ -45,24 +56,61 @@ def speed(device_type: str) -> DeviceSpeed:
     return SPEEDS.get(device_type, SPEEDS["cpu"])
 
 
-def estimate_s(model: VAEModel, plan: PassPlan, flops: float, *, host_bytes: Optional[int] = None) -> float:
-    """Seconds `plan` is expected to take, `flops` being the untiled pass's (`predict.conv_flops`);
-    `host_bytes` the caches it keeps in host memory when known (after prediction), else an estimate of zero
-    beyond the output."""
+@dataclass(frozen=True)
+class CostBreakdown:
+    """A plan's expected seconds, part by part: `compute_s` its arithmetic at the untiled rate; `tiling_s` what its
+    tiling adds to it (halos, overlaps, band kernels); `launch_s` the fixed costs per step, tile and band; `host_s`
+    the copies between host and device memory."""
+
+    compute_s: float
+    tiling_s: float
+    launch_s: float
+    host_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.tiling_s + self.launch_s + self.host_s
+
+
+def estimate_s(model: VAEModel, plan: PassPlan, work: PassWork, *, cache_bytes: int = 0) -> float:
+    """Seconds `plan` is expected to take (`breakdown(...).total_s`)."""
+    return breakdown(model, plan, work, cache_bytes=cache_bytes).total_s
+
+
+def breakdown(model: VAEModel, plan: PassPlan, work: PassWork, *, cache_bytes: int = 0) -> CostBreakdown:
+    """`plan`'s expected time part by part; `work` is the untiled pass's (`predict.pass_work`), `cache_bytes` the
+    causal caches of one whole-frame step (what a plan with caches in host memory moves each step)."""
     sp = speed(plan.device_type)
-    compute = flops / sp.flops_per_s * work_factor(model, plan)
+    compute = work.flops / sp.flops_per_s
+    tiling = compute * (work_factor(model, plan) - 1.0)
     latents = plan.shape[2] if plan.decode else model.latent_format.latent_frames(plan.shape[2])
     steps = temporal_steps(model, plan, latents)
-    tiles = plan.tiles if plan.mode != "untiled" else 1
-    overhead = steps * tiles * sp.step_s
-    moved = 0.0
-    if plan.cache_on_host:
-        # every held history goes out once and comes back once per step
-        moved += 2.0 * (host_bytes or 0) * steps
+    tiles = plan.tiles if plan.mode not in ("untiled",) and not _layerwise(model, plan) else 1
+    launch = steps * tiles * sp.step_s
+    if _layerwise(model, plan):
+        launch += layerwise_bands(plan, work) * sp.band_s
+    written = read = 0.0
+    if plan.cache_on_host:  # every held history goes out once and comes back once per step
+        written += cache_bytes * steps
+        read += cache_bytes * steps
     if plan.output_on_host:
-        esize = plan.dtype.itemsize
-        moved += _output_elements(model, plan) * esize
-    return compute + overhead + moved / sp.host_bytes_per_s
+        written += _output_elements(model, plan) * plan.dtype.itemsize
+    if plan.frames_on_host:  # each activation written to host memory and read back
+        written += STREAMED_TRAFFIC * work.io_bytes / 2
+        read += STREAMED_TRAFFIC * work.io_bytes / 2
+    moved = written + (read if sp.fetch_copies else 0.0)
+    return CostBreakdown(compute, tiling, launch, moved / sp.host_bytes_per_s)
+
+
+def _layerwise(model: VAEModel, plan: PassPlan) -> bool:
+    return plan.mode == "exact" and not isinstance(model.exact_plan(decode=plan.decode), ExactPlan)
+
+
+def layerwise_bands(plan: PassPlan, work: PassWork) -> float:
+    """Bands a layer-wise plan runs over the whole pass, about: every convolution's input and output elements
+    (`work.io_bytes`) cut into bands of the plan's element budget (a tile of `tile_px` pixels at 128 channels)."""
+    budget = (plan.tile_px or 1) ** 2 * 128
+    return work.io_bytes / plan.dtype.itemsize / 2 / budget
 
 
 def temporal_steps(model: VAEModel, plan: PassPlan, latents: int) -> int:

@@ -22,18 +22,20 @@ from .plan import PassPlan
 
 
 def placements(plan: PassPlan, device: torch.device, output_device: Optional[torch.device],
-               meta_tracker=None) -> tuple[Optional[Placement], Placement]:
-    """(where the causal caches are kept — None: on the device —, where the output canvas is) for `plan` run on
-    `device`; `meta_tracker`: the `LiveBytes` of a meta run (host memory is counted apart there)."""
+               meta_tracker=None) -> tuple[Optional[Placement], Placement, Optional[Placement]]:
+    """(where the causal caches are kept — None: on the device —, where the output canvas is, where a layer-wise
+    pass keeps its whole-frame activations — None: on the device) for `plan` run on `device`; `meta_tracker`: the
+    `LiveBytes` of a meta run (host memory is counted apart there)."""
     def host() -> Placement:
         return OnMetaHost(meta_tracker, plan.device_type) if meta_tracker is not None else OnHost(device)
 
-    caches = host() if plan.cache_on_host else None
+    caches = host() if plan.cache_on_host or plan.frames_on_host else None
+    frames = host() if plan.frames_on_host else None
     if not plan.output_on_host:
-        return caches, OnDevice(device)
+        return caches, OnDevice(device), frames
     if meta_tracker is None and output_device is not None and torch.device(output_device).type != device.type:
-        return caches, OnDevice(output_device)  # the caller's host device (a CUDA pass's CPU output)
-    return caches, host()
+        return caches, OnDevice(output_device), frames  # the caller's host device (a CUDA pass's CPU output)
+    return caches, host(), frames
 
 
 def run_plan(model: VAEModel, x: torch.Tensor, plan: PassPlan, *, progress: Progress = None,
@@ -50,7 +52,7 @@ def run_plan(model: VAEModel, x: torch.Tensor, plan: PassPlan, *, progress: Prog
     decode = plan.decode
     fmt = model.latent_format
     out_frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
-    caches, canvas = placements(plan, x.device, output_device, meta_tracker)
+    caches, canvas, frames = placements(plan, x.device, output_device, meta_tracker)
     with held_in(caches):
         if plan.mode == "untiled":
             if plan.frame_stages:
@@ -64,7 +66,7 @@ def run_plan(model: VAEModel, x: torch.Tensor, plan: PassPlan, *, progress: Prog
         ts = retry.temporal_slice if retry is not None else plan.temporal_slice
         if plan.mode == "exact":
             return run_exact(model, x, grid, decode=decode, temporal_slice=ts, progress=progress, retry=retry,
-                             canvas=canvas, frame_stages=plan.frame_stages, sample=sample)
+                             canvas=canvas, frame_stages=plan.frame_stages, sample=sample, frames=frames)
         f = fmt.spatial_factor
         in_scale, out_scale = (1, f) if decode else (f, 1)
         out_channels = fmt.image_channels if decode else 2 * fmt.channels

@@ -8,7 +8,9 @@ otherwise:
   "fast" (independent tiles blended: not exact);
 - `frame_stages`: the model's stages streamed one frame step at a time (vae/frame_stages.py);
 - `cache_on_host` / `output_on_host`: the causal caches / the output canvas kept in host memory
-  (vae/memory/placement.py).
+  (vae/memory/placement.py);
+- `frames_on_host`: a layer-wise exact plan's whole-frame activations kept in host memory, the device holding only
+  bands of rows (vae/seedvr2/layerwise.py: a *streamed* pass; its caches are in host memory too).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class PassPlan:
     frame_stages: bool = False
     cache_on_host: bool = False
     output_on_host: bool = False
+    frames_on_host: bool = False
     latent_hw: tuple[int, int] = (0, 0)
     spatial_factor: int = 8
     tiles: int = 1
@@ -73,7 +76,7 @@ class PassPlan:
 
     @property
     def on_host(self) -> bool:
-        return self.cache_on_host or self.output_on_host
+        return self.cache_on_host or self.output_on_host or self.frames_on_host
 
     def grid(self) -> TileGrid:
         """The tiles (a single one when untiled); the overlap matters to fast tiles only."""
@@ -96,6 +99,8 @@ class PassPlan:
         parts = [what, "whole clip" if self.temporal_slice is None else f"temporal slice {self.temporal_slice}"]
         if self.frame_stages:
             parts.append("frame stages")
+        if self.frames_on_host:
+            parts.append("activations in host memory")
         if self.cache_on_host:
             parts.append("caches in host memory")
         if self.output_on_host:

@@ -13,7 +13,7 @@ of the whole pass.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -46,39 +46,85 @@ def _predict_plan(copies: MetaPasses, plan: PassPlan, paths: PassPaths) -> PeakP
                           host_bytes=int(tracker.host_peak))
 
 
-def conv_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
-               copies: Optional[MetaPasses] = None) -> float:
-    """Multiply-adds × 2 of every convolution and matrix product of the untiled pass over `shape` (one latent per
-    step after the first), counted on meta tensors: what the cost model scales."""
+@dataclass(frozen=True)
+class PassWork:
+    """What an untiled pass computes and moves, counted on meta tensors; the cost model (vae/planning/cost.py) scales
+    it per plan. `flops`: 2 × multiply-adds of every convolution, matrix product and attention; `io_bytes`: the bytes
+    of every convolution's input and output (what a pass whose activations live in host memory moves between host
+    and device, about once each way)."""
+
+    flops: float
+    io_bytes: float = 0.0
+
+    def __add__(self, other: "PassWork") -> "PassWork":
+        return PassWork(self.flops + other.flops, self.io_bytes + other.io_bytes)
+
+    def __sub__(self, other: "PassWork") -> "PassWork":
+        return PassWork(self.flops - other.flops, self.io_bytes - other.io_bytes)
+
+    def __mul__(self, k: float) -> "PassWork":
+        return PassWork(self.flops * k, self.io_bytes * k)
+
+
+def pass_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+              copies: Optional[MetaPasses] = None) -> PassWork:
+    """The work of the untiled pass over `shape` (one latent per step after the first), counted on meta tensors."""
     copies = copies or MetaPasses(model)
     clone = copies.copy(dtype, model.fast)
-    counter = _FlopCounter()
+    counter = WorkCounter()
     x = torch.empty(shape, device="meta", dtype=dtype)
     with torch.inference_mode(), predicting_for("cpu"), counter:
         if decode:
             clone.decode_latents(x, temporal_slice=1)
         else:
             clone.encode_moments(x, temporal_slice=1)
-    return counter.flops
+    return PassWork(counter.flops, counter.io_bytes)
 
 
-class _FlopCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """2 × multiply-adds of convolutions and matrix products (the pass's arithmetic; the rest moves bytes)."""
+def conv_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+               copies: Optional[MetaPasses] = None) -> float:
+    """Multiply-adds × 2 of every convolution, matrix product and attention of the untiled pass over `shape` (one
+    latent per step after the first), counted on meta tensors: what the cost model scales."""
+    return pass_work(model, shape, decode=decode, dtype=dtype, copies=copies).flops
+
+
+_aten = torch.ops.aten
+_CONVS = {_aten.convolution.default, _aten.conv1d.default, _aten.conv2d.default, _aten.conv3d.default,
+          _aten.conv1d.padding, _aten.conv2d.padding, _aten.conv3d.padding}
+_MATMULS = {_aten.mm.default: (0, 1), _aten.bmm.default: (0, 1), _aten.addmm.default: (1, 2),
+            _aten.baddbmm.default: (1, 2)}
+_ATTENTIONS = {getattr(_aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math", "scaled_dot_product_attention") if hasattr(_aten, name)}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class WorkCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """2 × multiply-adds of convolutions, linear layers, matrix products and attention (the pass's arithmetic; the
+    rest moves bytes), and the bytes convolutions read and write. Under inference mode the dispatcher hands a mode
+    `conv2d`, `conv3d` and `linear` themselves rather than their decompositions, so each is counted by name."""
 
     def __init__(self):
         super().__init__()
         self.flops = 0.0
+        self.io_bytes = 0.0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        aten = torch.ops.aten
-        if func is aten.convolution.default:
+        if func in _CONVS:
             w = args[1]  # [out, in / groups, *kernel]: each output element reads in/groups × kernel inputs
             self.flops += 2.0 * out.numel() * math.prod(w.shape[1:])
-        elif func in (aten.mm.default, aten.bmm.default, aten.addmm.default):
-            a, b = (args[1], args[2]) if func is aten.addmm.default else (args[0], args[1])
+            self.io_bytes += _nbytes(args[0]) + _nbytes(out)
+        elif func is _aten.linear.default:
+            self.flops += 2.0 * out.numel() * args[1].shape[-1]
+        elif func in _MATMULS:
+            a = args[_MATMULS[func][0]]
             self.flops += 2.0 * out.numel() * a.shape[-1]
-        elif func in (aten._scaled_dot_product_flash_attention_for_cpu.default,):
+        elif func in _ATTENTIONS:
             q, k = args[0], args[1]
             self.flops += 4.0 * q.shape[:-2].numel() * q.shape[-2] * k.shape[-2] * q.shape[-1]
         return out

@@ -1,19 +1,21 @@
 """The planner: every way this package can run a pass, the fastest whose predicted peak fits the budget.
 
 Given the pass (shape, direction, dtype, the paths it will run on its device) and a budget (device memory the
-pass may use besides the weights and its input), it lists the plans the library can run — untiled with temporal
-slices; exact tiles; fast tiles when asked for; the model's frame stages; caches and output in host memory — each
-with its expected time (the cost model, vae/planning/cost.py), and predicts their peaks by running their own
-executor on meta tensors (vae/planning/predict.py). The fastest plan is taken when it fits (the common case).
-Otherwise, host memory level by level (none; the output; the output and the caches: copies cost time, so only
-where the device alone cannot hold a plan), each kind of plan (untiled, exact or fast tiles, with or without frame
-stages) is searched for its largest tile that fits, then its largest slice at that tile, and the fastest of those
-runs. Nothing that does not fit is run: a budget below every plan is `BudgetTooSmall`, naming the smallest budget
-that works and the plan that needs it.
+pass may use besides the weights and its input, and host memory where that is apart from the device's), it lists
+the plans the library can run — untiled with temporal slices; exact tiles; fast tiles when asked for; the model's
+frame stages; caches, output and (SeedVR2's layer-wise tiles) activations in host memory — each with its expected
+time (the cost model, vae/planning/cost.py), and predicts their peaks by running their own executor on meta
+tensors (vae/planning/predict.py). The fastest plan is taken when it fits (the common case). Otherwise, host memory
+level by level (none; the output; the output and the caches; every activation: copies cost time and RAM, so only
+where the device alone cannot hold a plan), the level's candidates are predicted in the order of their estimated
+time and the first that fits runs: the plan the estimate ranks first among those that fit. Nothing that does not
+fit is run: a budget below every plan is `BudgetTooSmall`, naming the smallest budget that works and the plan that
+needs it.
 
 Why the taken plan's own prediction, never a neighbour's: a pass's peak is not monotone in its slice or tile (a
-slice that splits the clip into one more step can need less than a smaller one). Bisection over the tiles steers
-the search, so a non-monotone step may cost speed (a smaller tile than possible), never memory.
+slice that splits the clip into one more step can need less than a smaller one). A candidate is skipped only where
+a plan of its kind with no larger tile and slice was over the budget, so a non-monotone step may cost speed (a
+smaller tile than possible), never memory.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..tiling.grid import TileGrid
 from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
 from .plan import MB, MODES, PassPlan
-from .predict import conv_flops, predict_plan
+from .predict import PassWork, pass_work, predict_plan
 
 DEFAULT_TILE_PX = 512  # fast/exact tiles asked for without a size (ComfyUI's default too)
 DEFAULT_OVERLAP_PX = 64
@@ -61,60 +63,126 @@ class PlanRequest:
 
 def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
               dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
-              copies: Optional[MetaPasses] = None) -> PassPlan:
+              copies: Optional[MetaPasses] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
     """The fastest plan for a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for
-    encode; 5-D) whose predicted device peak fits `budget_bytes`; BudgetTooSmall when none does."""
+    encode; 5-D) whose predicted device peak fits `budget_bytes` and, where host memory is apart from the device's,
+    whose host memory fits `host_budget_bytes` (None: not bounded); BudgetTooSmall when none does."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive integer number of bytes")
+    if host_budget_bytes is not None and (isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, int)
+                                          or host_budget_bytes <= 0):
+        raise ValueError(f"host_budget_bytes={host_budget_bytes!r} must be a positive integer number of bytes")
     if request.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {request.mode!r}")
     shape = tuple(int(d) for d in shape)
     dtype = dtype or model.dtype
     copies = copies or MetaPasses(model)
     separate = request.host_is_separate if request.host_is_separate is not None else paths.device_type != "cpu"
+    budget = Budget(budget_bytes, host_budget_bytes if separate else None, separate)
     cands = candidates(model, shape, decode=decode, dtype=dtype, device_type=paths.device_type, request=request,
                        host_is_separate=separate)
     if not cands:
         raise ValueError(f"no {request.mode} plan exists for a {model.kind} "
                          f"{'decode' if decode else 'encode'} of {shape}")
-    flops = copies.memo(("flops", shape, decode, dtype),
-                        lambda: pass_flops(model, shape, decode=decode, dtype=dtype, copies=copies))
-    held = copies.memo(("caches", shape, decode, dtype), lambda: cache_bytes(model, shape, decode=decode, dtype=dtype)) \
-        if any(c.cache_on_host for c in cands) else 0
+    work = copies.memo(("work", shape, decode, dtype),
+                       lambda: whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies))
+    held = copies.memo(("caches", shape, decode, dtype), lambda: cache_bytes(model, shape, decode=decode, dtype=dtype))
 
     def cost(c: PassPlan) -> float:
-        return estimate_s(model, c, flops, host_bytes=held if c.cache_on_host else 0)
+        return estimate_s(model, c, work, cache_bytes=held)
 
     def predicted(c: PassPlan) -> PassPlan:
-        return _predicted(model, c, copies, paths, budget_bytes, flops)
-
-    def fits(p: PassPlan) -> bool:
-        return _fits(p, budget_bytes, separate)
+        return _predicted(model, c, copies, paths, budget_bytes, work, held)
 
     fastest = predicted(min(cands, key=cost))
-    if fits(fastest):
+    if budget.fits(fastest):
         return fastest  # the common case: the fastest plan fits
-    held_bytes = held or cache_bytes(model, shape, decode=decode, dtype=dtype)
     out_bytes = output_bytes(model, shape, decode=decode, dtype=dtype)
-    floor = fastest
+    tried = [fastest]
     for level in _host_levels(cands):  # host memory only where the device alone cannot hold a plan
-        best: Optional[PassPlan] = None
-        for group in _groups(level, cost):
-            if best is not None and min(cost(c) for c in group) >= best.cost_s:
-                break  # groups come cheapest first: none after this can beat the plan found
-            if _held_on_device(model, group[0], held_bytes, out_bytes) > budget_bytes:
-                continue  # what it must hold on the device alone is over the budget: no member fits
-            found, least = _best_in_group(group, predicted, fits)
-            floor = min(floor, least, key=lambda p: _need(p, separate))
-            if found is not None and (best is None or found.cost_s < best.cost_s):
-                best = found
-        if best is not None:
-            return best
-    # nothing fits: the smallest budget that works is the least of the thriftiest level's kinds, each predicted
+        found = _cheapest_fitting(model, level, cost, predicted, budget, held, out_bytes, tried)
+        if found is not None:
+            return found
+    # nothing fits: the smallest budget that works is the least of each kind's thriftiest plan, each predicted
     for group in _groups(_host_levels(cands)[-1], cost):
-        least = predicted(_thriftiest(group))
-        floor = min(floor, least, key=lambda p: _need(p, separate))
-    raise BudgetTooSmall(_too_small(floor, budget_bytes, separate))
+        tried.append(predicted(_thriftiest(group)))
+    raise BudgetTooSmall(budget.too_small(tried))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan must fit: `device_bytes` (on CUDA within PREDICTED_SHARE of it) and, where host memory is apart
+    from the device's (`separate`), `host_bytes` (None: not bounded). Where it is not (the CPU), host-held bytes
+    count against the device budget."""
+
+    device_bytes: int
+    host_bytes: Optional[int]
+    separate: bool
+
+    def device_need(self, plan: PassPlan) -> int:
+        p = plan.predicted
+        return p.pass_bytes + (0 if self.separate else p.host_bytes)
+
+    def host_fits(self, plan: PassPlan) -> bool:
+        return self.host_bytes is None or plan.predicted.host_bytes <= self.host_bytes
+
+    def fits(self, plan: PassPlan) -> bool:
+        share = PREDICTED_SHARE.get(plan.device_type, 1.0)
+        return self.device_need(plan) <= self.device_bytes * share and self.host_fits(plan)
+
+    def too_small(self, tried: list[PassPlan]) -> str:
+        """BudgetTooSmall's message: the plan needing the least device memory among those within the host budget
+        (else the one needing the least host memory), and what to do."""
+        within = [p for p in tried if self.host_fits(p)]
+        floor = min(within, key=self.device_need) if within else min(tried, key=lambda p: p.predicted.host_bytes)
+        what = "decode" if floor.decode else "encode"
+        budget = f"the budget of {self.device_bytes / MB:.0f} MB"
+        if self.host_bytes is not None:
+            budget += f" on the device and {self.host_bytes / MB:.0f} MB of host memory"
+        need = f"{math.ceil(self.device_need(floor) / MB)} MB"
+        if self.separate and floor.predicted.host_bytes:
+            need += f" on the device and {math.ceil(floor.predicted.host_bytes / MB)} MB of host memory"
+        return (f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits "
+                f"{budget}; the smallest needs {need} ({floor.layout()}). Free memory on the device (unload other "
+                "models) or in RAM, give the pass a budget of at least that (vae.budget = "
+                "turbovae.MemoryBudget(bytes, host_bytes), budget_bytes=, plan --budget-mb / --host-budget-mb), or "
+                "pass fewer frames or a smaller frame per call")
+
+
+def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, budget: Budget, held: int,
+                      out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
+    """The cheapest plan of `level` (by the cost estimate) whose prediction fits `budget`, or None: candidates are
+    predicted in order of their estimate and the first that fits is taken, so the plan chosen is the one the
+    estimate ranks first among those that fit. A candidate is skipped unpredicted where what it must hold on the
+    device alone is over the budget, or where a plan of its kind with no larger tile and slice was already over:
+    a peak is not strictly monotone in either, so a skip may cost speed (a smaller plan taken), never memory."""
+    over: dict[tuple, list[PassPlan]] = {}
+    for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
+        least = _thriftiest(group)
+        if _held_on_device(model, least, held, out_bytes) > budget.device_bytes:
+            over[_kind(least)] = [least]
+            continue
+        plan = predicted(least)
+        tried.append(plan)
+        if not budget.fits(plan):
+            over[_kind(least)] = [least]
+    for cand in sorted(level, key=cost):
+        if _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
+            continue
+        kind = _kind(cand)
+        if any(_size(o.tile_latent) <= _size(cand.tile_latent) and _size(o.temporal_slice) <= _size(cand.temporal_slice)
+               for o in over.get(kind, ())):
+            continue
+        plan = predicted(cand)
+        tried.append(plan)
+        if budget.fits(plan):
+            return plan
+        over.setdefault(kind, []).append(cand)
+    return None
+
+
+def _kind(plan: PassPlan) -> tuple:
+    return plan.mode, plan.frame_stages, plan.frames_on_host, plan.cache_on_host, plan.output_on_host
 
 
 def _thriftiest(group: list[PassPlan]) -> PassPlan:
@@ -136,19 +204,20 @@ def _held_on_device(model: VAEModel, plan: PassPlan, caches: int, output: int) -
 
 
 def _host_levels(cands: list[PassPlan]) -> list[list[PassPlan]]:
-    """The candidates by how much they keep in host memory: nothing, the output, the output and the caches."""
+    """The candidates by how much they keep in host memory: nothing, the output, the output and the caches, and
+    (layer-wise exact plans) every activation between layers."""
     levels: dict[tuple, list[PassPlan]] = {}
     for c in cands:
-        levels.setdefault((c.cache_on_host, c.output_on_host), []).append(c)
+        levels.setdefault((c.frames_on_host, c.cache_on_host, c.output_on_host), []).append(c)
     return [levels[k] for k in sorted(levels)]
 
 
 def _groups(level: list[PassPlan], cost) -> list[list[PassPlan]]:
-    """A level's candidates by kind (untiled / exact / fast tiles, with or without frame stages), the group with the
-    cheapest member first."""
+    """A level's candidates by kind (`_kind`: untiled / exact / fast tiles, with or without frame stages, what they
+    keep in host memory), the group with the cheapest member first."""
     groups: dict[tuple, list[PassPlan]] = {}
     for c in level:
-        groups.setdefault((c.mode, c.frame_stages), []).append(c)
+        groups.setdefault(_kind(c), []).append(c)
     return sorted(groups.values(), key=lambda g: min(cost(c) for c in g))
 
 
@@ -156,49 +225,11 @@ def _size(v: Optional[int]) -> float:
     return math.inf if v is None else v
 
 
-def _best_in_group(group: list[PassPlan], predicted, fits) -> tuple[Optional[PassPlan], PassPlan]:
-    """(the cheapest plan of one kind that fits, or None; its thriftiest plan, predicted). The largest tile that fits
-    at the smallest slice is found by bisection over the tiles, then every larger slice at that tile is predicted
-    (a slice's peak is not monotone in it: each is asked, none inferred). Bisection over tiles only steers the
-    search: every plan returned fits by its own prediction."""
-    tiles = sorted({c.tile_latent for c in group}, key=_size)  # smallest first; None (untiled) last
-    slices = sorted({c.temporal_slice for c in group}, key=_size)
-    by_key = {(c.tile_latent, c.temporal_slice): c for c in group}
-    smallest = slices[0]
-    least = predicted(_thriftiest(group))
-    if not fits(least):
-        return None, least
-    lo, hi = 0, len(tiles) - 1  # tiles[lo] fits; the largest index that fits, by bisection
-    best = least
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        cand = by_key.get((tiles[mid], smallest))
-        plan = predicted(cand) if cand is not None else None
-        if plan is not None and fits(plan):
-            lo, best = mid, plan
-        else:
-            hi = mid - 1
-    tile = best.tile_latent
-    for ts in slices[1:]:  # a larger slice at that tile: fewer steps, usually more memory
-        cand = by_key.get((tile, ts))
-        if cand is None:
-            continue
-        plan = predicted(cand)
-        if fits(plan) and plan.cost_s < best.cost_s:
-            best = plan
-    return best, least
-
-
 def _predicted(model: VAEModel, cand: PassPlan, copies: MetaPasses, paths: PassPaths, budget_bytes: int,
-               flops: float) -> PassPlan:
+               work: PassWork, held: int) -> PassPlan:
     pred = predict_plan(copies, cand, paths)
-    cost = estimate_s(model, cand, flops, host_bytes=pred.host_bytes)
-    return replace(cand, predicted=pred, budget_bytes=budget_bytes, cost_s=cost)
-
-
-def _need(plan: PassPlan, separate: bool) -> int:
-    p = plan.predicted
-    return p.pass_bytes + (0 if separate else p.host_bytes)
+    return replace(cand, predicted=pred, budget_bytes=budget_bytes, cost_s=estimate_s(model, cand, work,
+                                                                                      cache_bytes=held))
 
 
 # The share of the budget a plan's prediction may use, per device type: on CUDA the rest is headroom for what the
@@ -206,22 +237,6 @@ def _need(plan: PassPlan, separate: bool) -> int:
 # measured at most 5.3 % above the prediction (docs/results/2026-11-27-h200-budget-gpu-call2.json, SeedVR2
 # 1080p x 81 decode with caches in host memory), every other case within 1 %.
 PREDICTED_SHARE = {"cuda": 0.94}
-
-
-def _fits(plan: PassPlan, budget_bytes: int, separate: bool) -> bool:
-    """The predicted device peak within the budget (on CUDA within PREDICTED_SHARE of it); where host memory is the
-    budgeted memory (the CPU), with the host-held bytes added."""
-    return _need(plan, separate) <= budget_bytes * PREDICTED_SHARE.get(plan.device_type, 1.0)
-
-
-def _too_small(floor: PassPlan, budget_bytes: int, separate: bool) -> str:
-    need = _need(floor, separate)
-    what = "decode" if floor.decode else "encode"
-    return (f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits the "
-            f"budget of {budget_bytes / MB:.0f} MB; the smallest needs {math.ceil(need / MB)} MB ({floor.layout()}). "
-            "Free memory on the device (unload other models), give the pass a budget of at least that "
-            "(vae.budget = turbovae.MemoryBudget(bytes), or budget_bytes=), or pass fewer frames or a smaller "
-            "frame per call")
 
 
 def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype, device_type: str,
@@ -262,15 +277,18 @@ def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
         if mode == "exact" and request.mode == "auto" and tiles == 1:
             continue  # one exact tile is the untiled pass, listed already
         stage_opts = [False, True] if has_stages and mode != "fast" and request.temporal_slice is None else [False]
+        # a layer-wise exact plan may keep its activations in host memory too (streamed: the device holds bands)
+        streamed = [False, True] if mode == "exact" and not staged and cache_opts != [False] else [False]
         for stages in stage_opts:
             # staged exact tiles hold per-tile caches (small): host memory for them is not worth a copy
             caches = [False] if mode == "exact" and staged or mode == "fast" else cache_opts
             for ts in ([None] if stages else slices):
                 for on_host in outputs:
-                    for cache_host in caches:
-                        out.append(PassPlan(mode=mode, temporal_slice=ts, tile_latent=tile, tiles=tiles,
-                                            frame_stages=stages, cache_on_host=cache_host, output_on_host=on_host,
-                                            **base))
+                    for frames_host in streamed:
+                        for cache_host in ([True] if frames_host else caches):
+                            out.append(PassPlan(mode=mode, temporal_slice=ts, tile_latent=tile, tiles=tiles,
+                                                frame_stages=stages, cache_on_host=cache_host, output_on_host=on_host,
+                                                frames_on_host=frames_host, **base))
     return out
 
 
@@ -317,21 +335,21 @@ def _tiles(request: PlanRequest, h_lat: int, w_lat: int, f: int) -> list[Optiona
     return ladder or [MIN_TILE_LATENT]
 
 
-def pass_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
-               copies: MetaPasses) -> float:
-    """The untiled pass's conv FLOPs, counted on a clip of at most three latents and extended linearly (every
-    latent after the first costs the same)."""
+def whole_pass_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+                    copies: MetaPasses) -> PassWork:
+    """The untiled pass's work (`predict.pass_work`), counted on a clip of at most three latents and extended
+    linearly (every latent after the first costs the same)."""
     fmt = model.latent_format
     latents = shape[2] if decode else fmt.latent_frames(shape[2])
 
-    def of(n: int) -> float:
+    def of(n: int) -> PassWork:
         s = (*shape[:2], n if decode else fmt.pixel_frames(n), *shape[3:])
-        return conv_flops(model, s, decode=decode, dtype=dtype, copies=copies)
+        return pass_work(model, s, decode=decode, dtype=dtype, copies=copies)
 
     if latents <= 3:
         return of(latents)
     three, two = of(3), of(2)
-    return three + (latents - 3) * (three - two)
+    return three + (three - two) * (latents - 3)
 
 
 def output_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype) -> int:

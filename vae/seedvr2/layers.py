@@ -10,7 +10,7 @@ released checkpoint's keys exactly.
 from __future__ import annotations
 
 import operator
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,12 @@ class SeedVR2PassContext(PassContext):
         self.pieces = SeedVR2Pieces.of(fast)
         self.inplace = self.pieces.writes_in_place and torch.is_inference_mode_enabled()
         self.add_residual = torch.Tensor.add_ if self.inplace else operator.add  # residual adds
+        # what the decoder's last conv applies to its output (the clamp of a decode step), band by band under `split`
+        self.finish_output: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+    def clamp_output(self) -> None:
+        """The decoder's last conv clamps its output to [-1, 1] (the pipelines' final clamp)."""
+        self.finish_output = _clamp_in_place if self.inplace else _clamp
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -53,7 +59,19 @@ class SeedVR2PassContext(PassContext):
 
     def image(self, x: torch.Tensor) -> bool:
         """True when the T=1 conv2d path applies (first slice, one frame)."""
-        return self.pieces.fold_images and self.first and x.shape[2] == 1
+        return self.image_frames(x.shape[2])
+
+    def image_frames(self, frames: int) -> bool:
+        """`image` for an input of `frames` frames."""
+        return self.pieces.fold_images and self.first and frames == 1
+
+
+def _clamp(y: torch.Tensor) -> torch.Tensor:
+    return y.clamp(-1.0, 1.0)
+
+
+def _clamp_in_place(y: torch.Tensor) -> torch.Tensor:
+    return y.clamp_(-1.0, 1.0)
 
 
 class CausalConv3d(nn.Conv3d):
@@ -189,13 +207,15 @@ def norm_silu(norm: nn.GroupNorm, x: torch.Tensor, silu: bool = True, inplace: b
 
 
 def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ctx: SeedVR2PassContext, *,
-                   last_use: bool = False) -> torch.Tensor:
-    """conv(SiLU(GroupNorm(x))); under exact tiling the normalisation is fused into the conv's input tiles.
-    `last_use`: the caller drops `x` after this, so with in-place ops on (`ctx.inplace`) the norm may write
-    its result into `x`."""
+                   last_use: bool = False,
+                   finish: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """finish(conv(SiLU(GroupNorm(x)))); under exact tiling the normalisation is fused into the conv's input bands
+    (and `finish` applied band by band). `last_use`: the caller drops `x` after this, so with in-place ops on
+    (`ctx.inplace`) the norm may write its result into `x`."""
     if ctx.split is not None:
-        return layerwise.norm_silu_conv(norm, conv, x, ctx, ctx.split)
-    return conv(norm_silu(norm, x, inplace=last_use and ctx.inplace), ctx)
+        return layerwise.norm_silu_conv(norm, conv, x, ctx, ctx.split, finish=finish)
+    y = conv(norm_silu(norm, x, inplace=last_use and ctx.inplace), ctx)
+    return finish(y) if finish is not None else y
 
 
 class ResnetBlock3D(nn.Module):
@@ -230,6 +250,8 @@ class MidAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(channels, channels), nn.Dropout(0.0)])
 
     def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+        if ctx.split is not None and ctx.shard is None:  # band by band, keys and values of the whole frame
+            return layerwise.attention(self, x, ctx, ctx.split)
         b, c, t, h, w = x.shape
         frames = x[:, :, 0] if t == 1 else x.transpose(1, 2).reshape(b * t, c, h, w)
         shard = ctx.shard
@@ -297,10 +319,11 @@ class Upsample3D(nn.Module):
         return wk, bk
 
     def forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+        if ctx.split is not None:  # the conv's bands read the upscaled rows as they need them
+            return layerwise.upsample(self, x, ctx, ctx.split)
         if self.composed_applies(x, ctx):
             return subpixel.upsample_conv(self, x, ctx)
-        y = layerwise.upscale(self, x, ctx, ctx.split) if ctx.split is not None else self.upscale(x, ctx)
-        return self.conv(y, ctx)
+        return self.conv(self.upscale(x, ctx), ctx)
 
     def composed_applies(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> bool:
         """The composed low-resolution convs (vae/seedvr2/subpixel.py), where the pass runs them: whole-frame

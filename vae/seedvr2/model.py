@@ -28,7 +28,7 @@ from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
 from .config import SeedVR2Config
 from .layers import (CausalConv3d, Downsample3D, MidBlock3D, ResnetBlock3D, SeedVR2PassContext, Upsample3D,
                      norm_silu_conv)
-from .layerwise import SplitPolicy, normalised_convs
+from .layerwise import SplitPolicy, join_frames, normalised_convs
 
 class DownBlock3D(nn.Module):
     def __init__(self, cin: int, cout: int, layers: int, cfg: SeedVR2Config, downsample: Optional[bool]):
@@ -98,7 +98,11 @@ class Decoder3D(nn.Module):
         x = self.mid_block(self.conv_in(z, ctx), ctx)
         for block in self.up_blocks:
             x = block(x, ctx)
-        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx, last_use=True)
+        return self.head(x, ctx)
+
+    def head(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+        """GroupNorm + SiLU + conv_out, then what the pass applies to the pixels (`ctx.finish_output`: the clamp)."""
+        return norm_silu_conv(self.conv_norm_out, self.conv_out, x, ctx, last_use=True, finish=ctx.finish_output)
 
 
 class SeedVR2VAE(VAEModel):
@@ -130,7 +134,7 @@ class SeedVR2VAE(VAEModel):
         ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
         out = self.encoder(pixels, ctx)
-        return out, ctx.finish()
+        return _settled(out, split), ctx.finish()
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True,
@@ -140,10 +144,10 @@ class SeedVR2VAE(VAEModel):
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
         ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
         ctx.tick = tick
-        out = self.decoder(latents, ctx)
         if clamp:
-            out = out.clamp_(-1.0, 1.0) if ctx.inplace else out.clamp(-1.0, 1.0)
-        return out, ctx.finish()
+            ctx.clamp_output()
+        out = self.decoder(latents, ctx)
+        return _settled(out, split), ctx.finish()
 
     def gpu_defaults(self) -> GpuDefaults:
         """Measured on the first H100 run (docs/gpu.md, "Defaults per architecture"): compile and channels-last
@@ -163,12 +167,12 @@ class SeedVR2VAE(VAEModel):
         stages = _decoder_stages(part, self.config) if decode else _encoder_stages(part, self.config)
 
         def open_context(split: Optional[SplitPolicy]) -> SeedVR2PassContext:
-            return SeedVR2PassContext(self.active_fast(), None, True, split)
+            ctx = SeedVR2PassContext(self.active_fast(), None, True, split)
+            if decode:
+                ctx.clamp_output()  # read by the last stage's head only
+            return ctx
 
-        def finish(y: torch.Tensor) -> torch.Tensor:
-            return y.clamp_(-1.0, 1.0) if decode else y
-
-        return FrameStages(stages, open_context, finish)
+        return FrameStages(stages, open_context, join_frames)
 
     # -- exact tiling ------------------------------------------------------------------------------
     def exact_plan(self, *, decode: bool) -> LayerwisePlan:
@@ -176,10 +180,10 @@ class SeedVR2VAE(VAEModel):
         (GroupNorm statistics span the frame, so no tile of the network is independent)."""
         def run(x: torch.Tensor, tile_latent: int, temporal_slice: Optional[int], progress,
                 shard=None, *, stages: bool = False, canvas: Optional[Placement] = None,
-                sample: bool = False) -> torch.Tensor:
+                sample: bool = False, frames: Optional[Placement] = None) -> torch.Tensor:
             f = self.latent_format.spatial_factor
             policy = SplitPolicy(budget_elems=(tile_latent * f) ** 2 * self.config.block_out_channels[0],
-                                 shard=shard)
+                                 shard=shard, frames=frames)
             fmt = self.latent_format
             frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
             if stages:  # progress per input frame step (vae/frame_stages.py)
@@ -215,7 +219,7 @@ def _decoder_stages(dec: Decoder3D, cfg: SeedVR2Config) -> list[FrameStage]:
         groups[-1].append(block)
         if i < cfg.num_blocks - 1 and cfg.decoder_temporal_up(i):
             groups.append([])  # the next block takes the frames this one doubled, one at a time
-    groups[-1].append(lambda x, ctx: norm_silu_conv(dec.conv_norm_out, dec.conv_out, x, ctx, last_use=True))
+    groups[-1].append(lambda x, ctx: _settled(dec.head(x, ctx), ctx.split))
     return [FrameStage(f"decoder stage {n}", _chain(g), 1, 1) for n, g in enumerate(groups)]
 
 
@@ -230,8 +234,15 @@ def _encoder_stages(enc: Encoder3D, cfg: SeedVR2Config) -> list[FrameStage]:
         else:
             groups[-1][1].append(block.downsamplers[0])
     groups[-1][1].append(enc.mid_block)
-    groups[-1][1].append(lambda x, ctx: norm_silu_conv(enc.conv_norm_out, enc.conv_out, x, ctx, last_use=True))
+    groups[-1][1].append(lambda x, ctx: _settled(norm_silu_conv(enc.conv_norm_out, enc.conv_out, x, ctx,
+                                                                last_use=True), ctx.split))
     return [FrameStage(f"encoder stage {n}", _chain(g), 1, rest) for n, (rest, g) in enumerate(groups)]
+
+
+def _settled(out: torch.Tensor, split: Optional[SplitPolicy]) -> torch.Tensor:
+    """A step's output as its caller may read it: a streamed pass's output is held in host memory, written band by
+    band on the stream, and is handed over once those writes have landed."""
+    return split.frames.settled(out) if split is not None and split.holds(out) else out
 
 
 def _chain(layers: list[Callable]) -> Callable[[torch.Tensor, SeedVR2PassContext], torch.Tensor]:

@@ -104,20 +104,21 @@ class _TileChain:
 def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_slice: Optional[int],
               progress: Progress, output_device: Optional[torch.device] = None,
               retry: Optional[TileRetry] = None, canvas: Optional[Placement] = None, frame_stages: bool = False,
-              sample: bool = False) -> torch.Tensor:
+              sample: bool = False, frames: Optional[Placement] = None) -> torch.Tensor:
     """Run the model's exact plan over the cores of `grid` (its overlap is irrelevant here); returns the output in
     the model's dtype (exact tiles do not blend: nothing to accumulate), in a canvas `canvas` allocates (default:
     on `output_device`, else `x`'s device).
     `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`).
-    `frame_stages`: a layer-wise plan streams the model's frame stages (vae/frame_stages.py).
-    `sample` (meta predictions, vae/planning): one core of the largest halo'd size, the first two temporal steps and
-    the last, into canvases of the full size: the same peak as the whole pass, for a fraction of its ops."""
+    `frame_stages`: a layer-wise plan streams the model's frame stages (vae/frame_stages.py); `frames`: where a
+    layer-wise plan keeps its whole-frame activations (None: on the device; host memory: a streamed pass).
+    `sample` (meta predictions, vae/planning): one core of each kind (`representative_cores`), the first two temporal
+    steps and the last, into canvases of the full size: the same peak as the whole pass, for a fraction of its ops."""
     plan = model.exact_plan(decode=decode)
     if plan is None:
         raise ValueError(f"{type(model).__name__} declares no exact tiling (VAEModel.exact_plan); use mode='fast'")
     canvas = canvas or OnDevice(output_device or x.device)
     return plan.run_with(_SingleDevice(model, x, grid, decode, temporal_slice, progress, canvas, retry,
-                                       frame_stages, sample))
+                                       frame_stages, sample, frames))
 
 
 class _SingleDevice:
@@ -125,15 +126,15 @@ class _SingleDevice:
 
     def __init__(self, model, x: torch.Tensor, grid: TileGrid, decode: bool, temporal_slice: Optional[int],
                  progress: Progress, canvas: Placement, retry: Optional[TileRetry], frame_stages: bool,
-                 sample: bool):
+                 sample: bool, frames: Optional[Placement] = None):
         self.model, self.x, self.grid, self.decode = model, x, grid, decode
         self.temporal_slice, self.progress, self.canvas, self.retry = temporal_slice, progress, canvas, retry
-        self.frame_stages, self.sample = frame_stages, sample
+        self.frame_stages, self.sample, self.frames = frame_stages, sample, frames
 
     def layerwise(self, plan: LayerwisePlan) -> torch.Tensor:
         tile = max(self.grid.rows.tile, self.grid.cols.tile)
         return plan.run(self.x, tile, self.temporal_slice, self.progress, stages=self.frame_stages,
-                        canvas=self.canvas, sample=self.sample)
+                        canvas=self.canvas, sample=self.sample, frames=self.frames)
 
     def staged(self, plan: ExactPlan) -> torch.Tensor:
         x, grid, decode, retry, sample = self.x, self.grid, self.decode, self.retry, self.sample
@@ -143,7 +144,7 @@ class _SingleDevice:
         tile = max(grid.rows.tile, grid.cols.tile)
         cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
         if sample:
-            cores = [largest_core(h_lat, w_lat, tile)]
+            cores = representative_cores(h_lat, w_lat, tile)
         out_channels = lf.image_channels if decode else 2 * lf.channels
         in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
         slices = in_geom.slices(x.shape[2], self.temporal_slice)
@@ -166,14 +167,20 @@ class _SingleDevice:
         return run_global(plan, mid, lat_slices, tick, sample=sample, canvas=self.canvas)
 
 
-def largest_core(h_lat: int, w_lat: int, tile: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The core of the partition whose crop is largest once its halo is added: the largest span per axis,
-    preferring one with neighbours on both sides (its halo is read on both)."""
-    def best(length: int) -> tuple[int, int]:
+def representative_cores(h_lat: int, w_lat: int, tile: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """One core of each kind the partition has, each the largest of its kind: per axis the first core (a halo on
+    its far side only), the largest interior core (halos on both sides) and the last (near side only). Cores run one
+    after another and free their temporaries, so a pass's peak is that of its most demanding core; which one that is
+    depends on where its halos are read, so every kind is run (an interior core, with halos both sides, can need
+    more than a larger corner core)."""
+    def kinds(length: int) -> list[tuple[int, int]]:
         spans = partition(length, tile)
-        return max(spans, key=lambda s: (s[1] - s[0]) * 4 + (s[0] > 0) + (s[1] < length))
+        if len(spans) <= 2:
+            return spans
+        inner = max(spans[1:-1], key=lambda s: s[1] - s[0])
+        return [spans[0], inner, spans[-1]]
 
-    return best(h_lat), best(w_lat)
+    return [(r, c) for r in kinds(h_lat) for c in kinds(w_lat)]
 
 
 def sampled(steps: Sequence, sample: bool) -> list:
