@@ -282,6 +282,24 @@ def kinds_cells(row: Row) -> list[str]:
             _num(row.get("psnr_db"), ".1f")]
 
 
+PLAN_COSTS_HEADER = ("case", "plan kind", "measured", "estimated", "rank: measured / estimated", "convolutions",
+                     "matmuls, attention", "norms, statistics", "copies", "other ops", "outside ops",
+                     "estimate: compute / tiling / launches / host", "device peak MB", "host MB")
+
+
+def plan_costs_cells(row: Row) -> list[str]:
+    """One plan kind of a plan-costs case (bench/plan_costs.py): measured and estimated time, both ranks, where the
+    profiled run's time went, the estimate's parts."""
+    parts = row.get("measured_parts") or {}
+    est = row.get("estimated_parts") or {}
+    return [str(row["case"]), str(row["variant"]), _seconds(float(row["ms"])), _seconds(float(row["estimated_ms"])),
+            f"{row.get('measured_rank')} / {row.get('estimated_rank')}",
+            *(_num(parts.get(k), ".2f") for k in ("convolutions", "matmuls and attention", "norms and statistics",
+                                                  "copies", "other ops", "outside ops")),
+            " / ".join(_num(est.get(k), ".2f") for k in ("compute", "tiling", "launches", "host copies")),
+            _num(row.get("predicted_peak_mb"), ".0f"), _num(row.get("host_mb"), ".0f")]
+
+
 DYNAMIC_VRAM_HEADER = ("moment", "device free MB", "core's free MB", "a pass may count on MB", "stand-in resident MB",
                        "VAE resident MB", "the decode")
 
@@ -307,6 +325,7 @@ LAYOUTS = {"results": (HEADER, cells), "roofline": (ROOFLINE_HEADER, roofline_ce
            "budget": (BUDGET_HEADER, budget_cells), "plans": (PLANS_HEADER, plans_cells),
            "budget-gpu": (PROOF_HEADER, proof_cells), "kinds-gpu": (KINDS_HEADER, kinds_cells),
            "dynamic-vram": (DYNAMIC_VRAM_HEADER, dynamic_vram_cells),
+           "plan-costs": (PLAN_COSTS_HEADER, plan_costs_cells),
            "dynamic-vram-checks": (DYNAMIC_VRAM_CHECKS_HEADER, dynamic_vram_check_cells)}
 
 

@@ -34,6 +34,7 @@ SECTIONS = {
     "bytes": "bytes_roofline",
     "cuts": "byte_cuts",
     "budget": "budget",
+    "plan_costs": "plan_costs",
 }
 # The sections that run a real checkpoint when given one (`--<section>-checkpoint`, dashes for underscores).
 CHECKPOINT_SECTIONS = ("seedvr2", "qwen", "qwen_layered")

@@ -178,21 +178,24 @@ def fetch_rows(placement: Optional[Placement], view: Tensor, device: torch.devic
         return placement.fetch(view)
     out = torch.empty(view.shape, dtype=view.dtype, device=device, memory_format=torch.channels_last_3d)
     for i in range(b):
-        for j in range(t):
+        for j in representative(range(t), out):
             out[i, :, j].copy_(placement.fetch(view[i, :, j]))
     return out
 
 
 def store_rows(placement: Optional[Placement], dst: Tensor, src: Tensor) -> None:
-    """Write the device band `src` into `dst` (a view of a held tensor, or a device tensor), frame by frame when held
-    in host memory (matching layouts: one transfer per frame)."""
+    """Write the device band `src` into `dst` (a view of a held tensor, or a device tensor): one copy where host memory
+    is the device's; to host memory beside a GPU frame by frame in matching layouts (one transfer per frame)."""
     if placement is None or not placement.on_host:
         dst.copy_(src)
+        return
+    if not placement.fetch_copies:
+        placement.write(dst, src)
         return
     if src.dim() == 5 and not src.is_contiguous(memory_format=torch.channels_last_3d):
         src = src.contiguous(memory_format=torch.channels_last_3d)
     for i in range(dst.shape[0]):
-        for j in range(dst.shape[2]):
+        for j in representative(range(dst.shape[2]), src):
             placement.write(dst[i, :, j], src[i, :, j])
 
 
@@ -338,29 +341,27 @@ def frame_group_stats(x: Tensor, groups: int, eps: float, policy: SplitPolicy) -
 def norm_silu_pre(norm: nn.GroupNorm, x: Tensor, policy: SplitPolicy,
                   silu: bool = True) -> Callable[..., Tensor]:
     """A function normalising (+ SiLU) any rows of `x` (frames `t0`… of it) with `x`'s whole-frame statistics,
-    into `out` when given (one frame at a time: an fp32 temporary of one frame's rows)."""
+    into `out` when given (an fp32 temporary of the rows: a band, which the policy's budget bounds)."""
     mean, rstd = frame_group_stats(x, norm.num_groups, norm.eps, policy)
     g = norm.num_groups
     weight = norm.weight.float() if norm.weight is not None else None
     bias = norm.bias.float() if norm.bias is not None else None
 
-    def normalise(frame: Tensor, t: int) -> Tensor:
-        b, c = frame.shape[:2]
-        m = mean[:, :, t].view(b, g, 1, *([1] * (frame.dim() - 2)))
-        r = rstd[:, :, t].view(b, g, 1, *([1] * (frame.dim() - 2)))
-        y = (frame.unflatten(1, (g, c // g)) - m).mul_(r).flatten(1, 2)  # fp32 (m is): one temporary
-        shape = (1, c) + (1,) * (frame.dim() - 2)
+    def apply(rows: Tensor, t0: int = 0, out: Optional[Tensor] = None) -> Tensor:
+        b, c, t = rows.shape[:3]
+        m = mean[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)
+        r = rstd[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)
+        y = (rows.unflatten(1, (g, c // g)) - m).mul_(r).flatten(1, 2)  # fp32 (m is): one band-sized temporary
+        shape = (1, c, 1, 1, 1)
         if weight is not None:
             y.mul_(weight.view(shape))
         if bias is not None:
             y.add_(bias.view(shape))
-        return F.silu(y, inplace=True) if silu else y
-
-    def apply(rows: Tensor, t0: int = 0, out: Optional[Tensor] = None) -> Tensor:
+        if silu:
+            F.silu(y, inplace=True)
         if out is None:
-            out = torch.empty_like(rows)
-        for j in range(rows.shape[2]):
-            out[:, :, j].copy_(normalise(rows[:, :, j], t0 + j))
+            return y.to(rows.dtype) if y.dtype != rows.dtype else y
+        out.copy_(y)
         return out
 
     return apply

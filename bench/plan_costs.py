@@ -1,0 +1,236 @@
+"""Where a plan's time goes, and whether the cost model ranks plans as they measure (issue 48 item 3).
+
+    python -m turbovae bench --sections plan_costs [--quick] [--device cuda]
+
+For one clip of each case, every kind of plan the library runs — untiled whole or in slices, frame stages, caches
+in host memory, SeedVR2's layer-wise exact bands with the activations on the device or in host memory (streamed),
+with and without frame stages, at two band sizes; Wan's staged exact tiles — is run from the same planner types
+(`candidates`), timed (median of `--repeat`), and run once more under the profiler, whose op times are summed by
+kind: convolutions, matrix products and attention, norms and statistics, copies (host transfers and band buffers),
+other ops, and the time outside ops (Python, dispatch, launches). Beside each: the cost model's estimate, part by
+part (`vae/planning/cost.py` `breakdown`), and the two rankings, so a table shows where each plan's time goes and
+whether the estimate orders the plans as they measure (the planner takes the cheapest by the estimate).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..vae.api import TurboVAE
+from ..vae.dtypes import working_dtype
+from ..vae.measuring import max_abs
+from ..vae.memory.peak import MetaPasses
+from ..vae.planning import PassPlan, PlanRequest, run_plan
+from ..vae.planning.cost import breakdown
+from ..vae.planning.predict import predict_plan
+from ..vae.planning.search import cache_bytes, candidates, whole_pass_work
+from ..vae.measuring import sync
+from .common import BenchOptions, BenchRow
+from .models import build_model
+
+SECTION = "plan_costs"
+TABLE = "plan-costs"
+
+# op name fragments -> the kind of work the profiler's op time is summed under (first match wins)
+OP_KINDS = (
+    ("convolutions", ("conv", "mkldnn")),
+    ("matmuls and attention", ("mm", "linear", "scaled_dot_product", "attention", "matmul")),
+    ("norms and statistics", ("norm", "var_mean", "silu", "rsqrt", "sub", "mul", "add", "div", "sum", "mean",
+                              "square", "clamp")),
+    ("copies", ("copy", "to", "cat", "clone", "contiguous", "fill", "zero", "pad", "expand")),
+)
+KINDS = tuple(k for k, _ in OP_KINDS) + ("other ops", "outside ops")
+
+
+@dataclass
+class PlanCostRow(BenchRow):
+    """One plan kind of one case: its measured time (`ms`), the estimate (`estimated_ms` and its parts), where the
+    profiled run's time went (`measured_parts`: seconds by kind of op, `KINDS`), both ranks among the case's plans,
+    and its predicted device and host peaks."""
+
+    table: str = TABLE
+    plan: str = ""
+    estimated_ms: Optional[float] = None
+    estimated_parts: Optional[dict] = None
+    measured_parts: Optional[dict] = None
+    estimated_rank: Optional[int] = None
+    measured_rank: Optional[int] = None
+    host_mb: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A plan kind to measure: the fields a candidate must have (`tile` in multiples of the frame's longer latent
+    side: 1/2 is a tile of half the frame)."""
+
+    name: str
+    mode: str
+    temporal_slice: Optional[int] = None
+    frame_stages: bool = False
+    cache_on_host: bool = False
+    output_on_host: bool = False
+    frames_on_host: bool = False
+    tile: Optional[float] = None
+
+
+SEEDVR2_KINDS = (
+    Kind("untiled, whole clip", "untiled"),
+    Kind("untiled, slice 1", "untiled", temporal_slice=1),
+    Kind("untiled, frame stages", "untiled", frame_stages=True),
+    Kind("untiled, frame stages, host caches", "untiled", frame_stages=True, cache_on_host=True),
+    Kind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile=1 / 2),
+    Kind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile=1 / 4),
+    Kind("streamed bands, slice 1", "exact", temporal_slice=1, tile=1 / 2, frames_on_host=True, cache_on_host=True),
+    Kind("streamed bands, frame stages", "exact", frame_stages=True, tile=1 / 2, frames_on_host=True,
+         cache_on_host=True),
+)
+WAN_KINDS = (
+    Kind("untiled, whole clip", "untiled"),
+    Kind("untiled, slice 1", "untiled", temporal_slice=1),
+    Kind("exact tiles, slice 1", "exact", temporal_slice=1, tile=1 / 2),
+    Kind("exact small tiles, slice 1", "exact", temporal_slice=1, tile=1 / 4),
+    Kind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile=1 / 2, output_on_host=True),
+    Kind("untiled, slice 1, host caches", "untiled", temporal_slice=1, cache_on_host=True),
+)
+# case: (family, decode, latent frames, latent height, latent width), the kinds measured
+CASES = {
+    "quick": (("seedvr2", True, 3, 8, 12, SEEDVR2_KINDS),),
+    "cpu": (("seedvr2", True, 3, 8, 12, SEEDVR2_KINDS), ("qwen_image", True, 3, 12, 16, WAN_KINDS)),
+    "cuda": (("seedvr2", True, 6, 90, 160, SEEDVR2_KINDS), ("qwen_image", True, 21, 90, 160, WAN_KINDS)),
+}
+
+
+def pick(cands: list[PassPlan], kind: Kind, h_lat: int, w_lat: int) -> Optional[PassPlan]:
+    """The candidate of `kind` (its tile the one nearest the asked share of the frame), or None."""
+    def matches(c: PassPlan) -> bool:
+        return (c.mode == kind.mode and c.temporal_slice == kind.temporal_slice and c.frame_stages == kind.frame_stages
+                and c.cache_on_host == kind.cache_on_host and c.output_on_host == kind.output_on_host
+                and c.frames_on_host == kind.frames_on_host)
+
+    found = [c for c in cands if matches(c)]
+    if kind.tile is None:
+        found = [c for c in found if c.tile_latent is None]
+        return found[0] if found else None
+    want = kind.tile * max(h_lat, w_lat)
+    found = [c for c in found if c.tile_latent is not None]
+    return min(found, key=lambda c: abs(c.tile_latent - want)) if found else None
+
+
+def profiled_parts(fn, device: torch.device) -> dict:
+    """Seconds of one run of `fn` by kind of work (`KINDS`): the profiler's self time of each op summed by
+    `OP_KINDS`, and the wall time outside every op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    wall = time.perf_counter() - t0
+    parts = {k: 0.0 for k in KINDS}
+    for ev in prof.key_averages():
+        name = ev.key.lower().removeprefix("aten::")
+        # a GPU's kernels run beside the CPU: their device time is the work, the CPU's op time the launch
+        seconds = (ev.self_device_time_total if device.type == "cuda" else ev.self_cpu_time_total) / 1e6
+        kind = next((k for k, frags in OP_KINDS if any(f in name for f in frags)), "other ops")
+        parts[kind] += seconds
+    parts["outside ops"] = max(0.0, wall - sum(parts.values()))
+    return {k: round(v, 4) for k, v in parts.items()}
+
+
+def run(opts: BenchOptions) -> list[BenchRow]:
+    device = torch.device(opts.device)
+    dtype = working_dtype(opts.dtype, device)
+    rows: list[BenchRow] = []
+    for key, decode, frames, h, w, kinds in CASES["quick" if opts.quick else device.type
+                                                   if device.type in CASES else "cpu"]:
+        model = build_model(key, opts, opts.quick).to(device=device, dtype=dtype)
+        vae = TurboVAE(model)
+        fmt = model.latent_format
+        case = f"{key} {'decode' if decode else 'encode'} {fmt.pixel_frames(frames)}f {h * 8}x{w * 8}"
+        if opts.cases and not any(c in case for c in opts.cases):
+            continue
+        rows.extend(_case(vae, case, decode, (1, fmt.channels, frames, h, w), kinds, device, dtype, opts))
+        del vae, model
+        gc.collect()
+    return rows
+
+
+def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: torch.device, dtype: torch.dtype,
+          opts: BenchOptions) -> list[BenchRow]:
+    model = vae.model
+    paths = vae._paths(device)  # noqa: SLF001 - the paths the VAE itself plans with
+    copies: MetaPasses = vae._meta()  # noqa: SLF001
+    request = PlanRequest(host_is_separate=True)
+    cands = candidates(model, shape, decode=decode, dtype=dtype, device_type=device.type, request=request,
+                       host_is_separate=True)
+    work = whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies)
+    held = cache_bytes(model, shape, decode=decode, dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    measured: list[tuple] = []  # (kind, plan, seconds, parts, error, prediction)
+    ref = None
+    for kind in kinds:
+        plan = pick(cands, kind, shape[-2], shape[-1])
+        if plan is None:
+            continue
+
+        def once(plan=plan):
+            with torch.inference_mode():
+                return run_plan(model, x, plan)
+
+        out = once()  # warm-up (first-call set-up is no part of a plan's time)
+        sync(device)
+        times = []
+        for _ in range(max(1, opts.repeat)):
+            out = None
+            gc.collect()
+            t0 = time.perf_counter()
+            out = once()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        if ref is None:
+            ref = out
+        err = max_abs(out, ref)
+        parts = profiled_parts(once, device)
+        pred = predict_plan(copies, plan, paths)
+        measured.append((kind, plan, statistics.median(times), parts, err, pred))
+        del out
+    estimates = {k.name: breakdown(model, p, work, cache_bytes=held) for k, p, *_ in measured}
+    est_order = sorted(measured, key=lambda m: estimates[m[0].name].total_s)
+    meas_order = sorted(measured, key=lambda m: m[2])
+    rows: list[BenchRow] = []
+    base = measured[0][2] if measured else None
+    for kind, plan, seconds, parts, err, pred in measured:
+        est = estimates[kind.name]
+        rows.append(PlanCostRow(
+            SECTION, case, kind.name, seconds * 1e3, baseline_ms=base * 1e3 if base else None, max_abs_err=err,
+            reference=kind is measured[0][0], plan=plan.layout(), estimated_ms=est.total_s * 1e3,
+            estimated_parts={"compute": round(est.compute_s, 4), "tiling": round(est.tiling_s, 4),
+                             "launches": round(est.launch_s, 4), "host copies": round(est.host_s, 4)},
+            measured_parts=parts, estimated_rank=1 + est_order.index(next(m for m in est_order if m[0] is kind)),
+            measured_rank=1 + meas_order.index(next(m for m in meas_order if m[0] is kind)),
+            predicted_peak_mb=pred.pass_bytes / 2**20, host_mb=pred.host_bytes / 2**20,
+            note=f"median of {max(1, opts.repeat)}; parts from one profiled run"))
+    return rows
+
+
+def rank_agreement(rows: list[dict]) -> Optional[float]:
+    """Kendall's tau between the estimated and measured ranks of one case's rows (1: the same order)."""
+    pairs = [(r["estimated_rank"], r["measured_rank"]) for r in rows if r.get("estimated_rank")]
+    n = len(pairs)
+    if n < 2:
+        return None
+    agree = disagree = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s = (pairs[i][0] - pairs[j][0]) * (pairs[i][1] - pairs[j][1])
+            agree += s > 0
+            disagree += s < 0
+    return (agree - disagree) / (n * (n - 1) / 2)
