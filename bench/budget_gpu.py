@@ -72,8 +72,21 @@ def budget_and_limit(case: GpuCase, held_bytes: int) -> tuple[Optional[int], Opt
 
 
 CASES = (
-    # the re-checks and the cases the last lease left open, first
+    # issue 48: SeedVR2 at the sizes upscalers use, exact within the budget (streamed plans: activations in host
+    # memory), and the cost of fitting against the untiled pass; first the kinds check (streamed kinds included)
     GpuCase("kinds-seedvr2", SEEDVR2, True, 9, 256, 384, None, None, 40, check="kinds"),
+    GpuCase("seedvr2-dec-720p21-card8g", SEEDVR2, True, 21, 720, 1280, None, 8, 35),
+    GpuCase("seedvr2-dec-720p21-card24g", SEEDVR2, True, 21, 720, 1280, None, 24, 35),
+    GpuCase("seedvr2-dec-2160p-6g", SEEDVR2, True, 1, 2160, 3840, 6, None, 40),
+    GpuCase("seedvr2-enc-2160p-6g", SEEDVR2, False, 1, 2160, 3840, 6, None, 40),
+    GpuCase("seedvr2-dec-4096sq-6g", SEEDVR2, True, 1, 4096, 4096, 6, None, 50),
+    GpuCase("seedvr2-enc-4096sq-6g", SEEDVR2, False, 1, 4096, 4096, 6, None, 50),
+    GpuCase("seedvr2-dec-1080p81-4g", SEEDVR2, True, 81, 1080, 1920, 4, None, 150),
+    GpuCase("seedvr2-dec-1440p81-6g", SEEDVR2, True, 81, 1440, 2560, 6, None, 240),
+    GpuCase("seedvr2-enc-1440p81-6g", SEEDVR2, False, 81, 1440, 2560, 6, None, 150),
+    GpuCase("seedvr2-dec-2160p81-6g", SEEDVR2, True, 81, 2160, 3840, 6, None, 500),
+    GpuCase("seedvr2-enc-2160p81-6g", SEEDVR2, False, 81, 2160, 3840, 6, None, 300),
+    # the re-checks and the cases the last lease left open
     GpuCase("wan21-enc-1080p81-6g", QWEN_IMAGE, False, 81, 1080, 1920, 6, None, 40),
     GpuCase("wan22-enc-1088x1920x81-6g", WAN22, False, 81, 1088, 1920, 6, None, 45),
     GpuCase("wan22-dec-1088x1920x81-6g", WAN22, True, 81, 1088, 1920, 6, None, 45),
@@ -84,9 +97,7 @@ CASES = (
     GpuCase("wan21-dec-720p81-card12g", QWEN_IMAGE, True, 81, 720, 1280, None, 12, 25),
     GpuCase("wan21-dec-720p81-card24g", QWEN_IMAGE, True, 81, 720, 1280, None, 24, 25),
     GpuCase("seedvr2-dec-720p21-free", SEEDVR2, True, 21, 720, 1280, None, None, 35),
-    GpuCase("seedvr2-dec-720p21-card8g", SEEDVR2, True, 21, 720, 1280, None, 8, 35),
     GpuCase("seedvr2-dec-720p21-card12g", SEEDVR2, True, 21, 720, 1280, None, 12, 35),
-    GpuCase("seedvr2-dec-720p21-card24g", SEEDVR2, True, 21, 720, 1280, None, 24, 35),
     GpuCase("seedvr2-dec-1080p81-6g", SEEDVR2, True, 81, 1080, 1920, 6, None, 130),
     # measured by the last lease (docs/results/2026-11-27-h200-budget-gpu-call*.json), rerun when time is left
     GpuCase("kinds-qwen", QWEN_IMAGE, True, 9, 256, 384, None, None, 30, check="kinds"),
@@ -230,6 +241,11 @@ def _kinds(vae, x, decode: bool, device) -> list[dict]:
         kinds += [dict(mode="untiled", frame_stages=True), dict(mode="untiled", frame_stages=True, cache_on_host=True),
                   dict(mode="exact", frame_stages=True, tile_latent=max(8, hw[0] // 2), cache_on_host=True,
                        output_on_host=True)]
+    if vae.model.exact_plan(decode=decode) is not None and vae.model.frame_stages(decode=decode) is not None:
+        # a streamed layer-wise pass (SeedVR2): every activation in host memory, the device holding bands
+        streamed = dict(mode="exact", tile_latent=max(8, hw[0] // 2), frames_on_host=True, cache_on_host=True,
+                        output_on_host=True)
+        kinds += [dict(streamed, temporal_slice=1), dict(streamed, frame_stages=True)]
     with torch.inference_mode():
         ref = vae.model.decode_latents(x) if decode else vae.model.encode_moments(x)
     rows = []

@@ -66,8 +66,8 @@ class PlanCostRow(BenchRow):
 
 @dataclass(frozen=True)
 class Kind:
-    """A plan kind to measure: the fields a candidate must have (`tile` in multiples of the frame's longer latent
-    side: 1/2 is a tile of half the frame)."""
+    """A plan kind to measure: the fields a candidate must have (`tile_px`: the tile (SeedVR2: the band budget's
+    tile) in pixels, the candidate nearest it)."""
 
     name: str
     mode: str
@@ -76,7 +76,7 @@ class Kind:
     cache_on_host: bool = False
     output_on_host: bool = False
     frames_on_host: bool = False
-    tile: Optional[float] = None
+    tile_px: Optional[int] = None
 
 
 SEEDVR2_KINDS = (
@@ -84,18 +84,18 @@ SEEDVR2_KINDS = (
     Kind("untiled, slice 1", "untiled", temporal_slice=1),
     Kind("untiled, frame stages", "untiled", frame_stages=True),
     Kind("untiled, frame stages, host caches", "untiled", frame_stages=True, cache_on_host=True),
-    Kind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile=1 / 2),
-    Kind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile=1 / 4),
-    Kind("streamed bands, slice 1", "exact", temporal_slice=1, tile=1 / 2, frames_on_host=True, cache_on_host=True),
-    Kind("streamed bands, frame stages", "exact", frame_stages=True, tile=1 / 2, frames_on_host=True,
+    Kind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile_px=64),
+    Kind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile_px=32),
+    Kind("streamed bands, slice 1", "exact", temporal_slice=1, tile_px=64, frames_on_host=True, cache_on_host=True),
+    Kind("streamed bands, frame stages", "exact", frame_stages=True, tile_px=64, frames_on_host=True,
          cache_on_host=True),
 )
 WAN_KINDS = (
     Kind("untiled, whole clip", "untiled"),
     Kind("untiled, slice 1", "untiled", temporal_slice=1),
-    Kind("exact tiles, slice 1", "exact", temporal_slice=1, tile=1 / 2),
-    Kind("exact small tiles, slice 1", "exact", temporal_slice=1, tile=1 / 4),
-    Kind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile=1 / 2, output_on_host=True),
+    Kind("exact tiles, slice 1", "exact", temporal_slice=1, tile_px=64),
+    Kind("exact small tiles, slice 1", "exact", temporal_slice=1, tile_px=32),
+    Kind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile_px=64, output_on_host=True),
     Kind("untiled, slice 1, host caches", "untiled", temporal_slice=1, cache_on_host=True),
 )
 # case: (family, decode, latent frames, latent height, latent width), the kinds measured
@@ -106,20 +106,19 @@ CASES = {
 }
 
 
-def pick(cands: list[PassPlan], kind: Kind, h_lat: int, w_lat: int) -> Optional[PassPlan]:
-    """The candidate of `kind` (its tile the one nearest the asked share of the frame), or None."""
+def pick(cands: list[PassPlan], kind: Kind) -> Optional[PassPlan]:
+    """The candidate of `kind` (its tile the one nearest the asked size), or None."""
     def matches(c: PassPlan) -> bool:
         return (c.mode == kind.mode and c.temporal_slice == kind.temporal_slice and c.frame_stages == kind.frame_stages
                 and c.cache_on_host == kind.cache_on_host and c.output_on_host == kind.output_on_host
                 and c.frames_on_host == kind.frames_on_host)
 
     found = [c for c in cands if matches(c)]
-    if kind.tile is None:
+    if kind.tile_px is None:
         found = [c for c in found if c.tile_latent is None]
         return found[0] if found else None
-    want = kind.tile * max(h_lat, w_lat)
     found = [c for c in found if c.tile_latent is not None]
-    return min(found, key=lambda c: abs(c.tile_latent - want)) if found else None
+    return min(found, key=lambda c: abs(c.tile_px - kind.tile_px)) if found else None
 
 
 def profiled_parts(fn, device: torch.device) -> dict:
@@ -167,7 +166,7 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
     model = vae.model
     paths = vae._paths(device)  # noqa: SLF001 - the paths the VAE itself plans with
     copies: MetaPasses = vae._meta()  # noqa: SLF001
-    request = PlanRequest(host_is_separate=True)
+    request = PlanRequest(host_is_separate=True, tile_px=0)  # tile_px 0: every tile size a candidate
     cands = candidates(model, shape, decode=decode, dtype=dtype, device_type=device.type, request=request,
                        host_is_separate=True)
     work = whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies)
@@ -177,7 +176,7 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
     measured: list[tuple] = []  # (kind, plan, seconds, parts, error, prediction)
     ref = None
     for kind in kinds:
-        plan = pick(cands, kind, shape[-2], shape[-1])
+        plan = pick(cands, kind)
         if plan is None:
             continue
 

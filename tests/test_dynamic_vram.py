@@ -23,7 +23,6 @@ node_helpers.use_comfy_stubs()
 
 from turbovae.nodes import device_memory, pass_budget  # noqa: E402
 from turbovae.vae.api import TurboVAE  # noqa: E402
-from turbovae.vae.memory.device import USABLE_FRACTION  # noqa: E402
 from turbovae.vae.wan import TINY_WAN21, WanVAE  # noqa: E402
 
 # the doubles the node module holds (another test module may have imported it first, with its own doubles)
@@ -89,10 +88,11 @@ def test_a_core_without_dynamic_vram_reads_as_off(monkeypatch):
 def test_the_node_budget_is_taken_from_what_core_can_free(core, monkeypatch):
     turbo = TurboVAE(WanVAE(TINY_WAN21).eval())  # on the CPU: its weights still have to reach the device
     weights = sum(p.numel() * p.element_size() for p in turbo.model.parameters())
-    assert pass_budget.comfy_budget_bytes(turbo, CUDA) == int(6 * GiB * USABLE_FRACTION) - weights
+    reserve = pass_budget.core_reserve_bytes()
+    assert pass_budget.comfy_budget_bytes(turbo, CUDA) == 6 * GiB - reserve - weights
     monkeypatch.setattr(core_memory, "aimdo_enabled", True)
     freeable = 6 * GiB + 10 * GiB - int(1.5 * GiB)
-    assert pass_budget.comfy_budget_bytes(turbo, CUDA) == int(freeable * USABLE_FRACTION) - weights
+    assert pass_budget.comfy_budget_bytes(turbo, CUDA) == freeable - reserve - weights
     assert "dynamic VRAM" in device_memory.budget_source(CUDA)
     monkeypatch.setattr(core_memory, "aimdo_enabled", False)
     assert device_memory.budget_source(CUDA) == "ComfyUI's free memory on cuda:1"

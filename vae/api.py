@@ -261,7 +261,7 @@ class TurboVAE:
              overlap_px: Optional[int] = None, temporal_slice: Optional[int] = None,
              budget_bytes: Optional[int] = None, device: Union[None, str, torch.device] = None,
              output_device: Union[None, str, torch.device] = None, allow_host: bool = True,
-             max_temporal_slice: Optional[int] = None) -> PassPlan:
+             max_temporal_slice: Optional[int] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
         """The plan of a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for encode;
         5-D): the fastest way this VAE can run it whose predicted device peak fits `budget_bytes` (default
         `self.budget` on the pass's device) — untiled, temporal slices, exact tiles, frame stages, host memory
@@ -269,12 +269,16 @@ class TurboVAE:
         `device`: where the pass will run (default the model's; the nodes plan before ComfyUI loads the weights
         there); `output_device`: where the caller wants the output (a CPU output for a GPU pass is kept off the
         device as it is made); `allow_host`: whether the plan may keep caches and output in host memory;
-        `max_temporal_slice`: at most that many latents per step (progress between steps).
-        BudgetTooSmall when no plan fits, naming the smallest budget that works."""
+        `max_temporal_slice`: at most that many latents per step (progress between steps); `host_budget_bytes`:
+        what it may keep in host memory (default `self.budget`'s host side: the RAM available now less a margin;
+        on a CPU pass host memory is the budgeted memory itself). BudgetTooSmall when no plan fits, naming the
+        smallest budget that works."""
         shape = self._plan_shape(shape, decode=decode)
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
-        host_budget = self.budget.resolve_host() if dev.type != "cpu" else None
+        host_budget = None
+        if dev.type != "cpu":
+            host_budget = self.budget.resolve_host() if host_budget_bytes is None else host_budget_bytes
         on_host = None
         if output_device is not None:
             on_host = torch.device(output_device).type != dev.type

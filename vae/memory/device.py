@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 
@@ -66,3 +67,30 @@ def check_fits(what: str, shape: tuple[int, ...], dtype: torch.dtype, device: to
 # --sections slices` (docs/BENCHMARKS.md, "Temporal slices"); device types not listed (CUDA) and encode are not
 # measured yet, so the memory rule alone decides there (the largest slice that fits).
 FASTEST_SLICE = {"cpu": 2}
+
+
+_COPY_SPEED: dict[str, float] = {}
+COPY_PROBE_BYTES = 64 * 2**20  # big enough to reach the link's speed, small enough to take milliseconds
+
+
+def host_to_device_bytes_per_s(device: torch.device) -> Optional[float]:
+    """The measured speed of copying pinned host memory to `device` (bytes/s), once per device and process: what
+    reloading a model unloaded to host memory costs (None off CUDA, where nothing is copied)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    key = str(device)
+    if key not in _COPY_SPEED:
+        src = torch.empty(COPY_PROBE_BYTES, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(COPY_PROBE_BYTES, dtype=torch.uint8, device=device)
+        dst.copy_(src, non_blocking=True)  # the first copy sets the link up
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        _COPY_SPEED[key] = 3 * COPY_PROBE_BYTES / (start.elapsed_time(end) / 1e3)
+        del src, dst
+    return _COPY_SPEED[key]

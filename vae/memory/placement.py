@@ -187,6 +187,17 @@ def _frame_major(make, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor
     return make((b, t, c, h, w), dtype).permute(0, 2, 1, 3, 4)
 
 
+def release_host_cache(device: torch.device) -> None:
+    """Give the pinned host memory a pass on `device` used back to the system: PyTorch's pinned-memory allocator
+    keeps freed blocks for reuse, so without this the RAM a pass held in host memory would stay taken after it.
+    Nothing to do off CUDA (host memory there is plain memory, freed with its tensors)."""
+    if torch.device(device).type != "cuda":
+        return
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    if empty is not None:
+        empty()
+
+
 _CACHE_PLACEMENT: ContextVar[Optional[Placement]] = ContextVar("turbovae_cache_placement", default=None)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..base import Progress, VAEModel, run_slices
 from ..frame_stages import run_frame_stages
-from ..memory.placement import OnDevice, OnHost, OnMetaHost, Placement, held_in
+from ..memory.placement import OnDevice, OnHost, OnMetaHost, Placement, held_in, release_host_cache
 from ..tiling.exact import run_exact
 from ..tiling.fast import PassGeometry, run_tiled
 from ..tiling.retry import TileRetry
@@ -49,6 +49,16 @@ def run_plan(model: VAEModel, x: torch.Tensor, plan: PassPlan, *, progress: Prog
     `retry`: the tiled passes' out-of-memory state (vae/tiling/retry.py); `whole`: the whole-clip pass a fast tile
     of one temporal step runs (default the model's). `sample` and `meta_tracker`: a prediction's meta run
     (vae/planning/predict.py)."""
+    if not plan.on_host or meta_tracker is not None:
+        return _run(model, x, plan, progress, output_device, retry, whole, sample, meta_tracker)
+    try:
+        return _run(model, x, plan, progress, output_device, retry, whole, sample, meta_tracker)
+    finally:  # the pinned memory the pass held goes back to the system with the pass (bounded by its plan)
+        release_host_cache(x.device)
+
+
+def _run(model: VAEModel, x: torch.Tensor, plan: PassPlan, progress: Progress, output_device, retry, whole,
+         sample: bool, meta_tracker) -> torch.Tensor:
     decode = plan.decode
     fmt = model.latent_format
     out_frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])

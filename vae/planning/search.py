@@ -104,8 +104,9 @@ def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_byt
         if found is not None:
             return found
     # nothing fits: the smallest budget that works is the least of each kind's thriftiest plan, each predicted
-    for group in _groups(_host_levels(cands)[-1], cost):
-        tried.append(predicted(_thriftiest(group)))
+    for level in _host_levels(cands):
+        for group in _groups(level, cost):
+            tried.append(predicted(_thriftiest(group)))
     raise BudgetTooSmall(budget.too_small(tried))
 
 

@@ -93,4 +93,18 @@ free_memory_bytes = 8 * 2**30  # what get_free_memory reports; tests set it
 
 
 def get_free_memory(dev=None, torch_free_too=False):
+    if dev is not None and torch.device(dev).type == "cpu" and cpu_free_memory_bytes is not None:
+        return cpu_free_memory_bytes
     return free_memory_bytes
+
+
+cpu_free_memory_bytes = None  # what get_free_memory reports for the CPU device (None: as for any device)
+total_memory_bytes = 24 * 2**30  # what get_total_memory reports; tests set it
+
+
+def get_total_memory(dev=None, torch_total_too=False):
+    return total_memory_bytes
+
+
+def extra_reserved_memory():
+    return 400 * 1024 * 1024
