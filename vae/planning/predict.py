@@ -69,16 +69,28 @@ class PassWork:
 def pass_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
               copies: Optional[MetaPasses] = None) -> PassWork:
     """The work of the untiled pass over `shape` (one latent per step after the first), counted on meta tensors."""
+    return step_work(model, shape, decode=decode, dtype=dtype, copies=copies)[-1]
+
+
+def step_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
+              copies: Optional[MetaPasses] = None) -> list[PassWork]:
+    """The work done by the end of each step of the untiled pass over `shape` (one latent per step after the
+    first): cumulative, one entry per step, counted in one meta pass."""
     copies = copies or MetaPasses(model)
     clone = copies.copy(dtype, model.fast)
     counter = WorkCounter()
     x = torch.empty(shape, device="meta", dtype=dtype)
+    done: list[PassWork] = []
+
+    def snapshot(_i: int, _n: int) -> None:
+        done.append(PassWork(counter.flops, counter.io_bytes))
+
     with torch.inference_mode(), predicting_for("cpu"), counter:
         if decode:
-            clone.decode_latents(x, temporal_slice=1)
+            clone.decode_latents(x, temporal_slice=1, progress=snapshot)
         else:
-            clone.encode_moments(x, temporal_slice=1)
-    return PassWork(counter.flops, counter.io_bytes)
+            clone.encode_moments(x, temporal_slice=1, progress=snapshot)
+    return done or [PassWork(counter.flops, counter.io_bytes)]
 
 
 def conv_flops(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,

@@ -35,7 +35,7 @@ from ..tiling.grid import TileGrid
 from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
 from .plan import MB, MODES, PassPlan
-from .predict import PassWork, pass_work, predict_plan
+from .predict import PassWork, pass_work, predict_plan, step_work
 
 DEFAULT_TILE_PX = 512  # fast/exact tiles asked for without a size (ComfyUI's default too)
 DEFAULT_OVERLAP_PX = 64
@@ -84,8 +84,7 @@ def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_byt
     if not cands:
         raise ValueError(f"no {request.mode} plan exists for a {model.kind} "
                          f"{'decode' if decode else 'encode'} of {shape}")
-    work = copies.memo(("work", shape, decode, dtype),
-                       lambda: whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies))
+    work = whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies)
     held = copies.memo(("caches", shape, decode, dtype), lambda: cache_bytes(model, shape, decode=decode, dtype=dtype))
 
     def cost(c: PassPlan) -> float:
@@ -150,23 +149,42 @@ class Budget:
                 "pass fewer frames or a smaller frame per call")
 
 
+# A candidate whose peak, estimated from the predictions of its kind, is over this many times the budget is not
+# predicted (the estimate only skips: what runs is always a plan's own prediction, within the budget).
+SKIP_OVER = 1.25
+
+
 def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, budget: Budget, held: int,
                       out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
     """The cheapest plan of `level` (by the cost estimate) whose prediction fits `budget`, or None: candidates are
     predicted in order of their estimate and the first that fits is taken, so the plan chosen is the one the
-    estimate ranks first among those that fit. A candidate is skipped unpredicted where what it must hold on the
-    device alone is over the budget, or where a plan of its kind with no larger tile and slice was already over:
-    a peak is not strictly monotone in either, so a skip may cost speed (a smaller plan taken), never memory."""
+    estimate ranks first among those that fit. Each kind's smallest and largest plans are predicted first; a
+    candidate is then skipped unpredicted where what it must hold on the device alone is over the budget, where a
+    plan of its kind with no larger tile and slice was already over, or where its peak estimated from its kind's
+    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget. A peak is not strictly monotone in a tile or
+    slice, so a skip may cost speed (a smaller plan taken), never memory."""
     over: dict[tuple, list[PassPlan]] = {}
+    curves: dict[tuple, PeakCurve] = {}
+    limit = budget.device_bytes * PREDICTED_SHARE.get(level[0].device_type, 1.0)
+
+    def ask(cand: PassPlan) -> PassPlan:
+        plan = predicted(cand)
+        tried.append(plan)
+        curves.setdefault(_kind(cand), PeakCurve()).add(step_volume(cand), budget.device_need(plan))
+        if not budget.fits(plan):
+            over.setdefault(_kind(cand), []).append(cand)
+        return plan
+
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
         least = _thriftiest(group)
         if _held_on_device(model, least, held, out_bytes) > budget.device_bytes:
             over[_kind(least)] = [least]
             continue
-        plan = predicted(least)
-        tried.append(plan)
-        if not budget.fits(plan):
-            over[_kind(least)] = [least]
+        if not budget.fits(ask(least)):
+            continue
+        most = max(group, key=lambda c: (step_volume(c), -cost(c)))
+        if most is not least:
+            ask(most)
     for cand in sorted(level, key=cost):
         if _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
             continue
@@ -174,12 +192,51 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
         if any(_size(o.tile_latent) <= _size(cand.tile_latent) and _size(o.temporal_slice) <= _size(cand.temporal_slice)
                for o in over.get(kind, ())):
             continue
-        plan = predicted(cand)
-        tried.append(plan)
+        curve = curves.get(kind)
+        if curve is not None and curve.estimate(step_volume(cand)) > SKIP_OVER * limit:
+            continue
+        plan = ask(cand)
         if budget.fits(plan):
             return plan
-        over.setdefault(kind, []).append(cand)
     return None
+
+
+def step_volume(plan: PassPlan) -> float:
+    """What one step of a plan works on, in latent pixels × latent frames: its tile (or the frame) times the frames
+    of a step (a slice, the whole clip, or one frame with frame stages) — what its peak grows with."""
+    h, w = plan.latent_hw
+    area = min(plan.tile_latent, h) * min(plan.tile_latent, w) if plan.tile_latent else h * w
+    latents = plan.shape[2] if plan.decode else (plan.shape[2] - 1) // 4 + 1
+    frames = 1 if plan.frame_stages else (latents if plan.temporal_slice is None else plan.temporal_slice + 1)
+    return float(max(1, area) * frames)
+
+
+class PeakCurve:
+    """A kind's predicted peaks against `step_volume`, to estimate a candidate's peak before predicting it: linear
+    between the nearest predictions (a constant part, the weights' copies and latent-resolution work, and a part
+    proportional to the step), extended above them from the last two; below every prediction there is no
+    estimate (zero: such a candidate is predicted)."""
+
+    def __init__(self):
+        self.points: dict[float, float] = {}
+
+    def add(self, volume: float, peak: float) -> None:
+        self.points[volume] = peak
+
+    def estimate(self, volume: float) -> float:
+        pts = sorted(self.points.items())
+        if not pts:
+            return 0.0
+        if len(pts) == 1:
+            x, y = pts[0]
+            return y * volume / x if volume > x else 0.0  # proportional above it (an over-estimate of the rate)
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if volume <= x1 or (x1, y1) == pts[-1]:
+                if volume < x0 and (x0, y0) == pts[0]:
+                    return 0.0  # below every prediction: no estimate (smaller plans are the thrifty ones)
+                slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+                return y0 + slope * (volume - x0)
+        return 0.0
 
 
 def _kind(plan: PassPlan) -> tuple:
@@ -338,19 +395,18 @@ def _tiles(request: PlanRequest, h_lat: int, w_lat: int, f: int) -> list[Optiona
 
 def whole_pass_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype,
                     copies: MetaPasses) -> PassWork:
-    """The untiled pass's work (`predict.pass_work`), counted on a clip of at most three latents and extended
-    linearly (every latent after the first costs the same)."""
+    """The untiled pass's work (`predict.pass_work`) over a clip of any length: a first step of two latents and a
+    second of one are counted once per frame size and direction (one meta pass, kept in `copies`), and every latent
+    after the first two costs what the second step did."""
     fmt = model.latent_format
     latents = shape[2] if decode else fmt.latent_frames(shape[2])
-
-    def of(n: int) -> PassWork:
-        s = (*shape[:2], n if decode else fmt.pixel_frames(n), *shape[3:])
-        return pass_work(model, s, decode=decode, dtype=dtype, copies=copies)
-
-    if latents <= 3:
-        return of(latents)
-    three, two = of(3), of(2)
-    return three + (three - two) * (latents - 3)
+    if latents <= 1:
+        return copies.memo(("work1", shape, decode, dtype),
+                           lambda: pass_work(model, shape, decode=decode, dtype=dtype, copies=copies))
+    three = (*shape[:2], 3 if decode else fmt.pixel_frames(3), *shape[3:])
+    first, both = copies.memo(("work3", three, decode, dtype),
+                              lambda: step_work(model, three, decode=decode, dtype=dtype, copies=copies))
+    return first + (both - first) * (latents - 2)
 
 
 def output_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: torch.dtype) -> int:

@@ -107,12 +107,13 @@ class FrameStats:
 
 
 def band_sums(y: Tensor) -> Tensor:
-    """[2, B, C, T] fp64 (Σy, Σy²) of a band over its rows and columns, from the band's fp32 mean and variance
-    (stable where the mean is large against the spread), combined in fp64."""
-    n = y.shape[-2] * y.shape[-1]
-    var, mean = torch.var_mean(y.float(), dim=(-2, -1), correction=0)
-    mean = mean.double()
-    return torch.stack([mean * n, (var.double() + mean.square()) * n])
+    """[2, B, C, T] fp64 (Σy, Σy²) of a band over its rows and columns, reduced in fp64 without a widened copy of the
+    band (the reductions upcast element by element): exact enough that the variance taken from them keeps fp32's
+    precision where a channel's mean is many times its spread."""
+    dims = (-2, -1)
+    s1 = y.sum(dim=dims, dtype=torch.float64)
+    s2 = torch.linalg.vector_norm(y, 2, dim=dims, dtype=torch.float64).square_()
+    return torch.stack([s1, s2])
 
 
 @dataclass(frozen=True)

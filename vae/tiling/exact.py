@@ -143,8 +143,10 @@ class _SingleDevice:
         h_lat, w_lat = grid.rows.length, grid.cols.length
         tile = max(grid.rows.tile, grid.cols.tile)
         cores = [(r, c) for r in partition(h_lat, tile) for c in partition(w_lat, tile)]
-        if sample:
-            cores = representative_cores(h_lat, w_lat, tile)
+        if sample:  # one core of each kind whose halo'd crops differ in size (the same sizes allocate alike)
+            res_in = Fraction(1) if decode else Fraction(f)
+            cores = list({crop_sizes(plan.local, res_in, c, (h_lat, w_lat)): c
+                          for c in representative_cores(h_lat, w_lat, tile)}.values())
         out_channels = lf.image_channels if decode else 2 * lf.channels
         in_geom = PassGeometry(1 if decode else f, f if decode else 1, out_channels, decode, lf.temporal_factor)
         slices = in_geom.slices(x.shape[2], self.temporal_slice)
@@ -181,6 +183,19 @@ def representative_cores(h_lat: int, w_lat: int, tile: int) -> list[tuple[tuple[
         return [spans[0], inner, spans[-1]]
 
     return [(r, c) for r in kinds(h_lat) for c in kinds(w_lat)]
+
+
+def crop_sizes(stages: Sequence[LocalStage], res_in: Fraction, core, full_latent) -> tuple:
+    """The sizes of a core's crops at the input of every local stage and of its output (what its allocations
+    depend on; its position only decides which rows and columns they hold)."""
+    res, halos = stage_resolutions(stages, res_in), stage_halos(stages, res_in) + [0]
+    sizes = []
+    for k in range(len(stages) + 1):
+        for (c0, c1), full in zip(core, full_latent):
+            lo = max(0, int(c0 * res[k]) - halos[k])
+            hi = min(int(full * res[k]), int(c1 * res[k]) + halos[k])
+            sizes.append(hi - lo)
+    return tuple(sizes)
 
 
 def sampled(steps: Sequence, sample: bool) -> list:
