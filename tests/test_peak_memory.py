@@ -191,3 +191,26 @@ def test_docs_table_is_rendered_from_the_committed_comparison():
     assert table.count("\n") > 40 and table in (root / "docs" / "memory.md").read_text()
     data = json.loads(results.read_text())
     assert {p["family"] for p in data["plans"]} >= {"wan2.1", "wan2.2", "seedvr2"}
+
+
+def test_the_cuda_conv_rule_holds_under_inference_mode():
+    """The CUDA rule (a half-precision conv3d on contiguous tensors holds transposed copies of its input and output)
+    is read off the op a prediction sees: under inference mode that is `aten.conv3d` itself, not its
+    `convolution` (the rule named only `convolution`, so a prediction never applied it)."""
+    from turbovae.vae.memory.op_rules import op_memory_for
+    from turbovae.vae.memory.peak import LiveBytes
+
+    x = torch.empty(1, 8, 3, 16, 16, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(8, 8, 3, 3, 3, device="meta", dtype=torch.bfloat16)
+    nbytes = x.numel() * x.element_size()
+    for mode in (torch.inference_mode, torch.no_grad):
+        tracker = LiveBytes(exclude=[x, w], op_memory=op_memory_for("cuda"))
+        with mode(), tracker:
+            y = torch.nn.functional.conv3d(x, w, padding=1)
+        out = y.numel() * y.element_size()
+        assert tracker.peak == out + (nbytes + out), mode.__name__
+        cl = x.contiguous(memory_format=torch.channels_last_3d)
+        tracker = LiveBytes(exclude=[cl, w], op_memory=op_memory_for("cuda"))
+        with mode(), tracker:
+            torch.nn.functional.conv3d(cl, w, padding=1)
+        assert tracker.peak == out, "channels-last convs hold nothing measurable"

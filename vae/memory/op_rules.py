@@ -30,7 +30,9 @@ from . import cpu_conv as cpu_conv_memory
 
 aten = torch.ops.aten
 
-_CONVS = {aten.convolution.default}
+# under inference mode a dispatch mode sees `conv3d` / `conv2d` themselves, outside it their `convolution`
+_CONVS = {aten.convolution.default, aten.conv3d.default, aten.conv2d.default, aten.conv3d.padding,
+          aten.conv2d.padding}
 _ATTENTION = {aten._scaled_dot_product_efficient_attention.default,
               aten._scaled_dot_product_flash_attention.default,
               aten._scaled_dot_product_cudnn_attention.default}
