@@ -111,7 +111,7 @@ def test_slices_are_each_predicted_not_inferred_from_a_neighbour(models, monkeyp
 
     def uneven(copies, plan, paths):  # slice 4 over the budget, slices 8 and 16 within it
         p = real(copies, plan, paths)
-        need = {1: 10, 2: 20, 4: 110, 8: 40, 16: 60}.get(plan.temporal_slice, 140) * MB
+        need = {1: 10, 2: 20, 4: 110, 8: 40, 16: 60}.get(plan.temporal_slice, 130) * MB
         from dataclasses import replace
         return replace(p, pass_bytes=need)
 

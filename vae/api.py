@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import warnings
+from dataclasses import replace
 from typing import Callable, Mapping, Optional, Union
 
 import torch
@@ -22,7 +23,7 @@ from .checkpoint import CheckpointError, StateDict, check_finite, read_state_dic
 from .accel.cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
-from .memory.device import check_fits
+from .memory.device import check_fits, process_rss_bytes
 from .memory.budget import MemoryBudget
 from .memory.peak import MetaPasses, PassPaths, PeakPrediction
 from .planning import PassPlan, PlanRequest, plan_pass, run_plan
@@ -284,9 +285,25 @@ class TurboVAE:
             on_host = torch.device(output_device).type != dev.type
         request = PlanRequest(mode=mode, tile_px=tile_px, overlap_px=overlap_px, temporal_slice=temporal_slice,
                               max_temporal_slice=max_temporal_slice, output_on_host=on_host, allow_host=allow_host)
-        return plan_pass(self.model, tuple(int(d) for d in shape), decode=decode, budget_bytes=budget,
-                         paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
-                         host_budget_bytes=host_budget)
+        shape = tuple(int(d) for d in shape)
+
+        def planned(pass_budget: int) -> PassPlan:
+            return plan_pass(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
+                             paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
+                             host_budget_bytes=host_budget)
+
+        if dev.type != "cpu":
+            return planned(budget)
+        # On the CPU the budget is the process's memory, which the planner itself uses too (meta copies, torch's
+        # meta kernels loaded on a first plan): a plan fits beside what planning grew the process by, planned again
+        # in the smaller budget where it does not (the headroom for memory outside PyTorch's allocator is the
+        # planner's, `search.PREDICTED_SHARE`).
+        before = process_rss_bytes()
+        plan = planned(budget)
+        grown = max(0, process_rss_bytes() - before) if before is not None else 0
+        if grown and plan.predicted.pass_bytes + plan.predicted.host_bytes > budget - grown:
+            plan = replace(planned(budget - grown), budget_bytes=budget)
+        return plan
 
     def _plan_shape(self, shape, *, decode: bool) -> tuple[int, ...]:
         """`shape` as a pass's 5-D input shape, or a ValueError naming what is wrong (what decode / encode would

@@ -35,6 +35,7 @@ DEFAULT_PASS_BUDGET_BYTES = 10 * 2**30
 # and running out kills the server rather than failing an allocation; a tenth of 32 GB (3.2 GB) is about what a
 # ComfyUI process and a desktop grow by during a long decode, 2 GiB the floor on small machines.
 HOST_MARGIN_MIN_BYTES = 2 * 2**30
+
 HOST_MARGIN_FRACTION = 0.1
 
 

@@ -94,3 +94,14 @@ def host_to_device_bytes_per_s(device: torch.device) -> Optional[float]:
         _COPY_SPEED[key] = 3 * COPY_PROBE_BYTES / (start.elapsed_time(end) / 1e3)
         del src, dst
     return _COPY_SPEED[key]
+
+
+def process_rss_bytes() -> Optional[int]:
+    """This process's resident memory now (Linux `/proc/self/statm`), or None where it cannot be read: what a CPU
+    pass's budget shares with everything else the process holds."""
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
