@@ -33,6 +33,7 @@ from ..vae.planning.search import cache_bytes, candidates, whole_pass_work
 from ..vae.measuring import sync
 from .common import BenchOptions, BenchRow
 from .models import build_model
+from .family_names import QWEN_IMAGE, SEEDVR2
 
 SECTION = "plan_costs"
 TABLE = "plan-costs"
@@ -100,9 +101,9 @@ WAN_KINDS = (
 )
 # case: (family, decode, latent frames, latent height, latent width), the kinds measured
 CASES = {
-    "quick": (("seedvr2", True, 3, 8, 12, SEEDVR2_KINDS),),
-    "cpu": (("seedvr2", True, 3, 8, 12, SEEDVR2_KINDS), ("qwen_image", True, 3, 12, 16, WAN_KINDS)),
-    "cuda": (("seedvr2", True, 6, 90, 160, SEEDVR2_KINDS), ("qwen_image", True, 21, 90, 160, WAN_KINDS)),
+    "quick": ((SEEDVR2, True, 3, 8, 12, SEEDVR2_KINDS),),
+    "cpu": ((SEEDVR2, True, 3, 8, 12, SEEDVR2_KINDS), (QWEN_IMAGE, True, 3, 12, 16, WAN_KINDS)),
+    "cuda": ((SEEDVR2, True, 6, 90, 160, SEEDVR2_KINDS), (QWEN_IMAGE, True, 21, 90, 160, WAN_KINDS)),
 }
 
 

@@ -73,6 +73,7 @@ def test_the_budget_is_what_core_can_free_less_its_reserve(seedvr2, card):
     assert pass_budget.comfy_host_budget_bytes() == 64 * GiB - host_margin_bytes()
 
 
+@pytest.mark.slow  # plans a clip under several budgets: seconds each on two cores
 def test_the_node_unloads_other_models_when_the_link_makes_it_worth_it(seedvr2, card, monkeypatch, caplog):
     """A clip whose untiled pass needs more than is free: on a fast link the plan that needs other models unloaded
     is taken (it saves more than the reload costs), on a slow one the plan beside them; the log line says why."""
@@ -92,6 +93,7 @@ def test_the_node_unloads_other_models_when_the_link_makes_it_worth_it(seedvr2, 
             assert "other models kept loaded" in line
 
 
+@pytest.mark.slow  # plans a clip under several budgets: seconds each on two cores
 def test_host_memory_in_comfy_is_what_core_leaves_on_the_cpu(seedvr2, card, monkeypatch):
     """With little RAM free a tight clip plan keeps nothing in host memory (or says host memory is short); with
     plenty it may keep its caches there."""

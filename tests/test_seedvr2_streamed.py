@@ -48,7 +48,8 @@ def _streamed(model, x: torch.Tensor, decode: bool, tile: int, **fields) -> Pass
 
 
 @pytest.mark.parametrize("decode", [True, False])
-@pytest.mark.parametrize("latents,slice_,stages", [(1, None, False), (3, None, False), (3, 1, False),
+@pytest.mark.parametrize("latents,slice_,stages", [(1, None, False), pytest.param(3, None, False, marks=pytest.mark.slow),
+                                                   pytest.param(3, 1, False, marks=pytest.mark.slow),
                                                    (3, None, True)])
 def test_a_streamed_pass_equals_the_untiled_pass(tiny, decode, latents, slice_, stages):
     """Images and clips, whole, in slices and in frame stages, at two band sizes: equal to the untiled pass."""
