@@ -169,6 +169,21 @@ def test_cancel_on_rank_0_stops_every_device_thread():
     assert threading.active_count() == before  # no band thread left waiting
 
 
+def test_a_posted_band_is_not_kept_after_its_exchange():
+    """A tensor a thread posts to an exchange is let go once every thread has read it: before, the slot held it
+    until the next exchange (in a band chain, the whole output of the stage a halo was cut from)."""
+    import weakref
+
+    def body(comm):
+        band = torch.ones(1, 2, 3, 4)
+        ref = weakref.ref(band)
+        comm.all_gather_rows(band, [3, 3])
+        del band
+        return ref() is None
+
+    assert run_on_devices([torch.device("cpu")] * 2, body)
+
+
 def test_a_failing_band_stops_the_others_with_its_own_error():
     def body(comm):
         comm.any_failed(False)

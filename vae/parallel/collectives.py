@@ -83,6 +83,9 @@ class DeviceGroup:
             self._barrier.wait()
             result = read(self._slots)
             self._barrier.wait()
+            # everybody has read it: the slot lets go of the value (else a posted band, e.g. the views of a whole
+            # stage output a halo is cut from, stayed alive until the next exchange)
+            self._slots[rank] = None
         except threading.BrokenBarrierError:
             raise ParallelPassError(f"rank {rank} ({self.devices[rank]}): another device's band failed or "
                                     "was cancelled; the pass stopped") from None
