@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser, *, decode: bool) -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--tile", type=int, default=None,
                    help="tile side in pixels of the single-device pass the bands share (each band's tiles hold 1/N "
-                        "of its area); 0 = each device sizes its tiles from free memory (default: 512)")
+                        "of its area); 0 = sized from each device's budget by the band's predicted peak (default: 512)")
     p.add_argument("--temporal-slice", type=int, default=None, help="latent frames per step (default: automatic)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a rank waits for the others before the pass fails (torchrun only; default: 600)")

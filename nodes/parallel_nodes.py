@@ -26,7 +26,7 @@ def _inputs(default_tile: int) -> list:
         io.String.Input("devices", default="all", tooltip=DEVICES_HELP),
         tile_size_input(default_tile, "Tile side in pixels of the single-GPU exact pass whose memory the GPUs "
                                       "share: each GPU's tiles hold 1/N of its area, so each needs about 1/N of one "
-                                      "GPU's memory. 0 = each GPU sizes its tiles from its own free memory. "
+                                      "GPU's memory. 0 = sized from each GPU's budget by its band's predicted peak. "
                                       f"Minimum {MIN_TILE}."),
         temporal_slice_input("choose from free memory"),
     ]

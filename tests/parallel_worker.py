@@ -64,6 +64,8 @@ def rank_main(rank: int, world: int, folder: str) -> None:
         group = sub if i % 2 else None  # odd cases through an explicit group, even ones the default group
         report[f"{kind}-{decode}-{frames}-{hw}"] = run(vae, x, group=group, tile_px=tile, temporal_slice=1)
 
+    report["auto"] = tile_px_0_under_a_group(rank)
+
     def cancel_on_rank_1(done: int, total: int) -> None:
         if rank == 1 and done == 2:
             raise KeyboardInterrupt("cancelled on rank 1")
@@ -89,3 +91,28 @@ def rank_main(rank: int, world: int, folder: str) -> None:
     # failure case above) can otherwise abort the interpreter's exit ("terminate called without an active
     # exception") after every report is written.
     dist.destroy_process_group()
+
+
+AUTO_FRAMES = 4  # latent frames: temporal slices 2 and 1 to choose from (a CPU decode)
+
+
+def tile_px_0_under_a_group(rank: int) -> dict:
+    """`tile_px=0` on the default group: rank 1's budget is just below the peak of what the others choose, so it
+    chooses a smaller plan and every rank must run that one (agreed). Each rank's peak, measured by the CPU
+    allocator (one process per rank: the profiler sees its whole pass), against its own prediction."""
+    from turbovae import MemoryBudget, decode_parallel
+    from turbovae.vae.memory.allocator import measure_peak
+    from turbovae.vae.parallel import plan_parallel
+
+    vae = build("wan2.1")
+    x = case_input(vae, True, AUTO_FRAMES, TALL)
+    roomy = plan_parallel(vae, x.shape, decode=True)
+    if rank == 1:
+        vae.budget = MemoryBudget(pass_bytes=roomy.peaks[0] - 1)
+    with torch.inference_mode():
+        measured, out = measure_peak(lambda: decode_parallel(vae, x, tile_px=0), "cpu")
+    plan = plan_parallel(vae, x.shape, decode=True)  # the plan that ran (its predictions are remembered)
+    return {"roomy": (roomy.tile_latent, roomy.temporal_slice), "ran": (plan.tile_latent, plan.temporal_slice),
+            "measured": measured.device_bytes, "predicted": plan.peaks[0], "limit": plan.ranks[0].limit,
+            "out": out}
+

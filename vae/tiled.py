@@ -189,18 +189,3 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] 
     out = moments_to_latents(moments, sample=sample, generator=generator)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
-
-def resolve_tile_latent(vae: TurboVAE, tile_px: Optional[int], h_lat: int, w_lat: int, latent_frames: int, *,
-                        decode: bool, budget_bytes: Optional[int] = None) -> tuple[int, Optional[int]]:
-    """(tile side in latent pixels, temporal slice) of exact tiles for a pass that runs its own tiles (the parallel
-    passes): `tile_px` as asked (512 px when None), or (0) the plan's own for this budget."""
-    f = vae.spatial_factor
-    if tile_px:
-        return max(MIN_TILE_LATENT, tile_px // f), None
-    if tile_px is None:
-        return max(MIN_TILE_LATENT, DEFAULT_TILE_PX // f), None
-    fmt = vae.latent_format
-    shape = (1, fmt.channels, latent_frames, h_lat, w_lat) if decode else \
-        (1, fmt.image_channels, fmt.pixel_frames(latent_frames), h_lat * f, w_lat * f)
-    plan = vae.plan(shape, decode=decode, mode="exact", tile_px=0, budget_bytes=budget_bytes, allow_host=False)
-    return plan.tile_latent or max(h_lat, w_lat), plan.temporal_slice

@@ -101,6 +101,14 @@ class LiveBytes(TorchDispatchMode):
     def _free_host(self, nbytes: int) -> None:
         self.host_live -= nbytes
 
+    def elsewhere(self, t: torch.Tensor) -> None:
+        """`t`'s storage is memory of another device's (a stand-in collective's copy of another rank's band,
+        vae/parallel/predict.py): never counted, nor any view of it."""
+        storage = t.untyped_storage()
+        if storage in self._seen:
+            raise ValueError("elsewhere takes a storage the pass has not used yet (made outside the count)")
+        self._seen[storage] = True
+
     def window_peak(self) -> int:
         """The most alive at once since the last call (or the start); the next window starts from what is
         alive now."""

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..exact_tiling import ExactPlan, LocalStage
-from ..tiling.exact import stage_resolutions
+from ..tiling.exact import sampled, stage_resolutions
 from ..tiling.fast import PassGeometry
 from .bands import BandPlan
 from .collectives import Collective
@@ -56,11 +56,12 @@ def can_exchange(plan: ExactPlan, bands: BandPlan, res_in: Fraction) -> bool:
 
 def run_band_chain(plan: ExactPlan, src: torch.Tensor, dst: torch.Tensor, bands: BandPlan, comm: Collective,
                    res_in: Fraction, slices: Sequence[tuple[int, int]], geom: PassGeometry,
-                   tick: Callable[[], None], device: Optional[torch.device] = None) -> None:
+                   tick: Callable[[], None], device: Optional[torch.device] = None, sample: bool = False) -> None:
     """This band's output of the local stages into `dst` (the band's rows only), slice by slice.
 
     `src`: the whole stage-0 input (every rank holds it: the latent features for a decode, the pixels for an
-    encode), at `res_in` rows per latent row. One causal session for the band, as for one tile."""
+    encode), at `res_in` rows per latent row. One causal session for the band, as for one tile. `sample` (meta
+    predictions): the first two slices and the last."""
     a, b = bands.rows(comm.rank)
     res = stage_resolutions(plan.local, res_in)
     halos = [stage_halo(s) for s in plan.local]
@@ -69,7 +70,7 @@ def run_band_chain(plan: ExactPlan, src: torch.Tensor, dst: torch.Tensor, bands:
     top0, bottom0 = min(halos[0], lo0), min(halos[0], full0 - hi0)
     with ExitStack() as stack:
         streams = [stack.enter_context(s) for s in plan.open_local()]
-        for t0, t1 in slices:
+        for t0, t1 in sampled(slices, sample):
             y = src[:, :, t0:t1, lo0 - top0:hi0 + bottom0]
             if device is not None:
                 y = y.to(device)

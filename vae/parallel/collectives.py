@@ -61,6 +61,52 @@ def _neighbour_rows(x: torch.Tensor, top: int, bottom: int) -> tuple[torch.Tenso
     return x[..., :bottom, :], x[..., x.shape[-2] - top:, :]
 
 
+def halo_transfers(x: torch.Tensor, top: int, bottom: int, rank: int,
+                   size: int) -> tuple[list[tuple[bool, torch.Tensor, int]], Optional[torch.Tensor],
+                                       Optional[torch.Tensor]]:
+    """What a process group's halo exchange allocates on `rank`: ([(send?, tensor, neighbour rank)] in the order
+    the transfers are posted — the contiguous rows sent to each neighbour, the buffers received into —, rows
+    received from above, rows received from below). The meta stand-in (vae/parallel/predict.py) allocates the same."""
+    send_up, send_down = _neighbour_rows(x, top, bottom)
+    shape = list(x.shape)
+    transfers: list[tuple[bool, torch.Tensor, int]] = []
+    above = below = None
+    if rank > 0:
+        if bottom:
+            transfers.append((True, send_up.contiguous(), rank - 1))
+        if top:
+            above = x.new_empty(shape[:-2] + [top, shape[-1]])
+            transfers.append((False, above, rank - 1))
+    if rank < size - 1:
+        if top:
+            transfers.append((True, send_down.contiguous(), rank + 1))
+        if bottom:
+            below = x.new_empty(shape[:-2] + [bottom, shape[-1]])
+            transfers.append((False, below, rank + 1))
+    return transfers, above, below
+
+
+def gather_padded(x: torch.Tensor, counts: Sequence[int], size: int,
+                  all_gather: Callable[[list[torch.Tensor], torch.Tensor], None]) -> list[torch.Tensor]:
+    """Every rank's band through `all_gather(parts, x)`, which needs equal shapes: bands are padded to the tallest
+    and trimmed after (a process group's gathers; the meta stand-in passes a gather that sends nothing)."""
+    most = max(counts)
+    if x.shape[-2] < most:
+        x = torch.nn.functional.pad(x, (0, 0, 0, most - x.shape[-2]))
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(size)]
+    all_gather(parts, x)
+    return [p[..., :n, :] for p, n in zip(parts, counts)]
+
+
+def collect_frame(parts: Sequence[torch.Tensor], out: torch.Tensor, t: int) -> None:
+    """Frame `t` of every band (gathered, in rank order) written into the whole output `out`."""
+    r0 = 0
+    for p in parts:
+        out[:, :, t, r0:r0 + p.shape[-2]] = p
+        r0 += p.shape[-2]
+
+
 class DeviceGroup:
     """Shared state of the threads driving `devices` from one process."""
 
@@ -83,6 +129,9 @@ class DeviceGroup:
             self._barrier.wait()
             result = read(self._slots)
             self._barrier.wait()
+            # everybody has read it: the slot lets go of the value (else a posted band, e.g. the views of a whole
+            # stage output a halo is cut from, stayed alive until the next exchange)
+            self._slots[rank] = None
         except threading.BrokenBarrierError:
             raise ParallelPassError(f"rank {rank} ({self.devices[rank]}): another device's band failed or "
                                     "was cancelled; the pass stopped") from None
@@ -196,21 +245,9 @@ class DistCollective:
         return t
 
     def halo(self, x, top, bottom):
-        send_up, send_down = _neighbour_rows(x, top, bottom)
-        shape = list(x.shape)
-        ops, above, below = [], None, None
-        if self.rank > 0:
-            if bottom:
-                ops.append(dist.P2POp(dist.isend, send_up.contiguous(), self._peer(self.rank - 1), self.group))
-            if top:
-                above = x.new_empty(shape[:-2] + [top, shape[-1]])
-                ops.append(dist.P2POp(dist.irecv, above, self._peer(self.rank - 1), self.group))
-        if self.rank < self.size - 1:
-            if top:
-                ops.append(dist.P2POp(dist.isend, send_down.contiguous(), self._peer(self.rank + 1), self.group))
-            if bottom:
-                below = x.new_empty(shape[:-2] + [bottom, shape[-1]])
-                ops.append(dist.P2POp(dist.irecv, below, self._peer(self.rank + 1), self.group))
+        transfers, above, below = halo_transfers(x, top, bottom, self.rank, self.size)
+        ops = [dist.P2POp(dist.isend if send else dist.irecv, t, self._peer(peer), self.group)
+               for send, t, peer in transfers]
 
         def exchange():
             for req in dist.batch_isend_irecv(ops) if ops else []:
@@ -220,14 +257,10 @@ class DistCollective:
         return above, below
 
     def _gather_padded(self, x: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
-        """all_gather needs equal shapes: bands are padded to the tallest and trimmed after."""
-        most = max(counts)
-        if x.shape[-2] < most:
-            x = torch.nn.functional.pad(x, (0, 0, 0, most - x.shape[-2]))
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        self._call("all_gather", lambda: dist.all_gather(parts, x, group=self.group))
-        return [p[..., :n, :] for p, n in zip(parts, counts)]
+        def all_gather(parts: list[torch.Tensor], t: torch.Tensor) -> None:
+            self._call("all_gather", lambda: dist.all_gather(parts, t, group=self.group))
+
+        return gather_padded(x, counts, self.size, all_gather)
 
     def all_gather_rows(self, x, counts):
         return torch.cat(self._gather_padded(x, counts), dim=-2)
@@ -236,14 +269,10 @@ class DistCollective:
         """Frame by frame (dim 2), so the transient gather buffer is one frame of every band, not a second
         copy of the whole output."""
         for t in range(x.shape[2]):
-            parts = self._gather_padded(x[:, :, t], counts)
-            r0 = 0
-            for p in parts:
-                out[:, :, t, r0:r0 + p.shape[-2]] = p
-                r0 += p.shape[-2]
+            collect_frame(self._gather_padded(x[:, :, t], counts), out, t)
 
     def agree_min(self, values: Sequence[int]) -> list[int]:
-        """The element-wise minimum over ranks: sizes each rank chose from its own free memory (tile, temporal
+        """The element-wise minimum over ranks: sizes each rank chose from its own budget (tile, temporal
         slice) must be the same on every rank, or the ranks would run different collectives."""
         t = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         self._call("size agreement", lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))

@@ -312,7 +312,7 @@ def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
     overlap = _overlap(request)
     base = dict(decode=decode, shape=shape, dtype=dtype, device_type=device_type, requested=request.mode,
                 latent_hw=(h_lat, w_lat), spatial_factor=f, overlap_px=overlap)
-    slices = _slices(latents, decode, device_type, request.temporal_slice, request.max_temporal_slice)
+    slices = temporal_slices(latents, decode, device_type, request.temporal_slice, request.max_temporal_slice)
     outputs = [request.output_on_host] if request.output_on_host is not None else \
         ([False, True] if request.allow_host and host_is_separate else [False])
     cache_opts = [False, True] if request.allow_host and host_is_separate else [False]
@@ -360,10 +360,11 @@ def _overlap(request: PlanRequest) -> int:
     return DEFAULT_OVERLAP_PX
 
 
-def _slices(latents: int, decode: bool, device_type: str, fixed: Optional[int],
-            cap: Optional[int] = None) -> list[Optional[int]]:
-    """Temporal slices to try: the caller's; else the whole clip and the ladder below it, at most `cap` (a decode
-    on a device type with a measured fastest slice never above it: slicing is exact, so that is speed alone)."""
+def temporal_slices(latents: int, decode: bool, device_type: str, fixed: Optional[int],
+                    cap: Optional[int] = None) -> list[Optional[int]]:
+    """Temporal slices to try, largest first: the caller's; else the whole clip and the ladder below it, at most
+    `cap` (a decode on a device type with a measured fastest slice never above it: slicing is exact, so that is
+    speed alone)."""
     if fixed is not None:
         return [None if fixed >= latents - 1 else fixed]
     if latents <= 1:

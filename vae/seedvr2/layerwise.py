@@ -455,8 +455,10 @@ def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre
         store_rows(out_held, out[:, :, :, o0:o1], y)
         del y
         if held is not None:  # this band's rows of the next cache: the buffer's last frames
-            c0 = src.row0 if k == 0 else (out_lo + o0) * sh - ph
-            c1 = src.row0 + cache_rows if k == len(edges) - 1 else (out_lo + o1) * sh - ph
+            # the first and last bands keep the rows their buffer holds: a band of a split frame may hold more
+            # halo rows than its conv reads (an upsampler's doubled low-resolution halo), never read from the cache
+            c0 = max(src.row0, a) if k == 0 else (out_lo + o0) * sh - ph
+            c1 = min(src.row0 + cache_rows, a_end) if k == len(edges) - 1 else (out_lo + o1) * sh - ph
             _keep_rows(held, buf, ctx.placement, c0 - src.row0, c1 - src.row0, c0 - a, pw, w + e, image, mf)
         del buf
     if held is not None:
