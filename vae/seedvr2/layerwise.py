@@ -106,10 +106,19 @@ class FrameStats:
         return sums[:, :, :, t0:t0 + x.shape[2]]
 
 
+def _meta(t: Tensor) -> bool:
+    """Whether `t` is a meta tensor: a predicted pass (vae/planning/predict.py), which counts what ops allocate and
+    so may skip what allocates nothing (fills, copies, in-place arithmetic) and stand in for what allocates only
+    small tensors — each meta op costs Python time, and a pass has hundreds of bands."""
+    return t.device.type == "meta"
+
+
 def band_sums(y: Tensor) -> Tensor:
     """[2, B, C, T] fp64 (Σy, Σy²) of a band over its rows and columns, reduced in fp64 without a widened copy of the
     band (the reductions upcast element by element): exact enough that the variance taken from them keeps fp32's
     precision where a channel's mean is many times its spread."""
+    if _meta(y):  # a prediction: the sums' own (small) memory, without the reductions' meta ops
+        return torch.empty((2, *y.shape[:3]), dtype=torch.float64, device=y.device)
     dims = (-2, -1)
     s1 = y.sum(dim=dims, dtype=torch.float64)
     s2 = torch.linalg.vector_norm(y, 2, dim=dims, dtype=torch.float64).square_()
@@ -188,13 +197,16 @@ def store_rows(placement: Optional[Placement], dst: Tensor, src: Tensor) -> None
     """Write the device band `src` into `dst` (a view of a held tensor, or a device tensor): one copy where host memory
     is the device's; to host memory beside a GPU frame by frame in matching layouts (one transfer per frame)."""
     if placement is None or not placement.on_host:
-        dst.copy_(src)
+        if not _meta(dst):  # a copy allocates nothing: a prediction skips it
+            dst.copy_(src)
         return
     if not placement.fetch_copies:
         placement.write(dst, src)
         return
     if src.dim() == 5 and not src.is_contiguous(memory_format=torch.channels_last_3d):
         src = src.contiguous(memory_format=torch.channels_last_3d)
+    if _meta(src):  # writes to host memory allocate nothing on the device
+        return
     for i in range(dst.shape[0]):
         for j in representative(range(dst.shape[2]), src):
             placement.write(dst[i, :, j], src[i, :, j])
@@ -316,8 +328,10 @@ def channel_sums(x: Tensor, policy: SplitPolicy) -> Tensor:
     lo, hi = src.own
     rows = policy.band_rows(c, t, w)
     sums = torch.zeros(2, b, c, t, dtype=torch.float64, device=src.device)
-    for r0 in representative(range(lo, hi, rows), torch.empty(0, device=src.device)):
-        sums += band_sums(src.read(r0, min(hi, r0 + rows)))
+    for r0 in representative(range(lo, hi, rows), sums):
+        part = band_sums(src.read(r0, min(hi, r0 + rows)))
+        if not _meta(part):
+            sums += part
     return sums
 
 
@@ -328,6 +342,9 @@ def frame_group_stats(x: Tensor, groups: int, eps: float, policy: SplitPolicy) -
     if sums is None:
         sums = channel_sums(x, policy)
     two, b, c, t = sums.shape
+    if _meta(sums) and policy.shard is None:  # a prediction: the statistics' (small) memory alone
+        return (torch.empty((b, groups, t), dtype=torch.float32, device=sums.device),
+                torch.empty((b, groups, t), dtype=torch.float32, device=sums.device))
     g = sums.view(two, b, groups, c // groups, t).sum(dim=3)
     src_w, frame_h = x.shape[-1], x.shape[-2]
     if policy.shard is not None:  # sums over every band's rows: one all-reduce of (sum, sum of squares)
@@ -349,6 +366,11 @@ def norm_silu_pre(norm: nn.GroupNorm, x: Tensor, policy: SplitPolicy,
     bias = norm.bias.float() if norm.bias is not None else None
 
     def apply(rows: Tensor, t0: int = 0, out: Optional[Tensor] = None) -> Tensor:
+        if _meta(rows):  # a prediction: the fp32 temporary (and the cast) alone; in-place ops allocate nothing
+            y = torch.empty_like(rows, dtype=torch.float32)
+            if out is None:
+                return y if rows.dtype == torch.float32 else torch.empty_like(rows)
+            return out
         b, c, t = rows.shape[:3]
         m = mean[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)
         r = rstd[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)
@@ -437,6 +459,7 @@ def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre
     n_out = out_hi - out_lo
     edges = partition(n_out, band)
     bands = RepresentativeBands(src.device, (0, n_out))
+    meta = _meta(sums)
     for k, (o0, o1) in enumerate(edges):
         if bands.skip(o0, o1):
             continue
@@ -448,10 +471,16 @@ def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre
         else:
             y = guarded_conv3d(buf, weight, conv.bias, conv.stride)
         if residual is not None:
-            y += residual(o0, o1)
+            skip = residual(o0, o1)
+            if not meta:
+                y += skip
+            del skip
         if finish is not None:
             y = finish(y)
-        sums += band_sums(y)
+        part = band_sums(y)
+        if not meta:
+            sums += part
+        del part
         store_rows(out_held, out[:, :, :, o0:o1], y)
         del y
         if held is not None:  # this band's rows of the next cache: the buffer's last frames
@@ -481,26 +510,31 @@ def _padded_band(src: Rows, hist: Optional[Rows], pre: Pre, head: int, a: int, a
     buf = torch.empty((b, c, frames, a_end - a, w + 2 * pw + e), dtype=src.dtype, device=src.device,
                       memory_format=fmt)
     a0, b0 = max(a, 0), min(a_end, src.frame_rows)
-    if a0 > a:
-        buf[..., :a0 - a, :].zero_()
-    if b0 < a_end:
-        buf[..., b0 - a:, :].zero_()
-    if pw:
-        buf[..., a0 - a:b0 - a, :pw].zero_()
-    if pw + e:
-        buf[..., a0 - a:b0 - a, pw + w:].zero_()
-    body = buf[:, :, frames - (1 if image else t):, a0 - a:b0 - a, pw:pw + w]
+    meta = _meta(buf)  # a prediction: fills and copies allocate nothing and are skipped, reads are not
+    if not meta:
+        if a0 > a:
+            buf[..., :a0 - a, :].zero_()
+        if b0 < a_end:
+            buf[..., b0 - a:, :].zero_()
+        if pw:
+            buf[..., a0 - a:b0 - a, :pw].zero_()
+        if pw + e:
+            buf[..., a0 - a:b0 - a, pw + w:].zero_()
+    body = buf if meta else buf[:, :, frames - (1 if image else t):, a0 - a:b0 - a, pw:pw + w]
     rows = src.read(a0, b0)
     if pre is not None:
         pre(rows, 0, out=body)
-    else:
+    elif not meta:
         body.copy_(rows)
     del rows
     if image or not head:
         return buf
     if hist is not None:
-        buf[:, :, :head, a0 - a:b0 - a, pw:pw + w + e].copy_(hist.read(a0, b0)[..., :w + e])
-    else:  # first slice: frame 0 (normalised, padded) repeated
+        held = hist.read(a0, b0)
+        if not meta:
+            buf[:, :, :head, a0 - a:b0 - a, pw:pw + w + e].copy_(held[..., :w + e])
+        del held
+    elif not meta:  # first slice: frame 0 (normalised, padded) repeated
         buf[:, :, :head].copy_(buf[:, :, head:head + 1].expand(-1, -1, head, -1, -1))
     return buf
 
