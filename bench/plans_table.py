@@ -1,13 +1,16 @@
-"""The plans the planner makes for the issue-40 targets on a GPU, computed on any machine (meta tensors only), and
-written as a results file that docs/memory.md's table is rendered from (a test recomputes a row from the code).
+"""The plans the planner makes for the issue-40 and issue-48 targets on a GPU, computed on any machine (meta tensors
+only), and written as a results file that docs/memory.md's table is rendered from (a test recomputes a row from the
+code).
 
     python -m turbovae.bench.plans_table --out docs/results/DATE-plans-cuda-bf16.json
 
 Every family of the registry, decode and encode, at 1080p × 81 under 6 GB and 720p × 81 under 4 GB (what an 8 GB
-card can spare after the weights and ComfyUI's reserve, and a 6 GB card), plus the untiled pass at the default
-budget: the plan taken (or, when none fits, the smallest budget that works), its predicted device peak, the memory
-it holds in host memory, and the expected time by the cost model. CUDA bf16 paths as `python -m turbovae plan`
-takes them.
+card can spare after the weights and ComfyUI's reserve, and a 6 GB card), the untiled pass at the default budget,
+and the sizes upscalers use (4K and 16 MP images, 1440p and 4K clips in 6 GB, 1080p × 81 in 4 GB): the plan taken
+(or, when none fits, the smallest budget that works), its predicted device peak, the memory it holds in host
+memory (within the row's host budget, the RAM a machine for that job has), the expected time by the cost model,
+and how long planning took (a fresh process per row: the first plan of a process). CUDA bf16 paths as
+`python -m turbovae plan` takes them.
 """
 
 from __future__ import annotations
@@ -30,18 +33,24 @@ GB = 2**30
 
 @dataclass(frozen=True)
 class Target:
-    """A clip of `frames` pixel frames of `height`×`width` (rounded down to the family's spatial factor × 8, as
-    a pipeline pads/crops) under `budget_gb` (None: the default budget)."""
+    """A clip of `frames` pixel frames of `height`×`width` (rounded up to the family's spatial factor, as a
+    pipeline pads) under `budget_gb` on the device (None: the default budget) and `host_gb` of host memory."""
 
     name: str
     frames: int
     height: int
     width: int
     budget_gb: Optional[float]
+    host_gb: float = 24.0  # a 32 GB machine less its margin
 
 
 TARGETS = (Target("1080p×81, 6 GB", 81, 1080, 1920, 6), Target("720p×81, 4 GB", 81, 720, 1280, 4),
-           Target("720p×81, default budget", 81, 720, 1280, None))
+           Target("720p×81, default budget", 81, 720, 1280, None),
+           # issue 48: the sizes upscalers use; clips keep their whole-frame causal caches in host memory
+           Target("3840×2160 image, 6 GB", 1, 2160, 3840, 6), Target("4096×4096 image, 6 GB", 1, 4096, 4096, 6),
+           Target("1080p×81, 4 GB", 81, 1080, 1920, 4),
+           Target("2560×1440×81, 6 GB, 64 GB RAM", 81, 1440, 2560, 6, host_gb=56),
+           Target("3840×2160×81, 6 GB, 128 GB RAM", 81, 2160, 3840, 6, host_gb=112))
 
 
 def pixel_shape(key: str, target: Target) -> tuple[int, ...]:
@@ -58,13 +67,17 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
     budget = int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
     t = time.perf_counter()
     row = {"section": "plans", "table": TABLE, "case": f"{key} {'decode' if decode else 'encode'}",
-           "variant": target.name, "pixels": list(shape), "budget_mb": round(budget / 2**20, 1), "ms": 0.0}
+           "variant": target.name, "pixels": list(shape), "budget_mb": round(budget / 2**20, 1),
+           "host_budget_mb": round(target.host_gb * GB / 2**20, 1), "ms": 0.0}
     try:
-        plan = plan_pass(key, shape, decode=decode, dtype="bf16", device_type="cuda", budget_bytes=budget)
+        plan = plan_pass(key, shape, decode=decode, dtype="bf16", device_type="cuda", budget_bytes=budget,
+                         host_budget_bytes=int(target.host_gb * GB))
     except BudgetTooSmall as e:
-        need = re.search(r"the smallest needs (\d+) MB \(([^)]*)\)", str(e))
+        need = re.search(r"the smallest needs (\d+) MB(?: on the device and (\d+) MB of host memory)? \(([^)]*)\)",
+                         str(e))
         row.update(fits=False, plan="none fits", floor_mb=float(need.group(1)) if need else None,
-                   floor_plan=need.group(2) if need else "")
+                   floor_host_mb=float(need.group(2)) if need and need.group(2) else None,
+                   floor_plan=need.group(3) if need else "")
     else:
         d = plan_dict(plan)
         row.update(fits=True, plan=d["layout"], exact=d["exact"], pass_mb=d["pass_mb"], host_mb=d["host_mb"],
@@ -74,7 +87,23 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
 
 
 def compute() -> list[dict]:
-    return [row_for(fam.key, decode, target) for fam in families() for decode in (True, False) for target in TARGETS]
+    """Every row, each planned in a fresh process (the first plan of a process: what a user waits for)."""
+    return [fresh_row(fam.key, decode, target) for fam in families() for decode in (True, False)
+            for target in TARGETS]
+
+
+def fresh_row(key: str, decode: bool, target: Target) -> dict:
+    """`row_for` in a process of its own."""
+    import subprocess
+    import sys
+
+    code = ("import json; from turbovae.bench import plans_table as p; "
+            f"t = next(t for t in p.TARGETS if t.name == {target.name!r}); "
+            f"print(json.dumps(p.row_for({key!r}, {decode!r}, t)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{key} {target.name}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

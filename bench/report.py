@@ -242,16 +242,18 @@ def budget_cells(row: Row) -> list[str]:
             _num(row.get("max_abs_err"), ".1e")]
 
 
-PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s")
+PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s", "planning s")
 
 
 def plans_cells(row: Row) -> list[str]:
-    """A planner row (bench/plans_table.py): the plan taken, or the smallest budget that works."""
+    """A planner row (bench/plans_table.py): the plan taken, or the smallest budget that works; how long planning
+    took (a fresh process: the first plan of a process)."""
+    took = _num(row.get("plan_s"), ".1f")
     if not row.get("fits"):
         return [str(row["case"]), str(row["variant"]), f"none fits: needs {_num(row.get('floor_mb'), '.0f')} MB "
-                f"({row.get('floor_plan', '')})", "", "", ""]
+                f"({row.get('floor_plan', '')})", "", "", "", took]
     return [str(row["case"]), str(row["variant"]), str(row.get("plan", "")), _num(row.get("pass_mb"), ".0f"),
-            _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f")]
+            _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f"), took]
 
 
 PROOF_HEADER = ("case", "dtype", "process limit GB", "budget MB", "plan", "time", "predicted MB",
