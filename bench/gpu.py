@@ -42,7 +42,7 @@ from ..vae.norms import fused_norms
 from ..vae.memory.budget import BudgetTooSmall, default_budget_bytes
 from ..vae.planning import PlanRequest, plan_pass
 from ..vae.memory.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
-from ..vae.memory.peak import MetaPasses, PassPaths
+from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, time_ms
 from ..vae.measuring import max_abs, psnr
 from .device_peaks import DEVICE_PEAKS

@@ -13,7 +13,7 @@ from turbovae.bench.models import seeded_init
 from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget
-from turbovae.vae.memory.peak import MetaPasses, PassPaths
+from turbovae.vae.planning.meta_pass import MetaPasses, PassPaths
 from turbovae.vae.planning import PassPlan, PlanRequest, plan_pass, run_plan
 from turbovae.vae.planning import search as search_module
 from turbovae.vae.registry import family

@@ -25,8 +25,9 @@ from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
 from .memory.device import check_fits, process_rss_bytes
 from .memory.budget import MemoryBudget
-from .memory.peak import MetaPasses, PassPaths, PeakPrediction
+from .memory.peak import PeakPrediction
 from .planning import PassPlan, PlanRequest, plan_pass, run_plan
+from .planning.meta_pass import MetaPasses, PassPaths
 
 log = logging.getLogger("turbovae")
 
@@ -337,7 +338,7 @@ class TurboVAE:
                      device: Union[None, str, torch.device] = None) -> PeakPrediction:
         """The predicted peak of an untiled pass over validated input `shape` run `temporal_slice` latents per step
         (None: the whole clip) on `device` (default the model's): the model's pass on meta tensors
-        (vae/memory/peak.py), cached per shape."""
+        (vae/planning/meta_pass.py), cached per shape."""
         dev = self.device if device is None else torch.device(device)
         return self._meta().predict(tuple(int(d) for d in shape), decode=decode, dtype=self.dtype,
                                     temporal_slice=temporal_slice, paths=self._paths(dev))

@@ -16,7 +16,7 @@ import torch
 from .base import VAEModel
 from .dtypes import parse_dtype
 from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes, default_host_budget_bytes
-from .memory.peak import MetaPasses, PassPaths
+from .planning.meta_pass import MetaPasses, PassPaths
 from .planning import PassPlan, PlanRequest
 from .planning.search import plan_pass as search_plan
 

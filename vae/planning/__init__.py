@@ -1,5 +1,6 @@
 """Planning a pass before it runs: what runs (untiled, temporal slices, exact or fast tiles, frame stages, host
-memory), its predicted peak, its expected time; and running exactly that plan."""
+memory), its predicted peak (the pass on meta tensors: `meta_pass`), its expected time; and running exactly that
+plan."""
 
 from .execute import run_plan
 from .plan import MODES, PassPlan

@@ -30,7 +30,7 @@ from ..base import VAEModel
 from ..exact_tiling import ExactPlan, partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
-from ..memory.peak import MetaPasses, PassPaths
+from .meta_pass import MetaPasses, PassPaths
 from ..tiling.grid import TileGrid
 from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
