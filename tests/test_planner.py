@@ -14,7 +14,7 @@ from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget
 from turbovae.vae.planning.meta_pass import MetaPasses, PassPaths
-from turbovae.vae.planning import PassPlan, PlanRequest, plan_pass, run_plan
+from turbovae.vae.planning import PassPlan, PlanRequest, fastest_fitting_plan, run_plan
 from turbovae.vae.planning import search as search_module
 from turbovae.vae.registry import family
 
@@ -62,10 +62,10 @@ def _plan(model, x, decode, budget, copies=None, **request):
     """The planner's choice at `budget`; `copies`: meta copies and predictions a test's earlier plans of the same
     model made (a prediction depends on the model, plan and paths alone), else fresh ones."""
     separate = request.pop("host_is_separate", True)
-    return plan_pass(model, tuple(x.shape), decode=decode, budget_bytes=int(budget),
-                     paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
-                     request=PlanRequest(host_is_separate=separate, **request),
-                     copies=MetaPasses(model) if copies is None else copies)
+    return fastest_fitting_plan(model, tuple(x.shape), decode=decode, budget_bytes=int(budget),
+                                paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
+                                request=PlanRequest(host_is_separate=separate, **request),
+                                copies=MetaPasses(model) if copies is None else copies)
 
 
 # -- the search ----------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from .accel.weight_layout import checkpoint_layout
 from .memory.device import check_fits, process_rss_bytes
 from .memory.budget import MemoryBudget
 from .memory.peak import PeakPrediction
-from .planning import PassPlan, PlanRequest, plan_pass, run_plan
+from .planning import PassPlan, PlanRequest, fastest_fitting_plan, run_plan
 from .planning.meta_pass import MetaPasses, PassPaths
 
 log = logging.getLogger("turbovae")
@@ -289,9 +289,9 @@ class TurboVAE:
         shape = tuple(int(d) for d in shape)
 
         def planned(pass_budget: int) -> PassPlan:
-            return plan_pass(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
-                             paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
-                             host_budget_bytes=host_budget)
+            return fastest_fitting_plan(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
+                                        paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
+                                        host_budget_bytes=host_budget)
 
         if dev.type != "cpu":
             return planned(budget)

@@ -5,7 +5,7 @@ plan."""
 from .execute import run_plan
 from .plan import MODES, PassPlan
 from .predict import predict_plan
-from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, plan_pass
+from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, fastest_fitting_plan
 
-__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "plan_pass", "predict_plan",
-           "run_plan"]
+__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "fastest_fitting_plan",
+           "predict_plan", "run_plan"]

@@ -61,9 +61,9 @@ class PlanRequest:
     host_is_separate: Optional[bool] = None
 
 
-def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
-              dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
-              copies: Optional[MetaPasses] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
+def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
+                         dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
+                         copies: Optional[MetaPasses] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
     """The fastest plan for a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for
     encode; 5-D) whose predicted device peak fits `budget_bytes` and, where host memory is apart from the device's,
     whose host memory fits `host_budget_bytes` (None: not bounded); BudgetTooSmall when none does."""
