@@ -5,6 +5,7 @@ device peak measured by the allocator within its budget (issue 40). Tiny configs
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from turbovae.bench.models import seeded_init
 from turbovae.vae.memory.allocator import measure_peak
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget
+from turbovae.vae.memory.peak import PeakPrediction
 from turbovae.vae.planning.meta_pass import MetaPasses, PassPaths
 from turbovae.vae.planning import PassPlan, PlanRequest, fastest_fitting_plan, run_plan
 from turbovae.vae.planning import search as search_module
@@ -257,3 +259,28 @@ def test_exact_tiles_with_interior_cores_are_predicted_within_their_measured_pea
         measured, _ = measure_peak(lambda: run_plan(model, x, plan), "cpu")
     assert measured.device_bytes <= predicted.pass_bytes * 1.03, (measured.device_bytes / MB,
                                                                   predicted.pass_bytes / MB)
+
+
+def test_a_kind_whose_smallest_plan_is_over_is_tried_one_rung_up_before_refusing(models, monkeypatch):
+    """A peak is not monotone in the tile (the review of issue 49: at 162 MB the search refused, naming 164 MB for
+    the smallest exact tile, while the next tile was predicted at 159.7 MB). With predictions where each kind's
+    smallest plan is over the budget and the exact kind's second smallest fits, that plan is taken, not
+    BudgetTooSmall."""
+    model = models["qwen_image"]
+    x = _input(model, True, 3, (16, 24))
+    seen: dict = {}
+
+    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
+        exact = cand.mode == "exact" and not cand.on_host and not cand.frame_stages
+        tiles = seen.setdefault("tiles", sorted({c.tile_latent for c in search_module.candidates(
+            model_, cand.shape, decode=True, dtype=cand.dtype, device_type="cpu", request=PlanRequest(),
+            host_is_separate=True) if c.mode == "exact" and c.tile_latent}))
+        mb = 100 if exact and cand.tile_latent == tiles[1] and cand.temporal_slice == 1 else 200
+        return replace(cand, predicted=PeakPrediction(mb * MB, 0, 0, cand.temporal_slice), budget_bytes=budget_bytes,
+                       cost_s=search_module.estimate_s(model_, cand, work, cache_bytes=held))
+
+    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    plan = _plan(model, x, True, 150 * MB)
+    assert plan.mode == "exact" and plan.predicted.pass_bytes == 100 * MB, plan.describe()
+    with pytest.raises(BudgetTooSmall, match="the smallest needs 100 MB"):
+        _plan(model, x, True, 90 * MB)
