@@ -28,7 +28,7 @@ from ..vae.memory.allocator import measure_peak
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from ..vae.memory.budget import BudgetTooSmall
-from ..vae.planning import PlanRequest, plan_pass, run_plan
+from ..vae.planning import PlanRequest, fastest_fitting_plan, run_plan
 from ..vae.registry import families
 from .common import BenchOptions, BenchRow
 from ..vae.measuring import max_abs, psnr
@@ -106,8 +106,8 @@ def _case(vae: TurboVAE, case: str, decode: bool, size: Size, device: torch.devi
     for frac in FRACTIONS:
         budget = 2**50 if untiled_bytes is None else max(1, int(untiled_bytes * frac))
         try:
-            plan = plan_pass(vae.model, tuple(x.shape), decode=decode, budget_bytes=budget, paths=paths,
-                             dtype=dtype, request=request, copies=vae._meta())  # noqa: SLF001
+            plan = fastest_fitting_plan(vae.model, tuple(x.shape), decode=decode, budget_bytes=budget, paths=paths,
+                                        dtype=dtype, request=request, copies=vae._meta())  # noqa: SLF001
         except BudgetTooSmall as e:
             rows.append(BudgetRow(SECTION, case, f"budget {_fraction(frac)}", 0.0, budget_mb=budget / MB,
                                   plan="none fits", shape=tuple(x.shape),

@@ -58,7 +58,7 @@ class BenchRow:
     model_mb: Optional[float] = None  # the loaded model's parameters (rows that compare `held_mb` with it)
     core_ms: Optional[float] = None  # --comfyui: ComfyUI core's median ms in this case (on the other rows)
     err_vs_ours: Optional[float] = None  # --comfyui: the core row's max abs error against TurboVAE's output
-    # the pass's peak predicted before it ran (vae/memory/peak.py), on rows that measure `peak_mb`: same quantity
+    # the pass's peak predicted before it ran (vae/planning/meta_pass.py), on rows that measure `peak_mb`: same quantity
     predicted_peak_mb: Optional[float] = None
 
     @property

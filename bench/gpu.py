@@ -40,9 +40,9 @@ from ..vae.dtypes import working_dtype
 from ..vae.accel.kernels import triton_available
 from ..vae.norms import fused_norms
 from ..vae.memory.budget import BudgetTooSmall, default_budget_bytes
-from ..vae.planning import PlanRequest, plan_pass
+from ..vae.planning import PlanRequest, fastest_fitting_plan
 from ..vae.memory.oom import OutOfMemory, attempt, is_out_of_memory, release_cached
-from ..vae.memory.peak import MetaPasses, PassPaths
+from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, time_ms
 from ..vae.measuring import max_abs, psnr
 from .device_peaks import DEVICE_PEAKS
@@ -177,9 +177,10 @@ def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torc
     if case.temporal_slice != AUTO:
         return case.temporal_slice
     try:
-        return plan_pass(model, case.shape, decode=case.kind == "decode", budget_bytes=default_budget_bytes(device),
-                         paths=PassPaths.of(model, device, dtype), dtype=dtype,
-                         request=PlanRequest(allow_tiles=False, allow_host=False)).temporal_slice
+        return fastest_fitting_plan(model, case.shape, decode=case.kind == "decode",
+                                    budget_bytes=default_budget_bytes(device),
+                                    paths=PassPaths.of(model, device, dtype), dtype=dtype,
+                                    request=PlanRequest(allow_tiles=False, allow_host=False)).temporal_slice
     except BudgetTooSmall:
         return 1
 

@@ -1,4 +1,4 @@
-"""The peak-memory prediction (vae/memory/peak.py) against measured peaks: every GPU row of a GPU run's result files
+"""The peak-memory prediction (vae/planning/meta_pass.py) against measured peaks: every GPU row of a GPU run's result files
 that has a peak, and the same passes measured on this CPU at small sizes. Writes one JSON (docs/results/) of
 predicted vs measured with the error; docs/memory.md reads its numbers from there.
 
@@ -24,7 +24,7 @@ import torch
 
 from ..vae.accel.switches import FastPaths
 from ..vae.memory.allocator import measure_peak
-from ..vae.memory.peak import MetaPasses, PassPaths
+from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import environment
 from .family_names import QWEN_IMAGE, SEEDVR2, WAN21, WAN22
 from .gpu import AUTO, cases as gpu_cases

@@ -25,7 +25,7 @@ import torch
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from ..vae.measuring import max_abs
-from ..vae.memory.peak import MetaPasses
+from ..vae.planning.meta_pass import MetaPasses
 from ..vae.planning import PassPlan, PlanRequest, run_plan
 from ..vae.planning.cost import breakdown
 from ..vae.planning.predict import predict_plan

@@ -9,7 +9,7 @@ import torch
 
 from turbovae.vae.base import VAEModel
 from turbovae.vae.memory.allocator import measure_peak
-from turbovae.vae.memory.peak import predict_pass
+from turbovae.vae.planning.meta_pass import predict_pass
 
 
 def measured_and_predicted(model: VAEModel, decode: bool, shape: tuple[int, ...],

@@ -212,7 +212,7 @@ def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
     not tile on top of us): within the budget, less than the untiled whole clip for a long clip, smaller under a
     tighter budget; decode logs the plan, its predicted peak and where the budget came from."""
     from turbovae.nodes.pass_budget import comfy_budget_bytes
-    from turbovae.vae.memory.peak import predict_pass
+    from turbovae.vae.planning.meta_pass import predict_pass
 
     vae = _vae("qwen_image_tiny.safetensors")
     c = vae.latent_channels
@@ -258,7 +258,7 @@ def test_encode_plans_every_clip_of_a_batch():
     vae = _vae("qwen_image_tiny.safetensors")
     assert item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False)[0] == 3
     assert item_shape(vae.turbo, (3, vae.latent_channels, 5, 8, 8), decode=True)[0] == 1  # latents: item by item
-    from turbovae.vae.memory.peak import predict_pass
+    from turbovae.vae.planning.meta_pass import predict_pass
 
     one = vae.memory_used_encode((1, 3, 5, 64, 64), torch.float32)
     three = vae.memory_used_encode((3, 3, 5, 64, 64), torch.float32)

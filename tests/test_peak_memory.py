@@ -1,6 +1,6 @@
-"""Peak memory known before a pass runs (vae/memory/peak.py): predictions against the same passes measured on the
-CPU, the sampled prediction of long clips against whole-clip meta passes, the budget, and the `plan` command (the
-planner's own tests: tests/test_planner.py)."""
+"""Peak memory known before a pass runs (vae/planning/meta_pass.py, its storages counted by vae/memory/peak.py):
+predictions against the same passes measured on the CPU, the sampled prediction of long clips against whole-clip
+meta passes, the budget, and the `plan` command (the planner's own tests: tests/test_planner.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from turbovae.vae.api import TurboVAE
 from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.memory.budget import BudgetTooSmall, MemoryBudget, default_budget_bytes, DEFAULT_PASS_BUDGET_BYTES
-from turbovae.vae.memory.peak import LiveBytes, MetaPasses, PassPaths, meta_pass_peak, predict_pass
+from turbovae.vae.memory.peak import LiveBytes
+from turbovae.vae.planning.meta_pass import MetaPasses, PassPaths, meta_pass_peak, predict_pass
 from turbovae.vae.seedvr2 import SeedVR2Config, SeedVR2VAE
 from turbovae.vae.wan import TINY_WAN21, WanVAE
 

@@ -181,7 +181,7 @@ def test_channels_last_group_norm_is_predicted_in_place():
     pass for the CPU takes the same path (vae/memory/meta_device.py), so a norm that allocates nothing beyond its
     chunked statistics is predicted so, not as a new activation-sized output."""
     from turbovae.vae import norms
-    from turbovae.vae.memory.peak import meta_pass_for
+    from turbovae.vae.planning.meta_pass import meta_pass_for
 
     x = torch.randn(1, 64, 2, 250, 256).contiguous(memory_format=torch.channels_last_3d)  # chunks: 15×16+10 rows
     w, b = torch.ones(64), torch.zeros(64)

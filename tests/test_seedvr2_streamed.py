@@ -10,7 +10,7 @@ import torch
 
 from turbovae.bench.models import seeded_init
 from turbovae.vae.memory.allocator import measure_peak
-from turbovae.vae.memory.peak import MetaPasses, PassPaths
+from turbovae.vae.planning.meta_pass import MetaPasses, PassPaths
 from turbovae.vae.memory.placement import OnDevice, OnHost, held_in
 from turbovae.vae.plan_pass import plan_pass as plan_for
 from turbovae.vae.planning import PassPlan, run_plan

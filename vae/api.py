@@ -25,8 +25,9 @@ from .dtypes import parse_dtype, working_dtype
 from .accel.weight_layout import checkpoint_layout
 from .memory.device import check_fits, process_rss_bytes
 from .memory.budget import MemoryBudget
-from .memory.peak import MetaPasses, PassPaths, PeakPrediction
-from .planning import PassPlan, PlanRequest, plan_pass, run_plan
+from .memory.peak import PeakPrediction
+from .planning import PassPlan, PlanRequest, fastest_fitting_plan, run_plan
+from .planning.meta_pass import MetaPasses, PassPaths
 
 log = logging.getLogger("turbovae")
 
@@ -288,9 +289,9 @@ class TurboVAE:
         shape = tuple(int(d) for d in shape)
 
         def planned(pass_budget: int) -> PassPlan:
-            return plan_pass(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
-                             paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
-                             host_budget_bytes=host_budget)
+            return fastest_fitting_plan(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
+                                        paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
+                                        host_budget_bytes=host_budget)
 
         if dev.type != "cpu":
             return planned(budget)
@@ -337,7 +338,7 @@ class TurboVAE:
                      device: Union[None, str, torch.device] = None) -> PeakPrediction:
         """The predicted peak of an untiled pass over validated input `shape` run `temporal_slice` latents per step
         (None: the whole clip) on `device` (default the model's): the model's pass on meta tensors
-        (vae/memory/peak.py), cached per shape."""
+        (vae/planning/meta_pass.py), cached per shape."""
         dev = self.device if device is None else torch.device(device)
         return self._meta().predict(tuple(int(d) for d in shape), decode=decode, dtype=self.dtype,
                                     temporal_slice=temporal_slice, paths=self._paths(dev))

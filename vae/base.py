@@ -23,6 +23,7 @@ from .memory.placement import Placement, cache_placement
 from .tracing import tracing
 
 from .accel.weight_layout import PassScratch, conv_modules, hold_layout
+from .causal_state import CausalState
 
 
 @dataclass(frozen=True)
@@ -77,25 +78,6 @@ class CausalStream(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class CausalState(ABC):
-    """What a pass carries from layer to layer and slice to slice (causal caches read and written)
-    and may advance in any layer call.
-
-    Why: a layer run that fails part-way (a compiled region whose later sub-graph fails after an earlier
-    one advanced the cache) must be re-run from the state it started from, or that slice reads the wrong
-    history and comes out silently wrong. `snapshot` is cheap (references, not copies: the architectures
-    replace cache entries, they never write into them).
-    """
-
-    @abstractmethod
-    def snapshot(self) -> object:
-        """An opaque record of the current state."""
-
-    @abstractmethod
-    def restore(self, saved: object) -> None:
-        """Back to the state `snapshot` recorded."""
 
 
 State = tuple[torch.Tensor, ...]

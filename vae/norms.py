@@ -84,7 +84,7 @@ _META_FUSED = None  # the fused kernels' allocations on meta tensors, inside `me
 @contextmanager
 def meta_fused_norms(dispatch) -> Iterator[None]:
     """Inside the block, norms of meta tensors go to `dispatch` (same methods as a fused dispatcher): a meta
-    pass then allocates what the fused kernels allocate, so vae/memory/peak.py predicts the GPU path's memory."""
+    pass then allocates what the fused kernels allocate, so vae/planning/meta_pass.py predicts the GPU path's memory."""
     with _module_setting("_META_FUSED", dispatch):
         yield
 
@@ -288,7 +288,7 @@ def group_norm_channels_last(x: torch.Tensor, num_groups: int, weight: Optional[
     starts = range(0, h, rows)
     sq_devs = x.new_empty((len(starts), n, c))
     centred = None
-    arithmetic = x.device.type != "meta"  # a meta pass (vae/memory/peak.py) needs the loop's buffers, not its sums
+    arithmetic = x.device.type != "meta"  # a meta pass (vae/planning/meta_pass.py) needs the loop's buffers, not its sums
     for i, r0 in enumerate(starts):
         chunk = x[:, :, r0:r0 + rows] if arithmetic or centred is None or h - r0 < rows else None
         if centred is None or (chunk is not None and centred.shape != chunk.shape):

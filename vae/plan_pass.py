@@ -16,9 +16,9 @@ import torch
 from .base import VAEModel
 from .dtypes import parse_dtype
 from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes, default_host_budget_bytes
-from .memory.peak import MetaPasses, PassPaths
+from .planning.meta_pass import MetaPasses, PassPaths
 from .planning import PassPlan, PlanRequest
-from .planning.search import plan_pass as search_plan
+from .planning.search import fastest_fitting_plan
 
 
 class PlanError(ValueError):
@@ -74,8 +74,8 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
               dtype: Union[None, str, torch.dtype] = None, device_type: str = "cuda",
               budget_bytes: Optional[int] = None, mode: str = "auto", copies: Optional[MetaPasses] = None,
               host_memory: Optional[bool] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
-    """The plan a pass would run under `budget_bytes` (vae/planning): what runs (untiled, temporal slices, exact
-    tiles, frame stages, host memory), its predicted peak and expected time.
+    """The plan a pass would run under `budget_bytes` (vae/planning/search.py `fastest_fitting_plan`): what runs
+    (untiled, temporal slices, exact tiles, frame stages, host memory), its predicted peak and expected time.
 
     `source`: a family (`family_names()`) or a checkpoint. `shape`: latents [B, C, T, h, w] or pixels [B, I, T, H, W]
     (for decode, pixels are turned into their latents; for encode, latents into their pixels; clips are padded to
@@ -114,9 +114,9 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
                           host_is_separate=True if host_memory else None)
     if host_budget_bytes is None:
         host_budget_bytes = default_host_budget_bytes()
-    return search_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
-                       paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
-                       copies=copies or MetaPasses(model), host_budget_bytes=int(host_budget_bytes))
+    return fastest_fitting_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
+                                paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
+                                copies=copies or MetaPasses(model), host_budget_bytes=int(host_budget_bytes))
 
 
 def plan_dict(plan: PassPlan) -> dict:

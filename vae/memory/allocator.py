@@ -1,6 +1,6 @@
 """A pass's peak memory as the allocator saw it: the measurement every prediction is checked against.
 
-Why a second count: the prediction (vae/memory/peak.py) counts the storages a pass creates, on meta tensors; a
+Why a second count: the prediction (vae/planning/meta_pass.py) counts the storages a pass creates, on meta tensors; a
 count of our own cannot prove itself. The allocator can: on CUDA its `max_memory_allocated`; on the CPU the
 profiler's allocation events (every allocation and free of PyTorch's CPU allocator, with its address, size and
 time, including the buffers a kernel allocates inside one op, which no count of op outputs sees).

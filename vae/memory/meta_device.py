@@ -1,6 +1,6 @@
 """The device type a meta pass stands for, for the code that takes a device-specific path.
 
-Why: a pass's peak is predicted by running its code on meta tensors (vae/memory/peak.py), but some code picks its
+Why: a pass's peak is predicted by running its code on meta tensors (vae/planning/meta_pass.py), but some code picks its
 path by the device its tensors are on: the CPU's flash attention or CUDA's (vae/attention.py), the CPU's
 channels-last GroupNorm written into its input and its GEMM as a 1×1 conv (vae/norms.py), the CPU's reused
 weight-packing buffer or a fresh tensor per conv (vae/accel/weight_layout.py). On meta tensors that question has

@@ -1,6 +1,6 @@
 """What real kernels allocate that their meta kernels do not show, per device type (`LiveBytes.op_memory`).
 
-Why: a pass's peak is predicted by running its code on meta tensors (vae/memory/peak.py), which sees every
+Why: a pass's peak is predicted by running its code on meta tensors (vae/planning/meta_pass.py), which sees every
 tensor an op returns but nothing an op allocates inside itself, and lays outputs out as the meta kernel says,
 which is not always what the real kernel returns. Both change the allocator's peak. Each rule here is read off a
 measurement, named where it is used:

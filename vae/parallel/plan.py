@@ -25,7 +25,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import torch
 
 from ..memory.budget import BudgetTooSmall
-from ..memory.peak import MetaPasses, PassPaths
+from ..planning.meta_pass import MetaPasses, PassPaths
 from ..planning.plan import MB
 from ..planning.search import PREDICTED_SHARE, temporal_slices
 from ..tiling.retry import MIN_TILE_LATENT

@@ -22,8 +22,9 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..memory.op_rules import op_memory_for
-from ..memory.peak import LiveBytes, MetaPasses, PassPaths, meta_pass_for
+from ..memory.peak import LiveBytes
 from ..memory.placement import OnDevice, OnMetaHost
+from ..planning.meta_pass import MetaPasses, PassPaths, meta_pass_for
 from ..tiling.exact import sampled
 from .collectives import collect_frame, gather_padded, halo_transfers
 from .sharded import sharded_pass

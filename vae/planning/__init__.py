@@ -1,10 +1,11 @@
 """Planning a pass before it runs: what runs (untiled, temporal slices, exact or fast tiles, frame stages, host
-memory), its predicted peak, its expected time; and running exactly that plan."""
+memory), its predicted peak (the pass on meta tensors: `meta_pass`), its expected time; and running exactly that
+plan."""
 
 from .execute import run_plan
 from .plan import MODES, PassPlan
 from .predict import predict_plan
-from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, plan_pass
+from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, fastest_fitting_plan
 
-__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "plan_pass", "predict_plan",
-           "run_plan"]
+__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "fastest_fitting_plan",
+           "predict_plan", "run_plan"]

@@ -4,7 +4,7 @@ A meta pass allocates nothing and computes nothing, but every op makes its outpu
 layouts and frees them when the last reference goes, as the real pass would (vae/memory/peak.py `LiveBytes`); what
 the real kernels allocate inside ops is added per device type (vae/memory/op_rules.py), attention runs as its fused
 kernel (vae/attention.py), the fused norms as the one output they make and the CPU's device-specific paths as the
-CPU takes them (vae/memory/peak.py `meta_pass_for`). Host-held tensors are counted apart.
+CPU takes them (vae/planning/meta_pass.py `meta_pass_for`). Host-held tensors are counted apart.
 The run is sampled where its steps repeat (`run_plan(..., sample=True)`): the first two temporal steps and the
 last, one tile of each shape, one core of the largest size — into canvases of the full size, so the peak is that
 of the whole pass.
@@ -21,8 +21,9 @@ import torch
 from ..base import VAEModel
 from ..memory.meta_device import predicting_for
 from ..memory.op_rules import op_memory_for
-from ..memory.peak import LiveBytes, MetaPasses, PassPaths, PeakPrediction, meta_pass_for, weight_bytes
+from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
 from .execute import run_plan
+from .meta_pass import MetaPasses, PassPaths, meta_pass_for
 from .plan import PassPlan
 
 

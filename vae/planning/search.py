@@ -15,7 +15,8 @@ needs it.
 Why the taken plan's own prediction, never a neighbour's: a pass's peak is not monotone in its slice or tile (a
 slice that splits the clip into one more step can need less than a smaller one). A candidate is skipped only where
 a plan of its kind with no larger tile and slice was over the budget, so a non-monotone step may cost speed (a
-smaller tile than possible), never memory.
+smaller tile than possible), never memory; and before refusing, each kind's next smallest plans are predicted as
+well (`NEAR_THRIFTIEST`), so a budget is not refused where a plan one rung above a kind's smallest fits.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..base import VAEModel
 from ..exact_tiling import ExactPlan, partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
-from ..memory.peak import MetaPasses, PassPaths
+from .meta_pass import MetaPasses, PassPaths
 from ..tiling.grid import TileGrid
 from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
@@ -61,9 +62,9 @@ class PlanRequest:
     host_is_separate: Optional[bool] = None
 
 
-def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
-              dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
-              copies: Optional[MetaPasses] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
+def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_bytes: int, paths: PassPaths,
+                         dtype: Optional[torch.dtype] = None, request: PlanRequest = PlanRequest(),
+                         copies: Optional[MetaPasses] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
     """The fastest plan for a pass over validated input `shape` (latents for decode, 1 + 4n-frame pixels for
     encode; 5-D) whose predicted device peak fits `budget_bytes` and, where host memory is apart from the device's,
     whose host memory fits `host_budget_bytes` (None: not bounded); BudgetTooSmall when none does."""
@@ -102,11 +103,39 @@ def plan_pass(model: VAEModel, shape: Iterable[int], *, decode: bool, budget_byt
         found = _cheapest_fitting(model, level, cost, predicted, budget, held, out_bytes, tried)
         if found is not None:
             return found
-    # nothing fits: the smallest budget that works is the least of each kind's thriftiest plan, each predicted
-    for level in _host_levels(cands):
-        for group in _groups(level, cost):
-            tried.append(predicted(_thriftiest(group)))
+    # nothing fits by the search, which skips a kind whose thriftiest plan is over: a peak is not monotone in a tile
+    # or slice, so before refusing each kind's next smallest plans are predicted too (the refusal path alone pays)
+    found = _near_thriftiest_fitting(model, cands, cost, predicted, budget, held, out_bytes, tried)
+    if found is not None:
+        return found
     raise BudgetTooSmall(budget.too_small(tried))
+
+
+# Before refusing, the plans of each kind tried beside its thriftiest: the next smallest by step volume (a tile or
+# slice one rung up the ladder can need less than the smallest one, e.g. where a smaller crop takes another conv
+# kernel with a larger workspace).
+NEAR_THRIFTIEST = 3
+
+
+def _near_thriftiest_fitting(model: VAEModel, cands: list[PassPlan], cost, predicted, budget: "Budget", held: int,
+                             out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
+    """The cheapest fitting plan among each kind's `NEAR_THRIFTIEST` smallest plans (its thriftiest first, which
+    also gives `tried` every kind's floor for the refusal's message), host level by host level; None if none fits."""
+    for level in _host_levels(cands):
+        fitting = []
+        for group in _groups(level, cost):
+            smallest = sorted(group, key=lambda c: (step_volume(c), _size(c.tile_latent), _size(c.temporal_slice)))
+            least = _thriftiest(group)
+            for cand in [least] + [c for c in smallest if c is not least][:NEAR_THRIFTIEST - 1]:
+                if cand is not least and _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
+                    continue
+                plan = predicted(cand)
+                tried.append(plan)
+                if budget.fits(plan):
+                    fitting.append(plan)
+        if fitting:
+            return min(fitting, key=lambda p: p.cost_s)
+    return None
 
 
 @dataclass(frozen=True)

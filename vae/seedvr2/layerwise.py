@@ -394,7 +394,7 @@ def norm_silu_pre(norm: nn.GroupNorm, x: Tensor, policy: SplitPolicy,
 # Causal conv, band by band
 # ------------------------------------------------------------------------------------------------
 class RepresentativeBands:
-    """On meta tensors (a predicted pass, vae/memory/peak.py), bands of a shape and border position already run are
+    """On meta tensors (a predicted pass, vae/planning/meta_pass.py), bands of a shape and border position already run are
     skipped: a band's temporaries are freed before the next band and its output goes into a buffer made before the
     loop, so bands of one shape allocate alike, and the peak is the same with one of each (a 4K frame has hundreds
     of bands per layer; a meta op costs Python time). Real tensors run every band."""
