@@ -137,7 +137,7 @@ def item_shape(turbo: TurboVAE, shape, *, decode: bool) -> tuple[int, ...]:
         raise ValueError(f"{what} must have {channels} channels for a {turbo.kind} VAE; got shape {tuple(shape)}")
     t = shape[2] if len(shape) == 5 else 1
     if not decode:
-        t += (-(t - 1)) % turbo.temporal_factor
+        t = turbo.latent_format.padded_frames(t)
     return (1 if decode else int(shape[0]), int(shape[1]), int(t), int(shape[-2]), int(shape[-1]))
 
 
@@ -156,7 +156,6 @@ def tiled_plan(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, ti
     overlap_px = check_tiling(tile_px, overlap_px, mode, turbo.spatial_factor, temporal_slice)
     shape = tuple(int(d) for d in shape)
     if not decode:
-        t = shape[2]
-        shape = (*shape[:2], t + (-(t - 1)) % turbo.temporal_factor, *shape[3:])
+        shape = (*shape[:2], turbo.latent_format.padded_frames(shape[2]), *shape[3:])
     return plan_in_comfy(turbo, shape, device, decode=decode, mode=mode, tile_px=tile_px, overlap_px=overlap_px,
                          temporal_slice=temporal_slice, output_device=output_device)

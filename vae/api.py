@@ -249,8 +249,7 @@ class TurboVAE:
     def pad_frames(self, pixels: torch.Tensor) -> torch.Tensor:
         """Pad a clip to 4n+1 frames by repeating the last frame (documented policy; never drops frames)."""
         t = pixels.shape[2]
-        tf = self.temporal_factor
-        extra = (-(t - 1)) % tf
+        extra = self.latent_format.padded_frames(t) - t
         if extra == 0:
             return pixels
         tail = pixels[:, :, -1:].expand(-1, -1, extra, -1, -1)

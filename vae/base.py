@@ -50,6 +50,11 @@ class LatentFormat:
         """Latent frames for a clip of `frames` pixel frames (4n+1 -> n+1)."""
         return (frames - 1) // self.temporal_factor + 1
 
+    def padded_frames(self, frames: int) -> int:
+        """Pixel frames of a clip of `frames` once an encode pads it to 1 + 4n (the last frame repeated: the one
+        home of that rule; `TurboVAE.pad_frames` pads, the planner, tiles and nodes size the padded clip)."""
+        return frames + (-(frames - 1)) % self.temporal_factor
+
     def pixel_frames(self, latent_frames: int) -> int:
         """Pixel frames a decoder produces for `latent_frames` latents (n+1 -> 4n+1)."""
         return (latent_frames - 1) * self.temporal_factor + 1

@@ -96,7 +96,7 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     elif c == fmt.image_channels:
         if h % f or w % f:
             raise PlanError(f"pixel height and width must be multiples of {f} for a {model.kind} VAE; got {h}x{w}")
-        latents = (b, fmt.channels, fmt.latent_frames(t + (-(t - 1)) % fmt.temporal_factor), h // f, w // f)
+        latents = (b, fmt.channels, fmt.latent_frames(fmt.padded_frames(t)), h // f, w // f)
     else:
         raise PlanError(f"shape {dims}: {c} channels is neither the latents' ({fmt.channels}) nor the pixels' "
                         f"({fmt.image_channels}) of a {model.kind} VAE")

@@ -69,8 +69,7 @@ def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int]
     if len(shape) == 4:
         shape = (shape[0], shape[1], 1, shape[2], shape[3])
     if not decode:
-        tf = vae.temporal_factor
-        shape = (*shape[:2], shape[2] + (-(shape[2] - 1)) % tf, *shape[3:])  # the clip the encode pads to
+        shape = (*shape[:2], vae.latent_format.padded_frames(shape[2]), *shape[3:])  # the clip the encode pads to
     if mode == "exact" and not supports_exact(vae.model, decode=decode):
         raise ValueError(f"exact tiled {'decode' if decode else 'encode'} is not available for a {vae.kind} VAE; "
                          "use mode='fast'")

@@ -138,7 +138,7 @@ def plan_parallel(vae: TurboVAE, shape: Sequence[int], *, decode: bool, devices:
     if len(shape) == 4:
         shape = (shape[0], shape[1], 1, shape[2], shape[3])
     if not decode:
-        shape = (*shape[:2], shape[2] + (-(shape[2] - 1)) % vae.temporal_factor, *shape[3:])
+        shape = (*shape[:2], vae.latent_format.padded_frames(shape[2]), *shape[3:])
     out_device = torch.device(output_device) if output_device is not None else vae.device
     comm, devs = _ranks(vae, devices, group)
     return _plan_bands(vae, shape, decode=decode, comm=comm, devices=devs, temporal_slice=temporal_slice,
