@@ -4,6 +4,7 @@ device peak measured by the allocator within its budget (issue 40). Tiny configs
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 
@@ -282,5 +283,7 @@ def test_a_kind_whose_smallest_plan_is_over_is_tried_one_rung_up_before_refusing
     monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
     plan = _plan(model, x, True, 150 * MB)
     assert plan.mode == "exact" and plan.predicted.pass_bytes == 100 * MB, plan.describe()
-    with pytest.raises(BudgetTooSmall, match="the smallest needs 100 MB"):
+    need_mb = math.ceil(100 / search_module.PREDICTED_SHARE["cpu"])  # the budget that holds a 100 MB prediction
+    with pytest.raises(BudgetTooSmall, match=f"the smallest needs {need_mb} MB"):
         _plan(model, x, True, 90 * MB)
+    assert _plan(model, x, True, need_mb * MB).predicted.pass_bytes == 100 * MB  # the budget it names is enough

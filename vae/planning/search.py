@@ -168,7 +168,8 @@ class Budget:
         budget = f"the budget of {self.device_bytes / MB:.0f} MB"
         if self.host_bytes is not None:
             budget += f" on the device and {self.host_bytes / MB:.0f} MB of host memory"
-        need = f"{math.ceil(self.device_need(floor) / MB)} MB"
+        # the budget that works: the plan's need over the share of a budget a prediction may use
+        need = f"{math.ceil(self.device_need(floor) / PREDICTED_SHARE.get(floor.device_type, 1.0) / MB)} MB"
         if self.separate and floor.predicted.host_bytes:
             need += f" on the device and {math.ceil(floor.predicted.host_bytes / MB)} MB of host memory"
         return (f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits "
