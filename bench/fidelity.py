@@ -6,9 +6,11 @@ one-pass norm statistics are harmless; a released checkpoint's deeper activation
 channels-last CPU GroupNorm that summed x and x² lost 18x accuracy there with every test green. Here the
 weights are the real architectures at real configs, seeded, with the convolution biases shifted so the norm
 inputs carry a mean of `bias_shift` and more (the largest |mean| / std a norm saw is recorded per case), and
-every fast path runs alone as well as all together.
+every fast path runs alone as well as all together. `--init reference` runs the weights the reference code's own
+constructors make instead (bench/reference_init.py; with `--bias-shift 0`, the weights as they are): a kernel's
+summation order costs more there than on the fan-in weights, and the fast paths are held to the plain path on both.
 
-    python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2]
+    python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2] [--init reference]
     python -m turbovae.bench.fidelity --markdown docs/results/<date>-cpu-fidelity.json   # the docs table
 
 Errors are max abs / the float64 output's range. The float64 side runs the default paths: each is exact in
@@ -33,16 +35,28 @@ from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, 
 from .common import environment, interleaved_ms
 from ..vae.seeded_weights import fan_in_weights
 from .family_names import QWEN, SEEDVR2, WAN22
+from .reference_init import reference_init_weights
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
 # or the latents, not the activations a norm sees.
 _OUTPUT_CONVS = ("conv_out", "quant_conv")
 
 
+INITS = ("fan_in", "reference")  # `vae.seeded_weights.fan_in_weights`; bench/reference_init.py
+
+
 def shifted_activation_weights(shapes: dict, bias_shift: float, seed: int = 0) -> dict[str, torch.Tensor]:
     """`fan_in_weights` with every inner convolution's bias moved by ±`bias_shift` (one seeded sign per layer),
     so the activations after it, and the norms reading them, have a mean of that size against an O(1) spread."""
-    sd = fan_in_weights(shapes, seed)
+    return shift_biases(fan_in_weights(shapes, seed), shapes, bias_shift, seed)
+
+
+def shift_biases(sd: dict[str, torch.Tensor], shapes: dict, bias_shift: float,
+                 seed: int = 0) -> dict[str, torch.Tensor]:
+    """`sd` with every inner convolution's bias moved by ±`bias_shift` (one seeded sign per layer); `sd` itself
+    when the shift is 0."""
+    if not bias_shift:
+        return sd
     g = torch.Generator().manual_seed(seed + 1)
     for key in sorted(sd):
         weight = key[:-len("bias")] + "weight"
@@ -99,6 +113,7 @@ class FidelityResult:
     default_group_norm_s: Optional[float] = None
     default_native_stats_group_norm_s: Optional[float] = None
     rounds_s: dict[str, list[float]] = field(default_factory=dict)  # every timed run, by variant
+    init: str = "fan_in"  # the weights (INITS); files written before the option have fan-in weights
 
 
 def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -144,26 +159,36 @@ def _error(out: torch.Tensor, truth: torch.Tensor, scale: float) -> float:
     return (out.double() - truth).abs().max().item() / scale
 
 
-def build_models(family: str, bias_shift: float = 20.0, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+def build_models(family: str, bias_shift: float = 20.0, seed: int = 0,
+                 init: str = "fan_in") -> tuple[torch.nn.Module, torch.nn.Module]:
     """(fp32, float64) real-config models of `family` with the same shifted seeded weights: what `run_case` runs.
+    `init`: "fan_in" (`fan_in_weights`) or "reference" (the reference code's own initialisation,
+    bench/reference_init.py); the biases are shifted by `bias_shift` on either.
     Building Wan 2.2's pair takes seconds (705 M parameters, the float64 copy 5.6 GB), so cases of one family may
     share one pair (`run_case(models=…)`); `run_case` sets the fp32 model's paths itself before every pass."""
     from ..vae.api import load_checkpoint
 
-    sd = shifted_activation_weights(model_shapes(family), bias_shift, seed)
+    shapes = model_shapes(family)
+    if init == "fan_in":
+        sd = shifted_activation_weights(shapes, bias_shift, seed)
+    elif init == "reference":
+        sd = shift_biases(reference_init_weights(family, seed), shapes, bias_shift, seed)
+    else:
+        raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     m32 = load_checkpoint(sd, dtype=torch.float32, device="cpu").model
     m64 = load_checkpoint(sd, dtype=torch.float64, device="cpu").model
     return m32, m64
 
 
 def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Sequence[str]] = None,
-             repeat: int = 0, seed: int = 0,
+             repeat: int = 0, seed: int = 0, init: str = "fan_in",
              models: Optional[tuple[torch.nn.Module, torch.nn.Module]] = None) -> FidelityResult:
     """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
     (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
     with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds.
-    `models`: the pair `build_models(case.family, bias_shift, seed)` returns, when the caller already has it."""
-    m32, m64 = models if models is not None else build_models(case.family, bias_shift, seed)
+    `models`: the pair `build_models(case.family, bias_shift, seed, init)` returns, when the caller already has it
+    (`init` is then only recorded)."""
+    m32, m64 = models if models is not None else build_models(case.family, bias_shift, seed, init)
     m32.fast = FastPaths()
     pixels = photo(case.frames, case.height, case.width, seed)
 
@@ -189,7 +214,7 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
             default = with_paths(FastPaths())
         plain = with_paths(FastPaths.plain())
         result = FidelityResult(case.name, bias_shift, probe.max_ratio, scale, _error(default, truth, scale),
-                                _error(plain, truth, scale))
+                                _error(plain, truth, scale), init=init)
         plain64 = plain.double()
         for name in (paths if paths is not None else m32.fast_fields):
             out = with_paths(FastPaths(**{f: f == name for f in FastPaths.names()}))
@@ -285,6 +310,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--markdown", type=Path, help="print the docs table of a results file written by --out")
     parser.add_argument("--cases", nargs="*", default=(), help="keep cases whose name contains one of these")
     parser.add_argument("--bias-shift", type=float, default=20.0)
+    parser.add_argument("--init", choices=INITS, default="fan_in",
+                        help="seeded weights: fan-in-scaled normals, or the reference code's own initialisation")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds of the default path (0: no timing)")
     args = parser.parse_args(argv)
@@ -299,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cases = [c for c in DEFAULT_CASES if not args.cases or any(s in c.name for s in args.cases)]
     results = []
     for case in cases:
-        results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat))
+        results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat, init=args.init))
         print(json.dumps(asdict(results[-1])), flush=True)
         payload = {"environment": env, "section": "fidelity", "complete": len(results) == len(cases),
                    "results": [asdict(r) for r in results]}
