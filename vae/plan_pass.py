@@ -112,7 +112,7 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     request = PlanRequest(mode=mode, allow_host=separate if host_memory is None else host_memory,
                           host_is_separate=True if host_memory else None)
     return search_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
-                       paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
+                       paths=PassPaths.for_device_type(model, device_type, resolved), dtype=resolved, request=request,
                        copies=copies or MetaPasses(model))
 
 
