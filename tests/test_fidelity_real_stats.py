@@ -90,19 +90,23 @@ def test_fast_paths_keep_the_plain_error_on_reference_weights(case, models_of):
         assert r.default_vs_fp64 <= r.plain_vs_fp64, errors
 
 
-FIDELITY_TABLE = re.compile(r"<!-- fidelity-table: (?P<file>\S+) -->\n(?P<table>.*?)\n<!-- /fidelity-table -->", re.S)
+FIDELITY_TABLE = re.compile(r"<!-- (?P<kind>[a-z-]*fidelity[a-z-]*-table): (?P<file>\S+) -->\n(?P<table>.*?)\n"
+                            r"<!-- /(?P=kind) -->", re.S)
 
 
 def test_docs_fidelity_tables_are_the_renderers_output():
-    """docs/seedvr2.md shows the committed fidelity results as `python -m turbovae.bench.fidelity --markdown`
-    renders them, never typed by hand."""
-    from turbovae.bench.fidelity import markdown
+    """docs/seedvr2.md shows the committed fidelity results as the benches render them, never typed by hand:
+    `python -m turbovae.bench.fidelity --markdown` (`fidelity-table`), the same with `--paths`
+    (`fidelity-paths-table`) and `python -m turbovae.bench.layer_fidelity --markdown` (`layer-fidelity-table`)."""
+    from turbovae.bench import fidelity, layer_fidelity
 
+    renderers = {"fidelity-table": fidelity.markdown, "fidelity-paths-table": fidelity.markdown_paths,
+                 "layer-fidelity-table": layer_fidelity.markdown}
     root = Path(__file__).resolve().parents[1]
     blocks = list(FIDELITY_TABLE.finditer((root / "docs" / "seedvr2.md").read_text()))
-    assert blocks, "docs/seedvr2.md has no fidelity-table block"
+    assert {b["kind"] for b in blocks} == set(renderers), "docs/seedvr2.md lacks a table, or has one of no renderer"
     for block in blocks:
-        assert block["table"] == markdown(root / block["file"]), block["file"]
+        assert block["table"] == renderers[block["kind"]](root / block["file"]), block["file"]
 
 
 def test_the_paths_table_says_which_layout_the_default_ran(tmp_path):
