@@ -9,10 +9,10 @@ torch.compile) the probe does not run: the trace uses the decision already made 
 while there is none (vae/accel/self_checks); engine builds decide first, eagerly (`settle_for_trace`).
 
 fp32 on the CPU runs contiguous (`channels_last_keeps_fp32`): oneDNN takes NHWC/NDHWC fp32 convolutions with its
-brgemm kernels, which sum each output over taps × input channels in one chain, 5-8x the rounding error of the
-blocked direct kernels that contiguous input gets; over a whole SeedVR2 or Wan decode that is 2.5-3.5x the plain
-path's error on real statistics (docs/seedvr2.md, "Channels-last on the CPU"). Splitting the sum into enough
-chains to match costs more than the contiguous pass, and so does converting each conv's input and output.
+brgemm kernels, which round several times worse per conv than the blocked direct kernels that contiguous input
+gets, and over a whole SeedVR2 or Wan decode on real statistics that put the default well past the plain path's
+error, where every fast path is held to twice it (docs/seedvr2.md, "Channels-last on the CPU", has the
+measurements). The kernels are oneDNN's choice for the layout, so the layout is what changes.
 """
 
 from __future__ import annotations
