@@ -6,10 +6,13 @@ one-pass norm statistics are harmless; a released checkpoint's deeper activation
 channels-last CPU GroupNorm that summed x and x² lost 18x accuracy there with every test green. Here the
 weights are the real architectures at real configs, seeded, with the convolution biases shifted so the norm
 inputs carry a mean of `bias_shift` and more (the largest |mean| / std a norm saw is recorded per case), and
-every fast path runs alone as well as all together.
+every fast path runs alone as well as all together. `--init reference` runs the weights the reference code's own
+constructors make instead (bench/reference_init.py; with `--bias-shift 0`, the weights as they are): a kernel's
+summation order costs more there than on the fan-in weights, and the fast paths are held to the plain path on both.
 
-    python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2]
+    python -m turbovae.bench.fidelity --out docs/results/<date>-cpu-fidelity.json [--cases seedvr2] [--init reference]
     python -m turbovae.bench.fidelity --markdown docs/results/<date>-cpu-fidelity.json   # the docs table
+    python -m turbovae.bench.fidelity --markdown docs/results/<date>-cpu-fidelity.json --paths   # the paths table
 
 Errors are max abs / the float64 output's range. The float64 side runs the default paths: each is exact in
 exact arithmetic, and each is also compared alone with the plain path in fp32 (`alone_vs_plain`).
@@ -28,21 +31,34 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..trt.fileio import atomic_write_text
+from ..vae.accel.channels_last import channels_last_in_cpu_fp32
 from ..vae.accel.switches import FastPaths
 from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
 from .common import environment, interleaved_ms
 from ..vae.seeded_weights import fan_in_weights
 from .family_names import QWEN, SEEDVR2, WAN22
+from .reference_init import reference_init_weights
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
 # or the latents, not the activations a norm sees.
 _OUTPUT_CONVS = ("conv_out", "quant_conv")
 
 
+INITS = ("fan_in", "reference")  # `vae.seeded_weights.fan_in_weights`; bench/reference_init.py
+
+
 def shifted_activation_weights(shapes: dict, bias_shift: float, seed: int = 0) -> dict[str, torch.Tensor]:
     """`fan_in_weights` with every inner convolution's bias moved by ±`bias_shift` (one seeded sign per layer),
     so the activations after it, and the norms reading them, have a mean of that size against an O(1) spread."""
-    sd = fan_in_weights(shapes, seed)
+    return shift_biases(fan_in_weights(shapes, seed), shapes, bias_shift, seed)
+
+
+def shift_biases(sd: dict[str, torch.Tensor], shapes: dict, bias_shift: float,
+                 seed: int = 0) -> dict[str, torch.Tensor]:
+    """`sd` with every inner convolution's bias moved by ±`bias_shift` (one seeded sign per layer); `sd` itself
+    when the shift is 0."""
+    if not bias_shift:
+        return sd
     g = torch.Generator().manual_seed(seed + 1)
     for key in sorted(sd):
         weight = key[:-len("bias")] + "weight"
@@ -99,6 +115,12 @@ class FidelityResult:
     default_group_norm_s: Optional[float] = None
     default_native_stats_group_norm_s: Optional[float] = None
     rounds_s: dict[str, list[float]] = field(default_factory=dict)  # every timed run, by variant
+    init: str = "fan_in"  # the weights (INITS); files written before the option have fan-in weights
+    # timed runs where the default runs contiguous because fp32 on the CPU keeps channels-last off
+    # (vae/accel/channels_last.py), instead of the native-stats and without-channels-last variants: the default
+    # with channels-last forced on (the kernels the default ran before that rule), its median seconds and error
+    default_channels_last_s: Optional[float] = None
+    default_channels_last_vs_fp64: Optional[float] = None
 
 
 def photo(frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -144,26 +166,36 @@ def _error(out: torch.Tensor, truth: torch.Tensor, scale: float) -> float:
     return (out.double() - truth).abs().max().item() / scale
 
 
-def build_models(family: str, bias_shift: float = 20.0, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+def build_models(family: str, bias_shift: float = 20.0, seed: int = 0,
+                 init: str = "fan_in") -> tuple[torch.nn.Module, torch.nn.Module]:
     """(fp32, float64) real-config models of `family` with the same shifted seeded weights: what `run_case` runs.
+    `init`: "fan_in" (`fan_in_weights`) or "reference" (the reference code's own initialisation,
+    bench/reference_init.py); the biases are shifted by `bias_shift` on either.
     Building Wan 2.2's pair takes seconds (705 M parameters, the float64 copy 5.6 GB), so cases of one family may
     share one pair (`run_case(models=…)`); `run_case` sets the fp32 model's paths itself before every pass."""
     from ..vae.api import load_checkpoint
 
-    sd = shifted_activation_weights(model_shapes(family), bias_shift, seed)
+    shapes = model_shapes(family)
+    if init == "fan_in":
+        sd = shifted_activation_weights(shapes, bias_shift, seed)
+    elif init == "reference":
+        sd = shift_biases(reference_init_weights(family, seed), shapes, bias_shift, seed)
+    else:
+        raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
     m32 = load_checkpoint(sd, dtype=torch.float32, device="cpu").model
     m64 = load_checkpoint(sd, dtype=torch.float64, device="cpu").model
     return m32, m64
 
 
 def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Sequence[str]] = None,
-             repeat: int = 0, seed: int = 0,
+             repeat: int = 0, seed: int = 0, init: str = "fan_in",
              models: Optional[tuple[torch.nn.Module, torch.nn.Module]] = None) -> FidelityResult:
     """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
     (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
     with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds.
-    `models`: the pair `build_models(case.family, bias_shift, seed)` returns, when the caller already has it."""
-    m32, m64 = models if models is not None else build_models(case.family, bias_shift, seed)
+    `models`: the pair `build_models(case.family, bias_shift, seed, init)` returns, when the caller already has it
+    (`init` is then only recorded)."""
+    m32, m64 = models if models is not None else build_models(case.family, bias_shift, seed, init)
     m32.fast = FastPaths()
     pixels = photo(case.frames, case.height, case.width, seed)
 
@@ -189,7 +221,7 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
             default = with_paths(FastPaths())
         plain = with_paths(FastPaths.plain())
         result = FidelityResult(case.name, bias_shift, probe.max_ratio, scale, _error(default, truth, scale),
-                                _error(plain, truth, scale))
+                                _error(plain, truth, scale), init=init)
         plain64 = plain.double()
         for name in (paths if paths is not None else m32.fast_fields):
             out = with_paths(FastPaths(**{f: f == name for f in FastPaths.names()}))
@@ -202,14 +234,14 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
 
 def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, truth: torch.Tensor, scale: float,
                   repeat: int) -> None:
-    """Median times of the default path with stable and with one-pass channels-last statistics, of the default
-    path without channels-last and of the plain path, in rounds whose order rotates; and the time the two
-    default variants spend inside GroupNorm. The plain path needs its own model (weights laid out
-    contiguous): switching `fast` between runs would re-lay the weights inside the timed runs."""
+    """Median times of the default and the plain path in rounds whose order rotates, and the time the default
+    spends inside GroupNorm. Where the default runs channels-last, also the default with PyTorch's one-pass
+    channels-last statistics (and its norms' time) and without channels-last; where fp32 on the CPU runs
+    contiguous (`channels_last_keeps_fp32`), the default with channels-last forced on (`channels_last_in_cpu_fp32`:
+    the kernels it ran before) and that run's error. Each variant with other weight layouts has its own model:
+    switching `fast` between runs would re-lay the weights inside the timed runs."""
     plain_model = copy.deepcopy(m32)
     plain_model.fast = FastPaths.plain()
-    contiguous_model = copy.deepcopy(m32)
-    contiguous_model.fast = FastPaths().without("channels_last")
     m32.fast = FastPaths()
     norm_s: dict[str, list[float]] = {"default": [], "native": []}
 
@@ -222,25 +254,46 @@ def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, t
             return out
         return call
 
-    def native_stats() -> torch.Tensor:
-        with native_channels_last_group_norm():
-            return run(m32, torch.float32)
+    variants = {"default": timed_norms("default", lambda: run(m32, torch.float32))}
+    if m32.active_fast().channels_last:
+        contiguous_model = copy.deepcopy(m32)
+        contiguous_model.fast = FastPaths().without("channels_last")
 
-    variants = {"default": timed_norms("default", lambda: run(m32, torch.float32)),
-                "default_native_stats": timed_norms("native", native_stats),
-                "default_without_channels_last": lambda: run(contiguous_model, torch.float32),
-                "plain": lambda: run(plain_model, torch.float32)}
+        def native_stats() -> torch.Tensor:
+            with native_channels_last_group_norm():
+                return run(m32, torch.float32)
+
+        variants["default_native_stats"] = timed_norms("native", native_stats)
+        variants["default_without_channels_last"] = lambda: run(contiguous_model, torch.float32)
+    else:
+        channels_last_model = copy.deepcopy(m32)
+        with channels_last_in_cpu_fp32():  # its weights held channels-last, as the default held them before
+            channels_last_model.fast = FastPaths()
+
+        def forced_channels_last() -> torch.Tensor:
+            with channels_last_in_cpu_fp32():
+                return run(channels_last_model, torch.float32)
+
+        variants["default_channels_last"] = forced_channels_last
+    variants["plain"] = lambda: run(plain_model, torch.float32)
     for fn in variants.values():  # warm-up
         fn()
     for series in norm_s.values():
         series.clear()
     times, outs = interleaved_ms(list(variants.values()), "cpu", repeat, rotate=True)
     result.rounds_s = {name: [round(t / 1e3, 3) for t in ts] for name, ts in zip(variants, times)}
-    (result.default_s, result.default_native_stats_s, result.default_without_channels_last_s,
-     result.plain_s) = (statistics.median(t) / 1e3 for t in times)
+    medians = {name: statistics.median(ts) / 1e3 for name, ts in zip(variants, times)}
+    out_of = dict(zip(variants, outs))
+    result.default_s, result.plain_s = medians["default"], medians["plain"]
     result.default_group_norm_s = statistics.median(norm_s["default"])
-    result.default_native_stats_group_norm_s = statistics.median(norm_s["native"])
-    result.default_native_stats_vs_fp64 = _error(outs[1], truth, scale)
+    if "default_native_stats" in variants:
+        result.default_native_stats_s = medians["default_native_stats"]
+        result.default_without_channels_last_s = medians["default_without_channels_last"]
+        result.default_native_stats_group_norm_s = statistics.median(norm_s["native"])
+        result.default_native_stats_vs_fp64 = _error(out_of["default_native_stats"], truth, scale)
+    else:
+        result.default_channels_last_s = medians["default_channels_last"]
+        result.default_channels_last_vs_fp64 = _error(out_of["default_channels_last"], truth, scale)
 
 
 DEFAULT_CASES = (
@@ -279,17 +332,54 @@ def markdown(path: Path) -> str:
     return "\n".join(lines)
 
 
+def markdown_paths(path: Path) -> str:
+    """The fast-path table docs show for a fidelity results file: the layout the default ran, each error against
+    float64 and as a multiple of the plain path's (the bar: every path alone within 2x, docs/seedvr2.md), and the
+    default's time next to the other layout's, timed in the same rounds (without channels-last where the default
+    ran it, channels-last forced where it ran contiguous)."""
+    data = json.loads(Path(path).read_text())
+    lines = ["| case | weights | default's layout | plain vs fp64 | default vs fp64 | default / plain | "
+             "worst path alone / plain | default s | default without channels-last s | "
+             "default, channels-last forced: vs fp64 | default, channels-last forced s | plain s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def layout(r: dict) -> str:  # which variants were timed says what the default ran (`_time_default`)
+        if r.get("default_channels_last_s") is not None:
+            return "contiguous"
+        return "channels-last" if r.get("default_without_channels_last_s") is not None else ""
+
+    def num(v: Optional[float], fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    for r in data["results"]:
+        plain = r["plain_vs_fp64"]
+        worst = max(r["alone_vs_fp64"].items(), key=lambda kv: kv[1]) if r.get("alone_vs_fp64") else None
+        init = r.get("init", "fan_in").replace("_", "-")
+        weights = init if not r["bias_shift"] else f"{init}, biases ±{r['bias_shift']:g}"
+        lines.append(" | ".join([
+            f"| {r['case']}", weights, layout(r), f"{plain:.2e}", f"{r['default_vs_fp64']:.2e}",
+            f"{r['default_vs_fp64'] / plain:.2f}", f"{worst[1] / plain:.2f} ({worst[0]})" if worst else "",
+            num(r.get("default_s"), ".2f"), num(r.get("default_without_channels_last_s"), ".2f"),
+            num(r.get("default_channels_last_vs_fp64"), ".2e"), num(r.get("default_channels_last_s"), ".2f"),
+            num(r.get("plain_s"), ".2f")]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m turbovae.bench.fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON file to write (rewritten after each case)")
     parser.add_argument("--markdown", type=Path, help="print the docs table of a results file written by --out")
+    parser.add_argument("--paths", action="store_true",
+                        help="with --markdown: the fast-path table (each path's error against the plain path's)")
     parser.add_argument("--cases", nargs="*", default=(), help="keep cases whose name contains one of these")
     parser.add_argument("--bias-shift", type=float, default=20.0)
+    parser.add_argument("--init", choices=INITS, default="fan_in",
+                        help="seeded weights: fan-in-scaled normals, or the reference code's own initialisation")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds of the default path (0: no timing)")
     args = parser.parse_args(argv)
     if args.markdown:
-        print(markdown(args.markdown))
+        print(markdown_paths(args.markdown) if args.paths else markdown(args.markdown))
         return 0
     if args.out is None:
         parser.error("--out FILE is required (or --markdown FILE)")
@@ -299,7 +389,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cases = [c for c in DEFAULT_CASES if not args.cases or any(s in c.name for s in args.cases)]
     results = []
     for case in cases:
-        results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat))
+        results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat, init=args.init))
         print(json.dumps(asdict(results[-1])), flush=True)
         payload = {"environment": env, "section": "fidelity", "complete": len(results) == len(cases),
                    "results": [asdict(r) for r in results]}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from turbovae.vae.accel import self_checks
+from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae import gpu_defaults as gd, norms
 from turbovae.vae.accel.compile import CompileSettings
 from turbovae.vae.accel.switches import FastPaths
@@ -70,7 +71,9 @@ def test_channels_last_on_a_gpu_without_fused_norms_follows_the_table(kind_model
             model.follow_gpu_defaults = True
             norms.set_fused_dispatch(object())  # a dispatcher installed: fused norms run, channels-last stays
             assert norms.fused_norms_run("cpu") and model.active_fast().channels_last
-        assert model.active_fast().channels_last  # off the GPU paths: CPU choices are untouched
+        assert not model.active_fast().channels_last  # off the GPU paths: the CPU's own rule, fp32 runs contiguous
+        with channels_last_in_cpu_fp32():
+            assert model.active_fast().channels_last  # and no GPU default reaches a CPU pass
     finally:
         norms.reset_fused_dispatch()
         model.hold_weights()
@@ -81,7 +84,8 @@ def test_seedvr2_contiguous_fallback_is_exact():
     torch.manual_seed(0)
     model = SeedVR2VAE(SeedVR2Config.tiny(), FastPaths()).eval()
     z = torch.randn(1, SeedVR2Config.tiny().latent_channels, 2, 4, 4)
-    with torch.inference_mode():
+    with channels_last_in_cpu_fp32(), torch.inference_mode():
+        assert model.active_fast().channels_last
         cl = model.decode_latents(z)
     try:
         with self_checks.gpu_paths_on_cpu():

@@ -6,6 +6,7 @@ that drifts with a PyTorch or oneDNN upgrade is named by the test that fails, no
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Optional
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from turbovae.bench.models import seeded_init
+from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae.memory import cpu_conv as cpu_conv_memory
 from turbovae.vae.accel.switches import FastPaths
 from turbovae.vae.memory.allocator import measure_peak
@@ -39,15 +41,17 @@ def _model(key: str, real: bool):
 
 def _error(key: str, real: bool, decode: bool, shape: tuple, temporal_slice: Optional[int],
            channels_last: bool) -> tuple[float, int, int]:
-    """(relative error, predicted bytes, allocator bytes) of one pass; the model's own default paths."""
+    """(relative error, predicted bytes, allocator bytes) of one pass; the model's own default paths, with
+    channels-last run (it is off for fp32 on the CPU unless forced on: `channels_last_in_cpu_fp32`) or switched off."""
     model = _model(key, real)
-    model.fast = FastPaths() if channels_last else FastPaths().without("channels_last")
-    fmt = model.latent_format
-    if shape[1] is None:
-        shape = (shape[0], fmt.channels, *shape[2:])
-    elif shape[1] == PX:  # sized in pixels: the family's latents of that image
-        shape = (shape[0], fmt.channels, shape[2], shape[3] // fmt.spatial_factor, shape[4] // fmt.spatial_factor)
-    measured, predicted = measured_and_predicted(model, decode, shape, temporal_slice)
+    with channels_last_in_cpu_fp32() if channels_last else nullcontext():
+        model.fast = FastPaths() if channels_last else FastPaths().without("channels_last")
+        fmt = model.latent_format
+        if shape[1] is None:
+            shape = (shape[0], fmt.channels, *shape[2:])
+        elif shape[1] == PX:  # sized in pixels: the family's latents of that image
+            shape = (shape[0], fmt.channels, shape[2], shape[3] // fmt.spatial_factor, shape[4] // fmt.spatial_factor)
+        measured, predicted = measured_and_predicted(model, decode, shape, temporal_slice)
     return (predicted - measured) / measured, predicted, measured
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import turbovae
+from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae.checkpoint import CheckpointError
 from turbovae.vae.seedvr2 import FastPaths, SeedVR2Config, SeedVR2VAE, build, expected_shapes
 from turbovae.vae.seedvr2.layers import SeedVR2PassContext, Upsample3D
@@ -187,13 +188,31 @@ def test_folded_weights_follow_weight_changes(tiny_sd):
 
 
 def test_channels_last_is_exact(tiny_sd):
-    a, b = tiny_model(tiny_sd, FastPaths(channels_last=False)), tiny_model(tiny_sd)
-    assert b.fast.channels_last  # the default
-    z, x = latents(3, seed=9), clip(5, seed=9)
+    """The channels-last machinery (run here on the CPU in fp32, where passes keep it off: `channels_last_in_cpu_fp32`)
+    equals the contiguous pass."""
+    with channels_last_in_cpu_fp32():
+        a, b = tiny_model(tiny_sd, FastPaths(channels_last=False)), tiny_model(tiny_sd)
+        assert b.fast.channels_last and b.active_fast().channels_last  # the default, and it runs
+        z, x = latents(3, seed=9), clip(5, seed=9)
+        with torch.inference_mode():
+            assert rel_err(b.decode_latents(z, clamp=False), a.decode_latents(z, clamp=False)) <= REL
+            assert rel_err(b.encode_moments(x), a.encode_moments(x)) <= REL
+            assert rel_err(b.decode_latents(z, temporal_slice=1), a.decode_latents(z, temporal_slice=1)) <= REL
+
+
+def test_fp32_on_the_cpu_runs_contiguous_with_the_default_paths(tiny_sd):
+    """channels-last is on by default, but a CPU fp32 pass runs contiguous (oneDNN's NHWC fp32 convolutions cost
+    3x the plain path's error, issue 51): the weights are held contiguous, the pass's activations are contiguous,
+    and it equals the pass without the switch bit for bit."""
+    model, contiguous = tiny_model(tiny_sd), tiny_model(tiny_sd, FastPaths(channels_last=False))
+    assert model.fast.channels_last and not model.active_fast().channels_last
+    assert all(w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last_3d)
+               for w in _conv_weights(model))
+    z = latents(3, seed=9)
     with torch.inference_mode():
-        assert rel_err(b.decode_latents(z, clamp=False), a.decode_latents(z, clamp=False)) <= REL
-        assert rel_err(b.encode_moments(x), a.encode_moments(x)) <= REL
-        assert rel_err(b.decode_latents(z, temporal_slice=1), a.decode_latents(z, temporal_slice=1)) <= REL
+        assert torch.equal(model.decode_latents(z), contiguous.decode_latents(z))
+    with channels_last_in_cpu_fp32():
+        assert model.active_fast().channels_last
 
 
 def _conv_weights(model):
@@ -201,13 +220,16 @@ def _conv_weights(model):
 
 
 def test_weights_follow_the_channels_last_switch_in_place(tiny_sd):
-    model = tiny_model(tiny_sd)
-    params = [id(w) for w in _conv_weights(model)]
-    assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
-    model.fast = FastPaths.plain()  # the plain path reads the checkpoint's layout, as the reference does
+    with channels_last_in_cpu_fp32():  # where channels-last runs
+        model = tiny_model(tiny_sd)
+        params = [id(w) for w in _conv_weights(model)]
+        assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
+        model.fast = FastPaths.plain()  # the plain path reads the checkpoint's layout, as the reference does
+        assert all(w.is_contiguous() for w in _conv_weights(model))
+        model.fast = FastPaths()
+        assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
+    model.fast = FastPaths()  # fp32 on the CPU: the layout its passes read, contiguous
     assert all(w.is_contiguous() for w in _conv_weights(model))
-    model.fast = FastPaths()
-    assert all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in _conv_weights(model))
     assert [id(w) for w in _conv_weights(model)] == params  # the same Parameters: relaid, never copied beside
     assert all(torch.equal(model.state_dict()[k], v) for k, v in tiny_sd.items())
 
@@ -480,6 +502,11 @@ def test_raw_forward_with_grad_backpropagates_like_the_reference(tiny_sd, grad_o
     calls = []
     channels_last_norm = norms.group_norm_channels_last
     monkeypatch.setattr(norms, "group_norm_channels_last", lambda *a, **k: calls.append(1) or channels_last_norm(*a, **k))
+    with channels_last_in_cpu_fp32():  # the channels-last pass, built in its layout (no re-layout inside a pass)
+        _grad_matches_the_reference(tiny_sd, grad_of, calls)
+
+
+def _grad_matches_the_reference(tiny_sd, grad_of, calls):
     model = tiny_model(tiny_sd)
     x, z = clip(5, seed=11), latents(2, seed=11)
     with torch.inference_mode():

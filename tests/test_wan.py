@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from turbovae.vae import api
+from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae.checkpoint import CheckpointError, registered_architectures
 from turbovae.vae.wan import (TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE, build, diffusers_to_original,
                               expected_shapes, original_to_diffusers)
@@ -389,11 +390,14 @@ def test_head_taps_equal_the_zero_padded_conv_in_decode_and_encode(tiny_pair, fm
     base = replace(ours.fast, channels_last=fmt == "channels_last")
     outs = {}
     try:
-        for taps in (True, False):
-            ours.fast = replace(base, head_taps=taps)
-            with torch.inference_mode():
-                outs[taps] = (ours.decode_latents(z), ours.decode_latents(z, temporal_slice=1), ours.encode_moments(x))
-            ran = len(calls) if taps else ran
+        with channels_last_in_cpu_fp32():  # channels-last runs in this fp32 CPU test when asked for
+            for taps in (True, False):
+                ours.fast = replace(base, head_taps=taps)
+                assert ours.active_fast().channels_last is (fmt == "channels_last")
+                with torch.inference_mode():
+                    outs[taps] = (ours.decode_latents(z), ours.decode_latents(z, temporal_slice=1),
+                                  ours.encode_moments(x))
+                ran = len(calls) if taps else ran
     finally:
         ours.fast = replace(base, channels_last=True, head_taps=True)
     assert [max_err(a, b) <= 1e-5 for a, b in zip(outs[True], outs[False])] == [True] * 3

@@ -17,6 +17,7 @@ from turbovae.bench import peak_rss
 from turbovae.vae import seedvr2, wan
 from turbovae.vae.seedvr2 import SeedVR2Config
 from turbovae.vae.wan import TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE
+from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae.accel.weight_layout import is_channels_last
 
 HELD_SHARE = 0.05  # of the parameters' size
@@ -127,6 +128,11 @@ def test_derived_bytes_sees_a_cache():
 
 @pytest.mark.parametrize("arch", ["wan2.1", "wan2.2"])
 def test_wan_weights_are_stored_once_channels_last_with_checkpoint_values(arch):
+    with channels_last_in_cpu_fp32():  # where channels-last runs (fp32 on the CPU holds them contiguous)
+        _stored_once_channels_last(arch)
+
+
+def _stored_once_channels_last(arch):
     shapes, _, tiny = ARCHITECTURES[arch]
     sd = {k: torch.randn(s, generator=torch.Generator().manual_seed(i))
           for i, (k, s) in enumerate(shapes(tiny).items())}
@@ -150,14 +156,15 @@ def test_wan_layout_is_restored_after_an_assigning_load():
     out again, and the outputs do not depend on the layout."""
     sd = {k: torch.randn(s, generator=torch.Generator().manual_seed(i)) * 0.1
           for i, (k, s) in enumerate(wan.expected_shapes(TINY_WAN21).items())}
-    model = WanVAE(TINY_WAN21).eval()
-    model.load_state_dict(sd, assign=True)
-    assert is_channels_last(model.decoder.conv_in.weight)
-    z = torch.randn(1, TINY_WAN21.z_dim, 2, 4, 4, generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        laid_out = model.decode_latents(z)
-        for m in model.modules():
-            if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
-                m.weight.data = m.weight.data.contiguous()
-        contiguous = model.decode_latents(z)
+    with channels_last_in_cpu_fp32():  # where channels-last runs
+        model = WanVAE(TINY_WAN21).eval()
+        model.load_state_dict(sd, assign=True)
+        assert is_channels_last(model.decoder.conv_in.weight)
+        z = torch.randn(1, TINY_WAN21.z_dim, 2, 4, 4, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            laid_out = model.decode_latents(z)
+            for m in model.modules():
+                if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+                    m.weight.data = m.weight.data.contiguous()
+            contiguous = model.decode_latents(z)
     assert (laid_out - contiguous).abs().max() <= 1e-5

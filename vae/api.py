@@ -349,7 +349,7 @@ class TurboVAE:
 
     def _paths(self, device: torch.device) -> PassPaths:
         return (PassPaths.of(self.model, self.device, self.dtype) if device == self.device
-                else PassPaths.for_device_type(self.model, device.type))
+                else PassPaths.for_device_type(self.model, device.type, self.dtype))
 
     # -- passes --------------------------------------------------------------------------------
     def encode_moments(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .accel.switches import FastPaths, active
+from .accel.channels_last import channels_last_keeps_fp32
 from .accel import self_checks
 from .gpu_defaults import UNMEASURED, GpuDefaults, channels_last_applies
 from .norms import fused_norms_run
@@ -281,15 +282,22 @@ class VAEModel(nn.Module, ABC):
     @fast.setter
     def fast(self, value: FastPaths) -> None:
         self._fast = value
-        self.hold_weights(value.channels_last)
+        self.hold_weights()
 
     def hold_weights(self, channels_last: Optional[bool] = None) -> None:
         """Lay every conv weight out, in place, in the layout this model's convs read: channels-last where that
-        path is on (default: `fast.channels_last`), else the checkpoint's contiguous layout. The weights stay
+        path is on (default: `fast.channels_last`, unless fp32 on the CPU keeps it off where the weights are now:
+        vae/accel/channels_last.py), else the checkpoint's contiguous layout. The weights stay
         the only copy (`vae/accel/weight_layout.py`); a conv handed weights in the other layout would reorder them, or
         its input, on every call. Architectures call it at the end of `__init__` and after every
-        `load_state_dict` (`hold_weights_after_loads`); setting `fast` calls it too."""
-        hold_layout(conv_modules(self), self._fast.channels_last if channels_last is None else channels_last)
+        `load_state_dict` (`hold_weights_after_loads`); setting `fast` calls it too. Laying them out here, not in
+        the first pass, matters beyond that pass's time: a re-layout inside `torch.inference_mode` makes inference
+        tensors of the parameters, which a later pass with autograd cannot use."""
+        weight = next(self.parameters(), None)  # none yet while a subclass's __init__ sets `fast` first
+        if channels_last is None:
+            channels_last = self._fast.channels_last and (
+                weight is None or channels_last_keeps_fp32(weight.device, weight.dtype))
+        hold_layout(conv_modules(self), channels_last)
 
     def hold_weights_after_loads(self) -> None:
         """`hold_weights` now and after every `load_state_dict` (a load with `assign=True` puts the checkpoint's

@@ -115,7 +115,7 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     if host_budget_bytes is None:
         host_budget_bytes = default_host_budget_bytes()
     return fastest_fitting_plan(model, x_shape, decode=decode, budget_bytes=int(budget_bytes),
-                                paths=PassPaths.for_device_type(model, device_type), dtype=resolved, request=request,
+                                paths=PassPaths.for_device_type(model, device_type, resolved), dtype=resolved, request=request,
                                 copies=copies or MetaPasses(model), host_budget_bytes=int(host_budget_bytes))
 
 

@@ -7,12 +7,19 @@ layouts and must agree; if they do not (or raise), channels-last is switched off
 contiguous. On the CPU channels-last is plain PyTorch and is not checked. Under a tracer (an engine export,
 torch.compile) the probe does not run: the trace uses the decision already made on the device, contiguous
 while there is none (vae/accel/self_checks); engine builds decide first, eagerly (`settle_for_trace`).
+
+fp32 on the CPU runs contiguous (`channels_last_keeps_fp32`): oneDNN takes NHWC/NDHWC fp32 convolutions with its
+brgemm kernels, which round several times worse per conv than the blocked direct kernels that contiguous input
+gets, and over a whole SeedVR2 or Wan decode on real statistics that put the default well past the plain path's
+error, where every fast path is held to twice it (docs/seedvr2.md, "Channels-last on the CPU", has the
+measurements). The kernels are oneDNN's choice for the layout, so the layout is what changes.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Union
+from contextlib import contextmanager
+from typing import Iterator, Union
 
 import torch
 import torch.nn.functional as F
@@ -57,3 +64,29 @@ def settle_for_trace(device: Union[str, torch.device], dtype: torch.dtype) -> bo
     """Run the channels-last self-check for (device, dtype) now, eagerly, so that a trace that follows
     (torch.export of an engine) sees a decision instead of an undecided check; returns whether it may run."""
     return channels_last_trusted(device, dtype)
+
+
+_CPU_FP32 = False  # `channels_last_in_cpu_fp32` sets it
+
+
+def channels_last_keeps_fp32(device: Union[str, torch.device], dtype: torch.dtype) -> bool:
+    """False for fp32 passes on the CPU (module docstring: its channels-last convolutions lose accuracy), except
+    inside `channels_last_in_cpu_fp32` or where the CPU stands in for a GPU (`self_checks.gpu_paths_on_cpu`,
+    whose tests drive the GPU's channels-last checks on CPU tensors). Half precision on the CPU keeps
+    channels-last: its bar is not fp32's, and oneDNN accumulates its products in fp32 either way."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return True
+    return _CPU_FP32 or self_checks.applies_to(device)
+
+
+@contextmanager
+def channels_last_in_cpu_fp32() -> Iterator[None]:
+    """Inside the block, fp32 passes on the CPU run channels-last anyway: for the tests of the channels-last
+    machinery (the CPU is where they run) and the fidelity bench, which measures what running contiguous saves.
+    Never for passes whose results are used."""
+    global _CPU_FP32
+    previous, _CPU_FP32 = _CPU_FP32, True
+    try:
+        yield
+    finally:
+        _CPU_FP32 = previous

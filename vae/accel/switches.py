@@ -20,7 +20,8 @@ ablation toggles only those (`ablations`).
   spatial taps at low resolution (vae/seedvr2/subpixel.py), where the layer is large enough to pay for composing.
 - channels_last: NHWC / NDHWC activations, the layout the conv weights are stored in (oneDNN and cuDNN convs
   run it without reordering either side, and per-frame norms see each frame as a view); where it runs on a
-  GPU it must first pass its self-check (`active`).
+  GPU it must first pass its self-check, and fp32 passes on the CPU run contiguous (`active`;
+  vae/accel/channels_last.py says why).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Iterable, Union
 
 import torch
 
-from .channels_last import channels_last_trusted
+from .channels_last import channels_last_keeps_fp32, channels_last_trusted
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ def ablations(fast: FastPaths, used: Iterable[str]) -> list[tuple[str, FastPaths
 
 
 def active(fast: FastPaths, device: Union[str, torch.device], dtype: torch.dtype) -> FastPaths:
-    """The paths a pass runs with: channels-last only where it passed its self-check (vae/accel/channels_last)."""
-    if fast.channels_last and not channels_last_trusted(device, dtype):
+    """The paths a pass runs with: channels-last only where it passed its self-check and keeps fp32's accuracy
+    (not fp32 on the CPU; vae/accel/channels_last)."""
+    if fast.channels_last and not (channels_last_keeps_fp32(device, dtype) and channels_last_trusted(device, dtype)):
         return replace(fast, channels_last=False)
     return fast

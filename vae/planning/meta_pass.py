@@ -26,6 +26,7 @@ from .. import norms
 from ..base import VAEModel, run_slices
 from ..accel.switches import FastPaths, active
 from ..accel import self_checks
+from ..accel.channels_last import channels_last_keeps_fp32
 from ..memory.meta_device import predicting_for
 from ..memory.op_rules import op_memory_for
 from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
@@ -79,13 +80,17 @@ class PassPaths:
         return cls(active(model.fast, device, dtype), fused, device.type)
 
     @classmethod
-    def for_device_type(cls, model: VAEModel, device_type: str) -> "PassPaths":
+    def for_device_type(cls, model: VAEModel, device_type: str, dtype: Optional[torch.dtype] = None) -> "PassPaths":
         """The default paths on a device type without asking the device (planning for a GPU from a machine
-        without one): channels-last as the model has it; fused norms only on CUDA and only where they would run
-        there (Triton installed, the kernels not switched off: `vae.norms.fused_norms_possible`)."""
+        without one): channels-last as the model has it, except where the architecture's GPU defaults or, for a
+        pass in `dtype` (default the model's), the CPU's fp32 rule (vae/accel/channels_last) drop it; fused norms
+        only on CUDA and only where they would run there (Triton installed, the kernels not switched off:
+        `vae.norms.fused_norms_possible`)."""
         fused = device_type == "cuda" and fused_norms_possible()
         fast = model.fast
-        if fast.channels_last and not channels_last_applies(model.gpu_defaults(), device_type == "cuda", fused):
+        if fast.channels_last and not (
+                channels_last_applies(model.gpu_defaults(), device_type == "cuda", fused)
+                and channels_last_keeps_fp32(device_type, dtype or model.dtype)):
             fast = replace(fast, channels_last=False)  # what `VAEModel.active_fast` runs there
         return cls(fast, fused_norms=fused, device_type=device_type)
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..base import LatentFormat, State, VAEModel
-from ..accel.switches import FastPaths
+from ..accel.switches import FastPaths, active
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..accel.tensor_layout import channels_last_format
 from ..exact_tiling import ExactPlan
@@ -29,6 +29,12 @@ from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, Residu
                      UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
 from .pieces import WanPassContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
+
+
+def default_context(x: torch.Tensor) -> WanPassContext:
+    """The pass context of an encoder or decoder call without one: the default paths as they run for `x`'s device
+    and dtype (`accel.switches.active`: e.g. contiguous for fp32 on the CPU), as a model's own context would."""
+    return WanPassContext(active(WAN_FAST, x.device, x.dtype))
 
 
 class _CausalStack(nn.Module):
@@ -83,7 +89,7 @@ class Encoder(_CausalStack):
 
     def forward_down(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(x)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
@@ -91,13 +97,13 @@ class Encoder(_CausalStack):
 
     def forward_mid(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(h)
         h = self.mid_block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return self._quant[0](h, ctx)
 
     def forward(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(x)
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -127,20 +133,20 @@ class Decoder(_CausalStack):
 
     def forward_mid(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(z)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
     def forward_up(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(h)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return unpatchify(h, self.patch_size)
 
     def forward(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
-        ctx = ctx or WanPassContext(WAN_FAST)
+        ctx = ctx or default_context(z)
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 

@@ -45,8 +45,10 @@ def tokens_as_nhwc(tokens: Tensor, n: int, h: int, w: int) -> Tensor:
 
 
 def tokens_as_nchw(tokens: Tensor, n: int, h: int, w: int) -> Tensor:
-    """[N, HW, C] tokens as a contiguous [N, C, H, W] map."""
-    return tokens.transpose(1, 2).reshape(n, tokens.shape[-1], h, w)
+    """[N, HW, C] tokens as a contiguous [N, C, H, W] map: a copy. (A reshape of the transposed tokens is a
+    channels-last view; the residual add wrote into it, and every layer after the attention then ran
+    channels-last in a contiguous pass: on the CPU, oneDNN's less accurate NHWC fp32 convs.)"""
+    return tokens.transpose(1, 2).contiguous().view(n, tokens.shape[-1], h, w)
 
 
 # -- the first slice's conv shortcuts ------------------------------------------------------------------
