@@ -118,6 +118,7 @@ def test_chain_equals_eager_sliced_and_whole_clip_decode(built, engines):
         assert image.shape == (1, 3, 32, 48) and ev.engine_calls == 4
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build of both slice graphs
 def test_off_bucket_clip_runs_on_pytorch_or_padded_when_opted_in(built, engines):
     _root, model, _ = built
     z = _latents(3, hw=(3, 5))  # 40x24 px: smaller than the 48x32 bucket
@@ -140,6 +141,7 @@ def test_off_bucket_clip_runs_on_pytorch_or_padded_when_opted_in(built, engines)
     assert psnr(out, ref) > 15  # random weights: attention and border convs see the padding (docs/engines.md)
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build of both slice graphs
 def test_clip_outside_every_bucket_falls_back_with_one_warning(built, engines):
     _root, model, _ = built
     ev = EngineVAE(model, engines)
@@ -154,6 +156,7 @@ def test_clip_outside_every_bucket_falls_back_with_one_warning(built, engines):
     assert ev.engine_calls == 1
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build of both slice graphs
 def test_missing_next_engine_falls_back_and_keeps_image_engine(built):
     _root, model, _ = built
     folder = _copy(built, "no_next")
@@ -186,6 +189,7 @@ def test_corrupt_next_engine_falls_back(built):
     assert torch.equal(out, TurboVAE(model).decode(z)) and ev.engine_calls == 0
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build of both slice graphs
 def test_build_refuses_to_overwrite_before_any_work(built, tmp_path):
     root, model, _ = built
     with pytest.raises(FileExistsError, match="overwrite"):
@@ -216,6 +220,7 @@ def test_video_engines_need_seedvr2_and_static_buckets(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build of both slice graphs
 def test_fp32_slice_engines_under_bf16_model(built, engines):
     """Model bf16, engines fp32: latents are cast in, pixels cast back out; only rounding differs."""
     _root, model, _ = built

@@ -127,6 +127,7 @@ def test_chain_equals_eager_at_5_9_and_21_frames(built):
         assert image.shape[:2] == (1, 3) and ev.engine_calls == len(CLIP_LATENTS) + 1
 
 
+@pytest.mark.slow  # the module's engines: an AOTInductor build per architecture
 def test_off_bucket_clips_fall_back_to_eager_exactly(built):
     kind, _ckpt, _out, eager, ev = built
     h, w = _bucket_latents(kind, eager)
