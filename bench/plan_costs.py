@@ -15,7 +15,6 @@ whether the estimate orders the plans as they measure (the planner takes the che
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -31,7 +30,7 @@ from ..vae.planning.cost import breakdown
 from ..vae.planning.predict import predict_plan
 from ..vae.planning.search import cache_bytes, candidates, whole_pass_work
 from ..vae.measuring import sync
-from .common import BenchOptions, BenchRow
+from .common import BenchOptions, BenchRow, time_ms
 from .models import build_model
 from .family_names import QWEN_IMAGE, SEEDVR2
 
@@ -185,22 +184,13 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
             with torch.inference_mode():
                 return run_plan(model, x, plan)
 
-        out = once()  # warm-up (first-call set-up is no part of a plan's time)
-        sync(device)
-        times = []
-        for _ in range(max(1, opts.repeat)):
-            out = None
-            gc.collect()
-            t0 = time.perf_counter()
-            out = once()
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        ms, out = time_ms(once, device, repeat=opts.repeat)  # after a warm-up: first-call set-up is no plan's time
         if ref is None:
             ref = out
         err = max_abs(out, ref)
         parts = profiled_parts(once, device)
         pred = predict_plan(copies, plan, paths)
-        measured.append((kind, plan, statistics.median(times), parts, err, pred))
+        measured.append((kind, plan, ms / 1e3, parts, err, pred))
         del out
     estimates = {k.name: breakdown(model, p, work, cache_bytes=held) for k, p, *_ in measured}
     est_order = sorted(measured, key=lambda m: estimates[m[0].name].total_s)
