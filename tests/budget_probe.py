@@ -1,4 +1,4 @@
-"""One budgeted pass in a fresh process, measured (tests/test_budget_every_way.py runs it): the peak resident
+"""One budgeted pass in a fresh process, measured (tests/budget_ways.py runs it): the peak resident
 memory the first call added to the process — planning included, since on the CPU the planner shares the budgeted
 memory — and, calling it again (the plan from the VAE's cache), the allocator's peak
 (`vae.memory.allocator.measure_peak`: the CPU profiler's allocation events; not on the first call, whose planning

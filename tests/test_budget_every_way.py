@@ -1,47 +1,20 @@
-"""Every way a budget can be given keeps the pass inside it (issue 49 item 7): `decode`/`encode(budget_bytes=)`,
-`vae.budget`, `decode_tiled`/`encode_tiled` with `tile_px=0` in auto and exact mode, and core's VAE nodes under
-ComfyUI's budget — each in a fresh process (the planner starts cold there and, on the CPU, shares the budgeted
-memory), real configs with seeded weights, small non-square clips at a half and a quarter of the untiled pass's
-predicted peak, or just above the smallest budget that works where that is more (a plan always runs; refusals are
-tested in tests/test_planner.py), measured by the allocator in that process (tests/budget_probe.py). The probes run with `MALLOC_ARENA_MAX=1` (glibc's per-thread arenas otherwise keep what a
-pass freed: docs/memory.md, "The budget"); the resident memory they add is recorded beside the allocator's peak."""
+"""The API's ways of giving a budget — `decode`/`encode(budget_bytes=)` and `vae.budget` — keep a pass inside it in
+a fresh process (tests/budget_ways.py says how; the tiled API and core's nodes: tests/test_budget_tiled_and_nodes.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from budget_ways import case_ids, check_within_budget
 
-PROBE = Path(__file__).parent / "budget_probe.py"
 CASES = [
     ("budget_bytes", "qwen_image", "decode", 0.3),
     ("budget_bytes", "seedvr2", "encode", 0.75),
     ("vae.budget", "wan2.2", "decode", 0.5),
     ("vae.budget", "qwen_image", "encode", 0.5),
-    ("tiled_tile0", "seedvr2", "decode", 0.25),
-    ("tiled_exact", "qwen_image", "decode", 0.5),
-    ("core_vae_node", "qwen_image", "decode", 0.3),
-    ("core_vae_node", "seedvr2", "encode", 0.75),
 ]
 
 
-def probe(way: str, key: str, direction: str, fraction: float) -> dict:
-    env = dict(os.environ, MALLOC_ARENA_MAX="1")
-    done = subprocess.run([sys.executable, str(PROBE), way, key, direction, str(fraction)], capture_output=True,
-                          text=True, timeout=900, cwd=Path(__file__).parent.parent, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("way,key,direction,fraction", CASES,
-                         ids=[f"{w}-{k}-{d}-{f}" for w, k, d, f in CASES])
+@pytest.mark.parametrize("way,key,direction,fraction", CASES, ids=case_ids(CASES))
 def test_a_budgeted_pass_stays_inside_its_budget_in_a_fresh_process(way, key, direction, fraction):
-    r = probe(way, key, direction, fraction)
-    assert not r["refused"], r  # the budget is above the smallest that works: a plan runs
-    assert r["finite"]
-    assert r["allocator_peak"] <= r["budget"], r
+    check_within_budget(way, key, direction, fraction)
