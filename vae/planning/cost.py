@@ -11,12 +11,13 @@ are per device type: they order plans, they do not promise times.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 from ..base import VAEModel
-from ..exact_tiling import ExactPlan, partition
+from ..exact_tiling import ExactPlan, LocalStage, partition
 from ..tiling.exact import stage_halos
 from .plan import PassPlan
 from .predict import PassWork
@@ -144,12 +145,18 @@ def work_factor(model: VAEModel, plan: PassPlan) -> float:
 def halo_factor(exact: ExactPlan, h: int, w: int, tile: int, decode: bool, f: int) -> float:
     """Mean over the local stages of (area the tiles' crops cover) / (frame area): what exact staged tiles
     recompute (the global part, at latent resolution, is not repeated)."""
+    return _halo_factor(tuple(exact.local), h, w, tile, decode, f)
+
+
+@functools.lru_cache(maxsize=4096)
+def _halo_factor(local: tuple[LocalStage, ...], h: int, w: int, tile: int, decode: bool, f: int) -> float:
+    # kept per geometry: the search asks for one plan's cost many times (sorting, grouping), in exact fractions
     res_in = Fraction(1) if decode else Fraction(f)
-    halos = stage_halos(exact.local, res_in)
+    halos = stage_halos(local, res_in)
     res = res_in
     ratios = []
     rows, cols = partition(h, tile), partition(w, tile)
-    for stage, halo in zip(exact.local, halos):
+    for stage, halo in zip(local, halos):
         def covered(spans, length):
             total = 0
             for a, b in spans:
@@ -160,7 +167,7 @@ def halo_factor(exact: ExactPlan, h: int, w: int, tile: int, decode: bool, f: in
 
         ratios.append(covered(rows, h) * covered(cols, w))
         res = res * stage.scale
-    return sum(ratios) / len(ratios) if ratios else 1.0
+    return float(sum(ratios) / len(ratios)) if ratios else 1.0
 
 
 def _output_elements(model: VAEModel, plan: PassPlan) -> int:

@@ -88,8 +88,13 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
     work = whole_pass_work(model, shape, decode=decode, dtype=dtype, copies=copies)
     held = copies.memo(("caches", shape, decode, dtype), lambda: cache_bytes(model, shape, decode=decode, dtype=dtype))
 
+    costs: dict[int, float] = {}  # per candidate (the search sorts and groups by it many times)
+
     def cost(c: PassPlan) -> float:
-        return estimate_s(model, c, work, cache_bytes=held)
+        found = costs.get(id(c))
+        if found is None:
+            found = costs[id(c)] = estimate_s(model, c, work, cache_bytes=held)
+        return found
 
     def predicted(c: PassPlan) -> PassPlan:
         return _predicted(model, c, copies, paths, budget_bytes, work, held)
@@ -191,9 +196,12 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
     estimate ranks first among those that fit. Each kind's smallest and largest plans are predicted first; a
     candidate is then skipped unpredicted where what it must hold on the device alone is over the budget, where a
     plan of its kind with no larger tile and slice was already over, or where its peak estimated from its kind's
-    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget. A peak is not strictly monotone in a tile or
-    slice, so a skip may cost speed (a smaller plan taken), never memory."""
+    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget, or where a plan of its kind with no larger slice
+    was over the host budget (what a kind keeps in host memory is whole-frame: caches, the output, a step's
+    activations; it grows with the slice, not the tile). A peak is not strictly monotone in a tile or slice, so a
+    skip may cost speed (a smaller plan taken), never memory."""
     over: dict[tuple, list[PassPlan]] = {}
+    host_over: dict[tuple, list[Optional[int]]] = {}  # per kind, the temporal slices over the host budget
     curves: dict[tuple, PeakCurve] = {}
     limit = budget.device_bytes * PREDICTED_SHARE.get(level[0].device_type, 1.0)
 
@@ -203,6 +211,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
         curves.setdefault(_kind(cand), PeakCurve()).add(step_volume(cand), budget.device_need(plan))
         if not budget.fits(plan):
             over.setdefault(_kind(cand), []).append(cand)
+        if not budget.host_fits(plan):
+            host_over.setdefault(_kind(cand), []).append(cand.temporal_slice)
         return plan
 
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
@@ -222,6 +232,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
         if any(_size(o.tile_latent) <= _size(cand.tile_latent) and _size(o.temporal_slice) <= _size(cand.temporal_slice)
                for o in over.get(kind, ())):
             continue
+        if any(_size(s) <= _size(cand.temporal_slice) for s in host_over.get(kind, ())):
+            continue  # what a kind keeps in host memory is whole-frame (caches, output, a step's activations)
         curve = curves.get(kind)
         if curve is not None and curve.estimate(step_volume(cand)) > SKIP_OVER * limit:
             continue

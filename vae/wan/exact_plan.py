@@ -8,6 +8,7 @@ convs and the encoder head form the global part at latent resolution.
 
 from __future__ import annotations
 
+import weakref
 from fractions import Fraction
 from typing import Callable
 
@@ -43,6 +44,18 @@ class _StageStream(CausalStream):
             self.ctx.clear()
 
 
+# (scale, radius) of each block of a block list, read off its layers once: the planner asks for a model's exact plan
+# for every candidate it prices, and the architecture does not change after it is built
+_FOOTPRINTS: "weakref.WeakKeyDictionary[nn.ModuleList, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _block_footprints(blocks: nn.ModuleList) -> tuple[tuple[Fraction, int], ...]:
+    found = _FOOTPRINTS.get(blocks)
+    if found is None:
+        found = _FOOTPRINTS[blocks] = tuple(footprint(spatial_ops(b.modules())) for b in blocks)
+    return found
+
+
 def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], WanPassContext],
                    prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool) -> ExactPlan:
     """The plan of `part` (the model's decoder when `decode`, else its encoder). `open_context()`: a fresh
@@ -51,7 +64,7 @@ def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_conte
     if decode:
         dec = part
         fns: list[Callable] = list(dec.up_blocks)  # blocks are called as block(x, ctx)
-        geoms = [footprint(spatial_ops(b.modules())) for b in dec.up_blocks]
+        geoms = list(_block_footprints(dec.up_blocks))
 
         def head(x, ctx):
             return unpatchify(dec.conv_out(dec.norm_out(x), ctx), p).clamp_(-1.0, 1.0)
@@ -67,7 +80,7 @@ def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_conte
 
         fns = [stem, *enc.down_blocks]
         # patchify by p, then a 3x3 conv: one patch pixel of context is p input pixels, plus the patch itself
-        geoms = [(Fraction(1, p), 2 * p - 1)] + [footprint(spatial_ops(b.modules())) for b in enc.down_blocks]
+        geoms = [(Fraction(1, p), 2 * p - 1), *_block_footprints(enc.down_blocks)]
         global_fn = enc.forward_mid
 
     if decode:
