@@ -192,16 +192,16 @@ class ExactTilingRunner(Protocol[R]):
     """What runs an exact plan, one method per way of tiling exactly (`ExactTiling.run_with` picks it)."""
 
     def staged(self, plan) -> R:
-        """A plan of local stages per tile and one global part at latent resolution (`vae.exact_tiling.ExactPlan`)."""
+        """A plan of local stages per tile and one global part at latent resolution (`vae.tiling.exact.ExactPlan`)."""
 
     def layerwise(self, plan) -> R:
-        """A plan that runs the model's own forward layer by layer (`vae.exact_tiling.LayerwisePlan`)."""
+        """A plan that runs the model's own forward layer by layer (`vae.tiling.exact.LayerwisePlan`)."""
 
 
 class ExactTiling(ABC, Generic[R]):
     """What `VAEModel.exact_plan` returns: how a model's pass is split so that tiles give the untiled result.
 
-    Two implementations (vae/exact_tiling.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
+    Two implementations (vae/tiling/exact.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
     Qwen-Image) and `LayerwisePlan` (the whole forward layer by layer with tile-bounded working memory; SeedVR2,
     whose every GroupNorm spans the frame). Callers never test which one they hold: they pass a runner with a
     method for each, and the plan calls its own (`run_with`)."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..base import LatentFormat, State, VAEModel, run_slices
-from ..exact_tiling import LayerwisePlan
+from ..tiling.exact import LayerwisePlan
 from ..base import FrameStage, FrameStages
 from ..frame_stages import run_frame_stages
 from ..memory.placement import Placement
