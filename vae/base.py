@@ -246,7 +246,7 @@ class FrameStage:
 
 @dataclass(frozen=True)
 class FrameStages:
-    """What `VAEModel.frame_stages(decode=...)` returns (run by vae/frame_stages.py): the stages in order;
+    """What `VAEModel.frame_stages(decode=...)` returns (run by vae/tiling/frame_stages.py): the stages in order;
     `open_context(split)` a fresh pass context for one stage (`split`: the architecture's layer-wise tiling policy,
     or None); `join(parts, split)` the frames a stage's steps emitted, joined along time for a next stage whose step
     takes more of them (default: concatenated; a pass keeping its activations in host memory joins them there)."""
@@ -415,9 +415,9 @@ class VAEModel(nn.Module, ABC):
 
     # -- frame streaming ---------------------------------------------------------------------
     def frame_stages(self, *, decode: bool) -> Optional[FrameStages]:
-        """This model's decode (or encode) as stages streamed frame by frame (vae/frame_stages.py: the smallest
-        step any layer can take, each stage with its own causal cache), or None: the default, an architecture
-        that has not declared them runs whole steps. Equal to the whole-clip pass."""
+        """This model's decode (or encode) as stages streamed frame by frame (vae/tiling/frame_stages.py: the
+        smallest step any layer can take, each stage with its own causal cache), or None: the default, an
+        architecture that has not declared them runs whole steps. Equal to the whole-clip pass."""
         return None
 
     # -- export (engines) --------------------------------------------------------------------

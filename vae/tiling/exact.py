@@ -1,8 +1,8 @@
 """Exact tiles: equal to the untiled pass, with working memory bounded by the tile.
 
 A model opts in by overriding `VAEModel.exact_plan(decode=...)` (vae/base.py), returning one of the two
-`ExactTiling` implementations defined here, beside the tiler that runs them: a `LayerwisePlan` runs the model's own forward layer by layer; an `ExactPlan` has
-its pass split into
+`ExactTiling` implementations defined here, beside the tiler that runs them: a `LayerwisePlan` runs the model's
+own forward layer by layer; an `ExactPlan` has its pass split into
 - local *stages* (convolutions, per-pixel norms, resampling) that can run on a spatial crop whose
   halo covers their receptive field, and
 - one *global* part that needs the whole frame (mid-block attention, statistics over the frame),
@@ -176,8 +176,8 @@ def run_exact(model, x: torch.Tensor, grid: TileGrid, *, decode: bool, temporal_
     the model's dtype (exact tiles do not blend: nothing to accumulate), in a canvas `canvas` allocates (default:
     on `output_device`, else `x`'s device).
     `retry`: a core that runs out of memory is redone smaller, finished cores kept (see `run_tiles`).
-    `frame_stages`: a layer-wise plan streams the model's frame stages (vae/frame_stages.py); `frames`: where a
-    layer-wise plan keeps its whole-frame activations (None: on the device; host memory: a streamed pass).
+    `frame_stages`: a layer-wise plan streams the model's frame stages (vae/tiling/frame_stages.py); `frames`:
+    where a layer-wise plan keeps its whole-frame activations (None: on the device; host memory: a streamed pass).
     `sample` (meta predictions, vae/planning): one core of each kind (`representative_cores`), the first two temporal
     steps and the last, into canvases of the full size: the same peak as the whole pass, for a fraction of its ops."""
     plan = model.exact_plan(decode=decode)
