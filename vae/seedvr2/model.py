@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, State, VAEModel, run_slices
+from ..base import LatentFormat, VAEModel, run_slices
+from ..causal_cache import State
 from ..tiling.exact import LayerwisePlan
 from ..base import FrameStage, FrameStages
 from ..tiling.frame_stages import run_frame_stages

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, State, VAEModel
+from ..base import LatentFormat, VAEModel
+from ..causal_cache import State
 from ..accel.switches import FastPaths, active
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..accel.tensor_layout import channels_last_format
