@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from ..base import Progress
-from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
+from ..api import TurboVAE, moments_to_latents
+from ..loader import DeviceUnavailable, resolve_device
 from ..planning import DEFAULT_TILE_PX
 from ..tiling.exact import ExactPlan, supports_exact
 from ..tiling.retry import MIN_TILE_LATENT
