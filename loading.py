@@ -1,6 +1,6 @@
 """`turbovae.load_vae`: the one public loader; it chooses between a checkpoint and an engine folder.
 
-It sits above both `vae/` (checkpoints, `vae.api.load_checkpoint`) and `trt/` (engine folders,
+It sits above both `vae/` (checkpoints, `vae.loader.load_checkpoint`) and `trt/` (engine folders,
 `trt.engine_vae.load_engine_vae`), so neither imports the other's loader: `vae/` never imports `trt/`,
 and the engine loader receives an already-loaded PyTorch model from `vae/` for its fallback path.
 """
@@ -14,7 +14,8 @@ from typing import Mapping, Optional, Union
 import torch
 
 from .trt.formats import is_engine_path
-from .vae.api import TurboVAE, load_checkpoint, resolve_dtype_and_device
+from .vae.api import TurboVAE
+from .vae.loader import load_checkpoint, resolve_dtype_and_device
 
 Source = Union[str, os.PathLike, Mapping[str, torch.Tensor]]
 

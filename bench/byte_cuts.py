@@ -83,7 +83,7 @@ def counted_gb(model, case: CutCase, fast: FastPaths, dtype: torch.dtype) -> op_
 
 
 def _cpu_model(family: str):
-    from ..vae.api import load_checkpoint
+    from ..vae.loader import load_checkpoint
 
     return load_checkpoint(fan_in_weights(model_shapes(family), 0), dtype=torch.float32, device="cpu").model
 

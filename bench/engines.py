@@ -176,7 +176,7 @@ def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
     """(the architecture in fp32 on CPU, its label): the user's checkpoint (--seedvr2-checkpoint,
     --qwen-checkpoint) for a released-config case, else fan-in-scaled seeded weights (activations stay O(1) at
     any size)."""
-    from ..vae.api import load_checkpoint
+    from ..vae.loader import load_checkpoint
 
     ckpt = checkpoint_for(case.arch, opts) if case.real_config else None
     if ckpt:

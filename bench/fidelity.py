@@ -173,7 +173,7 @@ def build_models(family: str, bias_shift: float = 20.0, seed: int = 0,
     bench/reference_init.py); the biases are shifted by `bias_shift` on either.
     Building Wan 2.2's pair takes seconds (705 M parameters, the float64 copy 5.6 GB), so cases of one family may
     share one pair (`run_case(models=…)`); `run_case` sets the fp32 model's paths itself before every pass."""
-    from ..vae.api import load_checkpoint
+    from ..vae.loader import load_checkpoint
 
     shapes = model_shapes(family)
     if init == "fan_in":

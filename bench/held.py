@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import TurboVAE, load_checkpoint
+from ..vae.api import TurboVAE
+from ..vae.loader import load_checkpoint
 from ..vae.dtypes import working_dtype
 from ..vae.registry import Family, families
 from .common import BenchOptions, BenchRow

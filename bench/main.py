@@ -144,7 +144,7 @@ def _seeded_model(fam: Family, opts: BenchOptions) -> torch.nn.Module:
     """The family's model on the CPU in fp32, loaded as `TurboVAE` loads it (no autograd on the parameters): the
     real checkpoint the options name for it (not with --quick), else seeded random weights of its real config
     (tiny with --quick)."""
-    from ..vae.api import load_checkpoint
+    from ..vae.loader import load_checkpoint
 
     path = None if opts.quick else next((opts.checkpoint[n] for n in fam.names if opts.checkpoint.get(n)), None)
     if path:

@@ -43,7 +43,7 @@ def build_model(arch: str, opts: BenchOptions, quick: bool) -> nn.Module:
     """The architecture in fp32 on CPU, from the user's checkpoint or seeded random weights."""
     ckpt = checkpoint_for(arch, opts)
     if ckpt:
-        from ..vae.api import load_checkpoint
+        from ..vae.loader import load_checkpoint
 
         return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model
     return seeded_init(family_model(arch, real=not quick)).eval()

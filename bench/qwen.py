@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..vae.api import load_checkpoint
+from ..vae.loader import load_checkpoint
 from ..vae.dtypes import working_dtype
 from ..vae.accel.switches import FastPaths, ablations
 from ..vae.wan import WAN21, WanConfig, WanVAE, build, expected_shapes

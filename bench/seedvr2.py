@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..vae.api import load_checkpoint
+from ..vae.loader import load_checkpoint
 from ..vae.dtypes import working_dtype
 from ..vae.accel.switches import FastPaths, ablations
 from ..vae.seedvr2 import SeedVR2VAE, expected_shapes

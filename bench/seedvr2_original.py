@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..vae.api import load_checkpoint
+from ..vae.loader import load_checkpoint
 from .common import BenchRow, format_table, interleaved_ms, write_json
 from .main import PeakMemory
 from .seedvr2 import random_weights

@@ -45,7 +45,8 @@ CASES_CUDA = [
 
 def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
     """A TurboVAE of the real architecture: the user's checkpoint, or seeded random weights."""
-    from ..vae.api import TurboVAE, load_checkpoint
+    from ..vae.api import TurboVAE
+    from ..vae.loader import load_checkpoint
 
     if checkpoint:
         return load_checkpoint(checkpoint, dtype=dtype, device=device)

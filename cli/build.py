@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     folder) is checked before the checkpoint is loaded."""
     import torch
 
-    from ..vae.api import load_checkpoint, resolve_device
+    from ..vae.loader import load_checkpoint, resolve_device
     from ..vae.dtypes import parse_dtype
     from ..trt.build import build_engine_set, preflight
     from ..trt.interface import EngineError

@@ -22,7 +22,7 @@ OPTIONAL_PACKAGES = {
 def check_device(device: str) -> None:
     """Fail early, in one line, for a device this machine does not have: `resolve_device`'s rule, with the fix
     spelled as a command-line option, and only the CPU or CUDA (what the commands run on)."""
-    from ..vae.api import DeviceUnavailable, resolve_device
+    from ..vae.loader import DeviceUnavailable, resolve_device
 
     try:
         dev = resolve_device(device)

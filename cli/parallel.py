@@ -85,7 +85,7 @@ def _join_process_group(timeout_s: float) -> bool:
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from ..vae.api import load_checkpoint
+    from ..vae.loader import load_checkpoint
     from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
 
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ

@@ -70,7 +70,7 @@ class TurboVAEBuildEngine(io.ComfyNode):
         from ..trt.interface import BuildProgress
         from ..trt.buckets import Bucket, multi_profile_table, multi_ratio_table, static_table
         from ..trt.build import build_engine_set, preflight
-        from ..vae.api import load_checkpoint
+        from ..vae.loader import load_checkpoint
         from ..vae.dtypes import parse_dtype
 
         for what, value, allowed in (("mode", mode, MODES), ("backend", backend, BACKEND_CHOICES),

@@ -153,7 +153,7 @@ def test_handed_over_memory_is_dropped_as_read_unless_a_region_may_rerun():
     """`run_slices` hands each step its input memory (`CacheHandoff`): every tensor is dropped once read, so a later
     slice does not hold old and new memory together; a caller's tuple is only read; after a snapshot (a compiled
     region that may be re-run) nothing more is dropped, so `restore` reads the same tensors again."""
-    from turbovae.vae.base import CausalCache, CacheHandoff
+    from turbovae.vae.causal_cache import CausalCache, CacheHandoff
 
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
     handed = CacheHandoff([a, b, c])
@@ -170,16 +170,16 @@ def test_handed_over_memory_is_dropped_as_read_unless_a_region_may_rerun():
 
 def test_sliced_passes_hand_their_memory_over(monkeypatch):
     """Each later slice of a sliced decode receives a `CacheHandoff` (and the result is the whole clip's)."""
-    from turbovae.vae import base
+    from turbovae.vae import causal_cache
 
     seen = []
-    start = base.CausalCache.start
-    monkeypatch.setattr(base.CausalCache, "start",
+    start = causal_cache.CausalCache.start
+    monkeypatch.setattr(causal_cache.CausalCache, "start",
                         lambda self, cache_in, collect: seen.append(type(cache_in)) or start(self, cache_in, collect))
     model = WanVAE(TINY_WAN21).eval()
     z = torch.randn(1, TINY_WAN21.z_dim, 4, 3, 4, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         sliced = model.decode_latents(z, temporal_slice=1)
         whole = model.decode_latents(z)
-    assert seen[:3] == [type(None), base.CacheHandoff, base.CacheHandoff]
+    assert seen[:3] == [type(None), causal_cache.CacheHandoff, causal_cache.CacheHandoff]
     assert (sliced - whole).abs().max().item() <= 1e-5

@@ -212,11 +212,12 @@ def test_the_shipped_engine_workflows_build_and_decode_a_wan_clip(comfy_root, mo
 
     from engines_toy import export_only
 
-    from turbovae.vae import api
+    from turbovae.vae import loader
 
     base, ckpt, cfg = comfy_root
-    real_load = api.load_checkpoint
-    monkeypatch.setattr(api, "load_checkpoint", lambda p, **kw: real_load(p, config=cfg, **kw))  # Build Engine's loader
+    real_load = loader.load_checkpoint
+    # Build Engine's loader
+    monkeypatch.setattr(loader, "load_checkpoint", lambda p, **kw: real_load(p, config=cfg, **kw))
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # backend auto -> aoti, as on any machine without TensorRT
     root = Path(__file__).resolve().parents[1] / "workflows"
 

@@ -34,7 +34,7 @@ from turbovae.trt.engine_vae import EngineFallbackWarning, EngineSourceError, lo
 from turbovae.trt.fileio import atomic_write_bytes, publish  # noqa: E402
 from turbovae.trt.identity import IdentityError  # noqa: E402
 from turbovae.trt.manifest import MANIFEST_NAME, ManifestError  # noqa: E402
-from turbovae.vae.api import DeviceUnavailable  # noqa: E402
+from turbovae.vae.loader import DeviceUnavailable  # noqa: E402
 from turbovae.vae.checkpoint import CheckpointError  # noqa: E402
 from turbovae.vae.memory.device import InputTooLarge  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from turbovae.bench.models import seeded_init
-from turbovae.vae.frame_stages import run_frame_stages
+from turbovae.vae.tiling.frame_stages import run_frame_stages
 from turbovae.vae.memory.placement import OnDevice, OnHost, held_in
 from turbovae.vae.registry import family
 from turbovae.vae.seedvr2.layerwise import SplitPolicy

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from turbovae import TurboVAE, decode_tiled, encode_tiled
-from turbovae.vae import api
+from turbovae.vae import loader
 from turbovae.vae.checkpoint import CheckpointError
 from turbovae.vae.wan import (QWEN_IMAGE_LAYERED, TINY_WAN21, WAN21, WanVAE, build, diffusers_to_original,
                               expected_shapes)
@@ -123,7 +123,7 @@ def test_exact_tiles_equal_untiled_and_fast_tiles_cover_rgba(tiny, decode):
 def test_diffusers_folder_loads_as_layered_and_matches(tmp_path):
     ref = reference(TINY_RGBA, seed=1)
     ref.save_pretrained(tmp_path / "Qwen-Image-Layered" / "vae")
-    vae = api.load_checkpoint(tmp_path / "Qwen-Image-Layered", device="cpu")
+    vae = loader.load_checkpoint(tmp_path / "Qwen-Image-Layered", device="cpu")
     assert vae.kind == "qwen_image_layered" and vae.image_channels == 4 and vae.latent_format.image_channels == 4
     x = rgba((1, 4, 32, 48), 2)
     z = torch.randn(5, 4, 1, 4, 6, generator=torch.Generator().manual_seed(3))
@@ -158,7 +158,7 @@ def real_file(tmp_path_factory):
 def test_comfyui_single_file_and_diffusers_state_dict_load_strictly_and_match(real_file):
     path, sd, x, z, (want_m, want_px) = real_file
     for source in (path, sd):  # Wan/ComfyUI keys from a file; diffusers keys, no config
-        vae = api.load_checkpoint(source, device="cpu", dtype="fp32")
+        vae = loader.load_checkpoint(source, device="cpu", dtype="fp32")
         assert vae.kind == "qwen_image_layered" and vae.image_channels == 4 and vae.latent_channels == 16
         assert vae.latent_format.mean == WAN21.latents_mean  # same latent space as Qwen-Image
         with torch.inference_mode():

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from turbovae.vae import api
+from turbovae.vae import api, loader
 from turbovae.vae.accel.channels_last import channels_last_in_cpu_fp32
 from turbovae.vae.checkpoint import CheckpointError, registered_architectures
 from turbovae.vae.wan import (TINY_WAN21, TINY_WAN22, WAN21, WAN22, WanVAE, build, diffusers_to_original,
@@ -275,7 +275,7 @@ def test_original_safetensors_and_pth_load_strictly(tmp_path, real_bf16_original
 
     st = tmp_path / "wan_2.1_vae.safetensors"
     save_file(real_bf16_original, str(st))
-    vae = api.load_checkpoint(st, device="cpu")
+    vae = loader.load_checkpoint(st, device="cpu")
     assert vae.kind == "wan2.1" and vae.dtype == torch.float32 and vae.latent_channels == 16
     assert vae.latent_format.mean[0] == -0.7571 and len(vae.latent_format.std) == 16
     loaded = vae.state_dict()
@@ -284,7 +284,7 @@ def test_original_safetensors_and_pth_load_strictly(tmp_path, real_bf16_original
                        conv["decoder.up_blocks.1.upsamplers.0.time_conv.weight"].float())
     pth = tmp_path / "Qwen_VAE.pth"
     torch.save(dict(real_bf16_original), pth)
-    vae2 = api.load_checkpoint(pth, device="cpu", dtype="bf16")
+    vae2 = loader.load_checkpoint(pth, device="cpu", dtype="bf16")
     assert vae2.kind == "qwen_image" and vae2.dtype == torch.bfloat16
     assert torch.equal(vae2.state_dict()["encoder.conv_in.weight"], conv["encoder.conv_in.weight"])
 
@@ -293,7 +293,7 @@ def test_original_safetensors_and_pth_load_strictly(tmp_path, real_bf16_original
 def test_diffusers_folder_loads_and_matches(tmp_path, cfg):
     ref = reference(cfg, seed=9)
     ref.save_pretrained(tmp_path / "model" / "vae")
-    vae = api.load_checkpoint(tmp_path / "model", device="cpu")
+    vae = loader.load_checkpoint(tmp_path / "model", device="cpu")
     assert vae.kind == ("wan2.2" if cfg.is_residual else "qwen_image")
     x = torch.rand(1, 3, 32, 48) * 2 - 1  # 4-D image in, 4-D latent out
     lat = vae.encode(x)
@@ -325,7 +325,7 @@ def test_truncated_file_gives_clear_error(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):
-        api.load_checkpoint(path, device="cpu")
+        loader.load_checkpoint(path, device="cpu")
 
 
 def test_missing_and_wrong_shape_keys_are_named(real_bf16_original):
@@ -346,7 +346,7 @@ def test_other_architectures_are_rejected_with_what_they_look_like():
     sd_kl = {"decoder.up_blocks.0.resnets.0.norm1.weight": torch.ones(4),
              "decoder.up_blocks.0.resnets.0.conv1.weight": torch.ones(4, 4, 3, 3)}
     with pytest.raises(CheckpointError, match="SD-style"):
-        api.load_checkpoint(sd_kl, device="cpu")
+        loader.load_checkpoint(sd_kl, device="cpu")
     with pytest.raises(CheckpointError, match="SD-style"):
         build(sd_kl)
     seedvr2 = [a for a in registered_architectures() if "seedvr" in a.name.lower() and a.build is not None]

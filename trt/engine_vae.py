@@ -20,7 +20,8 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from ..vae.accel.self_checks import oom_may_switch_off
-from ..vae.api import TurboVAE, load_checkpoint, resolve_device
+from ..vae.api import TurboVAE
+from ..vae.loader import load_checkpoint, resolve_device
 from ..vae.planning import PassPlan
 from ..vae.base import Progress, VAEModel
 from ..vae.memory.oom import OOM_FAILURES_TO_DISABLE, OomStreak, describe, is_out_of_memory, release_cached

@@ -332,7 +332,7 @@ def collect(turbovae_version: str, device: Optional[str] = None, *, bench: bool 
     """The whole doctor report as a JSON-ready dict (fields: docs/gpu.md); `turbovae_version` is the package's
     `__version__`, which the command line passes in."""
     from .accel import self_checks
-    from .api import resolve_device
+    from .loader import resolve_device
     from .dtypes import working_dtype
 
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def meta_model(source: Union[str, os.PathLike, VAEModel]) -> VAEModel:
     except UnknownFamily:
         pass
     if os.path.exists(source):
-        from .api import load_checkpoint
+        from .loader import load_checkpoint
 
         return load_checkpoint(source, dtype=torch.float32, device="cpu").model.meta_copy()
     raise PlanError(f"{source!r} is neither a family or a checkpoint: use one of {', '.join(family_names())}, or the "

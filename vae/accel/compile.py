@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from . import self_checks
-from ..causal_state import CausalState
+from ..causal_cache import CausalState
 from ..gpu_defaults import COMPILE_ARCHITECTURES, COMPILE_MEASURED
 from ..memory.oom import is_out_of_memory, release_cached
 

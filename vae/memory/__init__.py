@@ -3,4 +3,4 @@ storages counted while they live and its peak among them (`peak`, with what kern
 `op_rules`, `cpu_conv`, `meta_device`; the pass run on meta tensors to predict it is planning's:
 vae/planning/meta_pass.py), the peak the allocator measured (`allocator`), where a pass keeps what it holds
 (`placement`) and what an allocation failure is (`oom`). The causal state a pass carries between steps is a cache
-(`vae/base.py`'s `CausalCache`), not this package's business."""
+(`vae/causal_cache.py`'s `CausalCache`), not this package's business."""

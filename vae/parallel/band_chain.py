@@ -16,8 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..exact_tiling import ExactPlan, LocalStage
-from ..tiling.exact import sampled, stage_resolutions
+from ..tiling.exact import ExactPlan, LocalStage, sampled, stage_resolutions
 from ..tiling.fast import PassGeometry
 from .bands import BandPlan
 from .collectives import Collective

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..base import Progress
-from ..api import DeviceUnavailable, TurboVAE, moments_to_latents, resolve_device
-from ..exact_tiling import ExactPlan
+from ..api import TurboVAE, moments_to_latents
+from ..loader import DeviceUnavailable, resolve_device
 from ..planning import DEFAULT_TILE_PX
-from ..tiling.exact import supports_exact
+from ..tiling.exact import ExactPlan, supports_exact
 from ..tiling.retry import MIN_TILE_LATENT
 from .bands import BandPlan
 from .collectives import DistCollective, process_group_trusted, run_on_devices

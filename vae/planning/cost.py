@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from ..base import VAEModel
-from ..exact_tiling import ExactPlan, LocalStage, partition
-from ..tiling.exact import stage_halos
+from ..tiling.exact import ExactPlan, LocalStage, partition, stage_halos
 from .plan import PassPlan
 from .predict import PassWork
 

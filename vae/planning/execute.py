@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from ..base import Progress, VAEModel, run_slices
-from ..frame_stages import run_frame_stages
+from ..tiling.frame_stages import run_frame_stages
 from ..memory.placement import OnDevice, OnHost, OnMetaHost, Placement, held_in, release_host_cache
 from ..tiling.exact import run_exact
 from ..tiling.fast import PassGeometry, run_tiled

@@ -6,7 +6,7 @@ otherwise:
 - `temporal_slice`: latent frames per causal step (None: the whole clip at once);
 - `tile_latent`: spatial tiles of that side (None: the whole frame), `mode` "exact" (equal to the untiled pass) or
   "fast" (independent tiles blended: not exact);
-- `frame_stages`: the model's stages streamed one frame step at a time (vae/frame_stages.py);
+- `frame_stages`: the model's stages streamed one frame step at a time (vae/tiling/frame_stages.py);
 - `cache_on_host` / `output_on_host`: the causal caches / the output canvas kept in host memory
   (vae/memory/placement.py);
 - `frames_on_host`: a layer-wise exact plan's whole-frame activations kept in host memory, the device holding only

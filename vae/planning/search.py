@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 import torch
 
 from ..base import VAEModel
-from ..exact_tiling import ExactPlan, partition
+from ..tiling.exact import ExactPlan, partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
 from .meta_pass import MetaPasses, PassPaths

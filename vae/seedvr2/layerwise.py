@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
-from ..exact_tiling import partition
+from ..tiling.exact import partition
 from ..memory.placement import Placement
 
 Tensor = torch.Tensor

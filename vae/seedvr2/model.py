@@ -18,10 +18,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, State, VAEModel, run_slices
-from ..exact_tiling import LayerwisePlan
+from ..base import LatentFormat, VAEModel, run_slices
+from ..causal_cache import State
+from ..tiling.exact import LayerwisePlan
 from ..base import FrameStage, FrameStages
-from ..frame_stages import run_frame_stages
+from ..tiling.frame_stages import run_frame_stages
 from ..memory.placement import Placement
 from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_SEEDVR2, GpuDefaults
@@ -186,7 +187,7 @@ class SeedVR2VAE(VAEModel):
                                  shard=shard, frames=frames)
             fmt = self.latent_format
             frames = fmt.pixel_frames(x.shape[2]) if decode else fmt.latent_frames(x.shape[2])
-            if stages:  # progress per input frame step (vae/frame_stages.py)
+            if stages:  # progress per input frame step (vae/tiling/frame_stages.py)
                 return run_frame_stages(self.frame_stages(decode=decode), x, out_frames=frames, canvas=canvas,
                                         split=policy, progress=progress, sample=sample)
             bounds = self.slice_bounds(x.shape[2], temporal_slice, decode=decode)

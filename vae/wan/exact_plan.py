@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..base import CausalStream
-from ..exact_tiling import ExactPlan, LocalStage
+from ..tiling.exact import ExactPlan, LocalStage
 from .pieces import WanPassContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
 

@@ -18,11 +18,12 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..base import LatentFormat, State, VAEModel
+from ..base import LatentFormat, VAEModel
+from ..causal_cache import State
 from ..accel.switches import FastPaths, active
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
 from ..accel.tensor_layout import channels_last_format
-from ..exact_tiling import ExactPlan
+from ..tiling.exact import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
 from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, ResidualBlock, RMSNorm, UpBlock,

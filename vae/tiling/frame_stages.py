@@ -18,8 +18,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .base import FrameStages, Progress
-from .memory.placement import Placement
+from ..base import FrameStages, Progress
+from ..memory.placement import Placement
 
 
 def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
