@@ -19,11 +19,11 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
-from .family_names import QWEN_IMAGE, SEEDVR2, WAN22
+from .cases import BudgetCase, for_section
 
 GB = 2**30
 MB = 2**20
@@ -34,31 +34,10 @@ ALLOC_CONF = "expandable_segments:True"  # the children's allocator: no stranded
 # ComfyUI (cudaMallocAsync by default) would not strand them either; every row records it
 
 
-@dataclass(frozen=True)
-class GpuCase:
-    """`family` (registry key), a pass over `frames` pixel frames of `height`×`width`. Memory, three ways:
-    `budget_gb` alone: planned under that budget, in a process limited to the budget plus what it already holds
-    (weights, input) plus `SLACK_GB`; `limit_gb` alone: a card of that size — the process is limited to it and the
-    budget is what is left after weights, input and `SLACK_GB`; neither: unconstrained, the default budget.
-    `expected_s`: what it should take on an H100/H200 (the start, the model's build, the plan and the pass)."""
-
-    key: str
-    family: str
-    decode: bool
-    frames: int
-    height: int
-    width: int
-    budget_gb: Optional[float]
-    limit_gb: Optional[float]
-    expected_s: float
-    check: str = "budget"  # "budget": plan, run, measure; "kinds": every plan kind at a small size vs untiled;
-    # "diffusers": diffusers' eager decode of the same weights, warm (the reference the clip targets are against)
-
-
-def budget_and_limit(case: GpuCase, held_bytes: int) -> tuple[Optional[int], Optional[int]]:
+def budget_and_limit(case: BudgetCase, held_bytes: int) -> tuple[Optional[int], Optional[int]]:
     """(the pass's budget, the process limit) in bytes for a case whose process already holds `held_bytes`
-    (weights and input): see `GpuCase`. A card too small for what it holds gets a budget of 0 (the planner's
-    typed error names what would fit)."""
+    (weights and input): see `BudgetCase` (bench/cases.py). A card too small for what it holds gets a budget of
+    0 (the planner's typed error names what would fit)."""
     if case.budget_gb is not None and case.limit_gb is not None:
         raise ValueError(f"{case.key}: give budget_gb or limit_gb, not both")
     slack = int(SLACK_GB * GB)
@@ -71,41 +50,9 @@ def budget_and_limit(case: GpuCase, held_bytes: int) -> tuple[Optional[int], Opt
     return None, None
 
 
-CASES = (
-    # issue 48: SeedVR2 at the sizes upscalers use, exact within the budget (streamed plans: activations in host
-    # memory), and the cost of fitting against the untiled pass; first the kinds check (streamed kinds included)
-    GpuCase("kinds-seedvr2", SEEDVR2, True, 9, 256, 384, None, None, 40, check="kinds"),
-    GpuCase("seedvr2-dec-720p21-card8g", SEEDVR2, True, 21, 720, 1280, None, 8, 35),
-    GpuCase("seedvr2-dec-720p21-card24g", SEEDVR2, True, 21, 720, 1280, None, 24, 35),
-    GpuCase("seedvr2-dec-2160p-6g", SEEDVR2, True, 1, 2160, 3840, 6, None, 40),
-    GpuCase("seedvr2-enc-2160p-6g", SEEDVR2, False, 1, 2160, 3840, 6, None, 40),
-    GpuCase("seedvr2-dec-4096sq-6g", SEEDVR2, True, 1, 4096, 4096, 6, None, 50),
-    GpuCase("seedvr2-enc-4096sq-6g", SEEDVR2, False, 1, 4096, 4096, 6, None, 50),
-    GpuCase("seedvr2-dec-1080p81-4g", SEEDVR2, True, 81, 1080, 1920, 4, None, 150),
-    GpuCase("seedvr2-dec-1440p81-6g", SEEDVR2, True, 81, 1440, 2560, 6, None, 240),
-    GpuCase("seedvr2-enc-1440p81-6g", SEEDVR2, False, 81, 1440, 2560, 6, None, 150),
-    GpuCase("seedvr2-dec-2160p81-6g", SEEDVR2, True, 81, 2160, 3840, 6, None, 500),
-    GpuCase("seedvr2-enc-2160p81-6g", SEEDVR2, False, 81, 2160, 3840, 6, None, 300),
-    # the re-checks and the cases the last lease left open
-    GpuCase("wan21-enc-1080p81-6g", QWEN_IMAGE, False, 81, 1080, 1920, 6, None, 40),
-    GpuCase("wan22-enc-1088x1920x81-6g", WAN22, False, 81, 1088, 1920, 6, None, 45),
-    GpuCase("wan22-dec-1088x1920x81-6g", WAN22, True, 81, 1088, 1920, 6, None, 45),
-    GpuCase("seedvr2-enc-1080p81-6g", SEEDVR2, False, 81, 1080, 1920, 6, None, 90),
-    # cards of 8, 12 and 24 GB against unconstrained, on the same machine
-    GpuCase("wan21-dec-720p81-free", QWEN_IMAGE, True, 81, 720, 1280, None, None, 25),
-    GpuCase("wan21-dec-720p81-card8g", QWEN_IMAGE, True, 81, 720, 1280, None, 8, 25),
-    GpuCase("wan21-dec-720p81-card12g", QWEN_IMAGE, True, 81, 720, 1280, None, 12, 25),
-    GpuCase("wan21-dec-720p81-card24g", QWEN_IMAGE, True, 81, 720, 1280, None, 24, 25),
-    GpuCase("seedvr2-dec-720p21-free", SEEDVR2, True, 21, 720, 1280, None, None, 35),
-    GpuCase("seedvr2-dec-720p21-card12g", SEEDVR2, True, 21, 720, 1280, None, 12, 35),
-    GpuCase("seedvr2-dec-1080p81-6g", SEEDVR2, True, 81, 1080, 1920, 6, None, 130),
-    # measured by the last lease (docs/results/2026-11-27-h200-budget-gpu-call*.json), rerun when time is left
-    GpuCase("kinds-qwen", QWEN_IMAGE, True, 9, 256, 384, None, None, 30, check="kinds"),
-    GpuCase("wan21-dec-1080p81-6g", QWEN_IMAGE, True, 81, 1080, 1920, 6, None, 40),
-    GpuCase("diffusers-wan21-dec-720p81", QWEN_IMAGE, True, 81, 720, 1280, None, None, 45, check="diffusers"),
-    GpuCase("seedvr2-dec-720p81-4g", SEEDVR2, True, 81, 720, 1280, 4, None, 90),
-    GpuCase("wan21-dec-720p81-4g", QWEN_IMAGE, True, 81, 720, 1280, 4, None, 30),
-)
+# The cases (bench/cases.py), in the lease's priority order (`BudgetCase.priority`; families in registry order
+# within one priority).
+CASES: tuple[BudgetCase, ...] = tuple(sorted(for_section("budget_gpu"), key=lambda c: c.priority))
 DRY = {"frames": 9, "height": 64, "width": 96}  # the dry run's size (tiny configs), budgets scaled below
 DRY_GB = 4 * MB  # what a GB of a case's budget or limit is in the dry run
 
@@ -114,7 +61,7 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def run_case(case: GpuCase, dry: bool) -> dict:
+def run_case(case: BudgetCase, dry: bool) -> dict:
     """One case, in this process: the row it measured."""
     import torch
 

@@ -22,41 +22,21 @@ import torch
 from . import op_costs
 from .bytes_roofline import pass_of
 from .fidelity import model_shapes
+from .cases import CutCase, for_section
 from .common import BenchOptions, BenchRow, interleaved_ms
 from ..vae.seeded_weights import fan_in_weights
-from .family_names import WAN21, WAN22
 from ..vae.accel.switches import FastPaths
 
 SECTION = "cuts"
 TABLE = "cuts"
 
 
-@dataclass(frozen=True)
-class CutCase:
-    """One pass a cut serves: `family` (registry name), "decode" | "encode", its input shape at the GPU size
-    (counted) and at the CPU size (timed), and the temporal slice both use."""
-
-    name: str
-    family: str
-    kind: str
-    gpu_shape: tuple[int, ...]
-    cpu_shape: tuple[int, ...]
-    temporal_slice: int
-
-
-# The fast paths that are byte cuts, with the cases each serves.
-CUTS: dict[str, tuple[CutCase, ...]] = {
-    "single_buffer": (
-        CutCase("wan2.1 decode 720p×81", WAN21, "decode", (1, 16, 21, 90, 160), (1, 16, 5, 24, 24), 1),
-        CutCase("wan2.1 encode 720p×81", WAN21, "encode", (1, 3, 81, 720, 1280), (1, 3, 17, 192, 192), 1),
-        CutCase("wan2.2 decode 704×1280×41", WAN22, "decode", (1, 48, 11, 44, 80), (1, 48, 5, 12, 12), 1),
-    ),
-}
-QUICK_CUTS: dict[str, tuple[CutCase, ...]] = {
-    "single_buffer": (
-        CutCase("wan2.1 decode 9f 16² (tiny)", WAN21, "decode", (1, 16, 3, 2, 2), (1, 16, 3, 2, 2), 1),
-    ),
-}
+def cuts(quick: bool) -> dict[str, tuple[CutCase, ...]]:
+    """The fast paths that are byte cuts, with the cases each serves (bench/cases.py; `quick`: a tiny size)."""
+    out: dict[str, tuple[CutCase, ...]] = {}
+    for case in for_section("byte_cuts", quick=quick, cuda=True):
+        out[case.cut] = out.get(case.cut, ()) + (case,)
+    return out
 
 
 @dataclass
@@ -88,11 +68,11 @@ def _cpu_model(family: str):
     return load_checkpoint(fan_in_weights(model_shapes(family), 0), dtype=torch.float32, device="cpu").model
 
 
-def rows_for(cuts: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype = torch.bfloat16) -> list[CutRow]:
+def rows_for(by_cut: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype = torch.bfloat16) -> list[CutRow]:
     from ..vae.registry import family as registry_family
 
     rows: list[CutRow] = []
-    for cut, cases in cuts.items():
+    for cut, cases in by_cut.items():
         for case in cases:
             with_cut, without = FastPaths(), FastPaths().without(cut)
             meta = registry_family(case.family).meta_model(real=True).to(dtype)
@@ -133,7 +113,6 @@ def rows_for(cuts: dict[str, Sequence[CutCase]], repeat: int, dtype: torch.dtype
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:
-    cuts = QUICK_CUTS if opts.quick else CUTS
-    cuts = {cut: tuple(c for c in cases if not opts.cases or any(s in c.name for s in opts.cases))
-            for cut, cases in cuts.items()}
-    return rows_for({k: v for k, v in cuts.items() if v}, opts.repeat)
+    chosen = {cut: tuple(c for c in cases if not opts.cases or any(s in c.name for s in opts.cases))
+              for cut, cases in cuts(opts.quick).items()}
+    return rows_for({k: v for k, v in chosen.items() if v}, opts.repeat)

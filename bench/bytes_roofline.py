@@ -24,47 +24,25 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from . import op_costs
 from .common import BenchOptions, BenchRow
 from .device_peaks import DEVICE_PEAKS, DevicePeak
-from .family_names import SEEDVR2, WAN21, WAN22
+from .cases import CutCase, Pass, for_section
 
 SECTION = "bytes"
 TABLE = "bytes"
 DIFFUSERS = "diffusers AutoencoderKLWan eager"
 
 
-@dataclass(frozen=True)
-class ByteCase:
-    """A pass counted on meta. `name` is bench/gpu.py's case name where that section measures it (the
-    measured rows are found by it); `temporal_slice` is the slice the measured run used (None: whole clip)."""
-
-    name: str
-    arch: str  # a bench/family_names.py name: WAN21, WAN22 or SEEDVR2
-    kind: str  # "decode" | "encode"
-    shape: tuple[int, ...]
-    temporal_slice: Optional[int] = None
-    diffusers: bool = False  # also count diffusers' pass (Wan only)
-
-
-CASES: tuple[ByteCase, ...] = (
-    ByteCase("qwen decode 1024²", WAN21, "decode", (1, 16, 1, 128, 128)),
-    ByteCase("qwen encode 1024²", WAN21, "encode", (1, 3, 1, 1024, 1024)),
-    ByteCase("seedvr2 decode 1080p image", SEEDVR2, "decode", (1, 16, 1, 135, 240)),
-    ByteCase("seedvr2 decode 720p×21", SEEDVR2, "decode", (1, 16, 6, 90, 160)),
-    ByteCase("wan2.1 decode 720p×81 vs diffusers", WAN21, "decode", (1, 16, 21, 90, 160), 5, diffusers=True),
-    ByteCase("wan2.1 encode 720p×81", WAN21, "encode", (1, 3, 81, 720, 1280), 5, diffusers=True),
-    ByteCase("wan2.2 decode 704×1280×41", WAN22, "decode", (1, 48, 11, 44, 80), 5, diffusers=True),
-)
-QUICK_CASES: tuple[ByteCase, ...] = (
-    ByteCase("qwen decode 16² (tiny)", WAN21, "decode", (1, 4, 1, 2, 2)),
-    ByteCase("seedvr2 5f decode 16² (tiny)", SEEDVR2, "decode", (1, 16, 2, 2, 2)),
-    ByteCase("wan2.1 9f decode 16² (tiny) vs diffusers", WAN21, "decode", (1, 4, 3, 2, 2), 1, diffusers=True),
-)
+def cases(quick: bool) -> tuple[Pass, ...]:
+    """The passes counted (bench/cases.py): the GPU ablation's CUDA cases under bench/gpu.py's names (the measured
+    rows are found by them) and the clip cases the clip targets name, each with the temporal slice the measured
+    run used (None: whole clip), diffusers' pass counted beside for the Wan cases; `quick`: tiny configs."""
+    return for_section("bytes_roofline", quick=quick, cuda=True)
 
 
 @dataclass
@@ -86,11 +64,11 @@ class BytesRow(BenchRow):
     best_path: str = ""
 
 
-def _meta_model(arch: str, quick: bool):
+def _meta_model(key: str, quick: bool):
     """A registered family's (real or tiny) model on the meta device, default fast paths."""
     from ..vae.registry import family
 
-    return family(arch).meta_model(real=not quick).eval()
+    return family(key).meta_model(real=not quick).eval()
 
 
 def _diffusers_model(model) -> Optional[torch.nn.Module]:
@@ -104,13 +82,13 @@ def _diffusers_model(model) -> Optional[torch.nn.Module]:
         return AutoencoderKLWan(**diffusers_kwargs(model.config)).eval()
 
 
-def pass_of(model, case: ByteCase) -> Callable[[torch.Tensor], torch.Tensor]:
+def pass_of(model, case: Union[Pass, CutCase]) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
         return lambda x: model.decode_latents(x, temporal_slice=case.temporal_slice)
     return lambda x: model.encode_moments(x, temporal_slice=case.temporal_slice)
 
 
-def diffusers_pass_of(ref: torch.nn.Module, case: ByteCase) -> Callable[[torch.Tensor], torch.Tensor]:
+def diffusers_pass_of(ref: torch.nn.Module, case: Pass) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
         return lambda x: ref.decode(x).sample
     return lambda x: ref.encode(x).latent_dist.parameters
@@ -162,15 +140,15 @@ def attach_measured(row: BytesRow, measured: Sequence[dict]) -> BytesRow:
     return row
 
 
-def rows_for(cases: Sequence[ByteCase], quick: bool, dtype: torch.dtype, peak: DevicePeak,
+def rows_for(passes: Sequence[Pass], quick: bool, dtype: torch.dtype, peak: DevicePeak,
              measured: Sequence[dict] = ()) -> list[BytesRow]:
     """Count every case on meta, ours and (Wan cases) diffusers', and hold each against the floor."""
     rows: list[BytesRow] = []
     models: dict[str, object] = {}
-    for case in cases:
-        if case.arch not in models:
-            models[case.arch] = _meta_model(case.arch, quick).to(dtype)
-        model = models[case.arch]
+    for case in passes:
+        if case.family not in models:
+            models[case.family] = _meta_model(case.family, quick).to(dtype)
+        model = models[case.family]
         x = torch.empty(case.shape, device="meta", dtype=dtype)
         sides: list[tuple[str, Callable, bool]] = []
         if case.diffusers:
@@ -195,6 +173,5 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     """The section: every case counted in bf16 against the H100's floor, joined with the committed H100 run."""
     root = Path(__file__).resolve().parents[1]
     measured = load_measured([root / f for f in MEASURED_FILES if (root / f).exists()])
-    cases = QUICK_CASES if opts.quick else CASES
-    cases = [c for c in cases if not opts.cases or any(s in c.name for s in opts.cases)]
-    return rows_for(cases, opts.quick, torch.bfloat16, DEVICE_PEAKS["H100"], measured)
+    passes = [c for c in cases(opts.quick) if not opts.cases or any(s in c.name for s in opts.cases)]
+    return rows_for(passes, opts.quick, torch.bfloat16, DEVICE_PEAKS["H100"], measured)

@@ -28,11 +28,11 @@ import shutil
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .family_names import WAN21
+from .cases import DynamicVramCase, for_section
 
 if TYPE_CHECKING:
     import torch
@@ -42,22 +42,11 @@ MB = 2**20
 RESULTS_NAME = "dynamic-vram.json"
 
 
-@dataclass(frozen=True)
-class DynamicVramCase:
-    """A `family` decode of `frames` pixel frames of `height`×`width` after a dynamic stand-in for a diffusion model
-    of `stand_in_gb` ran, with all but `free_gb` of the device's remaining free memory taken (a full card)."""
+def default_case(dry: bool) -> DynamicVramCase:
+    """The case the run measures (bench/cases.py): a Wan 2.1 clip on a full card, or the dry run's small one."""
+    (case,) = for_section("dynamic_vram", quick=dry, cuda=True)
+    return case
 
-    family: str
-    frames: int
-    height: int
-    width: int
-    stand_in_gb: float
-    free_gb: float
-    dtype: str  # the VAE's, as the loader node takes it ("bf16", "fp32")
-
-
-GPU_CASE = DynamicVramCase(WAN21, frames=81, height=720, width=1280, stand_in_gb=8.0, free_gb=4.0, dtype="bf16")
-DRY_CASE = DynamicVramCase(WAN21, frames=5, height=32, width=32, stand_in_gb=0.0625, free_gb=0.0, dtype="fp32")
 
 STAND_IN_WIDTH = 8192  # features of each stand-in layer (a 128 MiB bf16 weight)
 DRY_STAND_IN_WIDTH = 256  # the dry run's (a 256 KiB fp32 weight)
@@ -90,17 +79,17 @@ def build_stand_in(gb: float, dtype: torch.dtype, width: int) -> torch.nn.Sequen
     return module
 
 
-def write_seeded_vae(family_key: str, folder: Path) -> str:
-    """A seeded `family_key` VAE at its real config (the loader node checks every shape) saved as safetensors in
-    `folder`; its name."""
+def write_seeded_vae(family_name: str, folder: Path) -> str:
+    """A seeded VAE of the family `family_name` (its key or an alias, which names the file) at its real config (the
+    loader node checks every shape) saved as safetensors in `folder`; its name."""
     from safetensors.torch import save_file
 
     from ..vae.registry import family
     from .models import seeded_init
 
-    fam = family(family_key)
+    fam = family(family_name)
     model = seeded_init(fam.build_model(fam.config(real=True))).eval()
-    name = f"{family_key}-seeded.safetensors"
+    name = f"{family_name}-seeded.safetensors"
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / name))
     return name
 
@@ -218,7 +207,7 @@ def core_facts() -> dict[str, Any]:
 
 def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int:
     """The three checks (module docstring), in this process, whose ComfyUI core was set up first, for `case`
-    (default: GPU_CASE, or DRY_CASE on a dry run). 0 when every step ran and every check holds, 1 otherwise (the
+    (default: `default_case(dry)`). 0 when every step ran and every check holds, 1 otherwise (the
     JSON says which)."""
     import comfy.model_management as mm
     import comfy.model_patcher
@@ -229,7 +218,7 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
     from ..nodes.pass_budget import weights_bytes
     from .common import environment
 
-    case = case or (DRY_CASE if dry else GPU_CASE)
+    case = case or default_case(dry)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_lines = LogLines()
     logging.getLogger().addHandler(log_lines)
@@ -244,7 +233,7 @@ def run(out_dir: Path, dry: bool, case: Optional[DynamicVramCase] = None) -> int
 
     def load_vae() -> dict[str, Any]:
         (scratch / "vae").mkdir()
-        name = write_seeded_vae(case.family, scratch / "vae")
+        name = write_seeded_vae(case.shown, scratch / "vae")
         folder_paths.add_model_folder_path("vae", str(scratch / "vae"), is_default=True)
         held["vae"] = TurboVAELoader.execute(vae_name=name, dtype=case.dtype).args[0]
         held["weights_mb"] = weights_bytes(held["vae"].turbo) / MB

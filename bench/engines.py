@@ -2,7 +2,7 @@
 of SeedVR2, Wan 2.1 and Wan 2.2 decoded by the video slice engines (first -> next -> ...) vs eager.
 
 CPU: AOTInductor engines of tiny configs (real topologies) at small sizes, and for the Wan clips also the
-released configs at 64x64 px (see CPU_CLIP_CASES for why). GPU: the real-size VAEs (Qwen-Image/Wan 2.1 image
+released configs at 64x64 px (see `clip_cases` for why). GPU: the real-size VAEs (Qwen-Image/Wan 2.1 image
 and 832x480 x 21 frames, Wan 2.2 and SeedVR2 1280x720 x 21 frames), random weights, with AOTInductor and
 TensorRT when it is installed.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import copy
 import statistics
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from .common import BenchOptions, BenchRow, interleaved_ms, time_ms
 from ..vae.measuring import max_abs, psnr
 from ..vae.seeded_weights import fan_in_weights
-from .family_names import SEEDVR2, WAN21, WAN22
+from .cases import ClipCase, for_section
 from .models import checkpoint_for, family_model
 
 SECTION = "engines"
@@ -137,39 +137,13 @@ def image_rows(opts: BenchOptions, device: torch.device, dtype: torch.dtype) -> 
     return rows
 
 
-@dataclass(frozen=True)
-class ClipCase:
-    """One clip decode: the architecture, the released config or its tiny twin (same topology), and the latent
-    size (T, h, w); `quick` is the --quick size (None: left out of --quick runs)."""
-
-    arch: str
-    real_config: bool
-    latents: tuple[int, int, int]
-    quick: Optional[tuple[int, int, int]] = None
-
-
-# CPU: the tiny configs at 21 frames (SeedVR2: 17, its earlier size), and the released Wan configs at a small size.
-# Why both: on tiny channel counts PyTorch's CPU conv3d takes its slow reference path (oneDNN's size heuristic
-# skips small tensors) while Inductor does not, so tiny rows flatter the engines; at released widths eager runs
-# oneDNN too.
-CPU_CLIP_CASES = (
-    ClipCase(SEEDVR2, False, (5, 8, 12), quick=(3, 4, 6)),  # 96x64 x 17
-    ClipCase(WAN21, False, (6, 16, 16), quick=(3, 8, 8)),  # 128x128 x 21
-    ClipCase(WAN22, False, (6, 8, 8), quick=(3, 4, 4)),  # 128x128 x 21 (16x space)
-    ClipCase(WAN21, True, (3, 8, 8)),  # 64x64 x 9
-    ClipCase(WAN22, True, (3, 4, 4)),  # 64x64 x 9
-)
-CUDA_CLIP_CASES = (
-    ClipCase(SEEDVR2, True, (6, 90, 160)),  # 1280x720 x 21
-    ClipCase(WAN21, True, (6, 60, 104)),  # 832x480 x 21
-    ClipCase(WAN22, True, (6, 45, 80)),  # 1280x720 x 21
-)
-
-
 def clip_cases(cuda: bool, quick: bool) -> list[ClipCase]:
-    if cuda:
-        return list(CUDA_CLIP_CASES)
-    return [replace(c, latents=c.quick) for c in CPU_CLIP_CASES if c.quick] if quick else list(CPU_CLIP_CASES)
+    """The clip decodes (bench/cases.py): on a GPU the real-size VAEs; on the CPU the tiny configs at 21 frames
+    (SeedVR2: 17, its earlier size) and the released Wan configs at a small size, `quick` the tiny configs at 9.
+    Why both on the CPU: on tiny channel counts PyTorch's CPU conv3d takes its slow reference path (oneDNN's size
+    heuristic skips small tensors) while Inductor does not, so tiny rows flatter the engines; at released widths
+    eager runs oneDNN too."""
+    return list(for_section("engines", quick=quick and not cuda, cuda=cuda))
 
 
 def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
@@ -178,10 +152,10 @@ def clip_model(case: ClipCase, opts: BenchOptions) -> tuple[nn.Module, str]:
     any size)."""
     from ..vae.loader import load_checkpoint
 
-    ckpt = checkpoint_for(case.arch, opts) if case.real_config else None
+    ckpt = checkpoint_for(case.family, opts) if case.real_config else None
     if ckpt:
         return load_checkpoint(ckpt, device="cpu", dtype=torch.float32).model, "checkpoint"
-    model = family_model(case.arch, real=case.real_config)
+    model = family_model(case.family, real=case.real_config)
     model.load_state_dict(fan_in_weights({k: tuple(v.shape) for k, v in model.state_dict().items()}))
     return model.eval().requires_grad_(False), "real" if case.real_config else "tiny"
 
@@ -204,7 +178,7 @@ def clip_rows(clip: ClipCase, opts: BenchOptions, device: torch.device, dtype: t
     lf = model.latent_format
     shape = (1, lf.channels, *clip.latents)
     h, w, frames = shape[3] * lf.spatial_factor, shape[4] * lf.spatial_factor, 1 + lf.temporal_factor * (shape[2] - 1)
-    case = f"{label} {clip.arch} clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
+    case = f"{label} {clip.shown} clip decode {w}x{h}x{frames} {str(dtype)[6:]}"
     if opts.cases and not any(c in case for c in opts.cases):
         return []
     z = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)

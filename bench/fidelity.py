@@ -36,7 +36,7 @@ from ..vae.accel.switches import FastPaths
 from ..vae.norms import native_channels_last_group_norm, observing_norm_inputs, timing_group_norms
 from .common import environment, interleaved_ms
 from ..vae.seeded_weights import fan_in_weights
-from .family_names import QWEN, SEEDVR2, WAN22
+from .cases import FidelityCase, for_section
 from .reference_init import reference_init_weights
 
 # Biases of the convolutions whose output is the pass's output: shifting them would shift the pixels (clamped)
@@ -70,26 +70,10 @@ def shift_biases(sd: dict[str, torch.Tensor], shapes: dict, bias_shift: float,
 
 
 def model_shapes(family: str) -> dict[str, tuple[int, ...]]:
-    """Key -> shape of a registered family's real-config model (e.g. "seedvr2", "qwen", "wan2.2")."""
+    """Key -> shape of a registered family's real-config model (its key or an alias)."""
     from ..vae.registry import family as registry_family
 
     return {k: tuple(v.shape) for k, v in registry_family(family).meta_model(real=True).state_dict().items()}
-
-
-@dataclass
-class FidelityCase:
-    """One pass: `family`, "decode" or "encode", `frames` pixel frames of `height`×`width`."""
-
-    family: str
-    direction: str
-    frames: int
-    height: int
-    width: int
-
-    @property
-    def name(self) -> str:
-        what = "image" if self.frames == 1 else f"{self.frames}-frame"
-        return f"{self.family} {what} {self.direction} {self.width}×{self.height}"
 
 
 @dataclass
@@ -296,19 +280,6 @@ def _time_default(result: FidelityResult, m32: torch.nn.Module, run: Callable, t
         result.default_channels_last_vs_fp64 = _error(out_of["default_channels_last"], truth, scale)
 
 
-DEFAULT_CASES = (
-    FidelityCase(SEEDVR2, "decode", 1, 320, 448),  # the issue's case: a photo encoded, then decoded
-    FidelityCase(SEEDVR2, "decode", 1, 256, 256),
-    FidelityCase(SEEDVR2, "encode", 1, 256, 256),
-    FidelityCase(SEEDVR2, "decode", 5, 128, 128),
-    FidelityCase(QWEN, "decode", 1, 256, 256),
-    FidelityCase(QWEN, "encode", 1, 256, 256),
-    FidelityCase(QWEN, "decode", 5, 128, 128),
-    FidelityCase(WAN22, "decode", 1, 256, 256),
-    FidelityCase(WAN22, "decode", 5, 128, 128),
-)
-
-
 def markdown(path: Path) -> str:
     """The table docs show for a fidelity results file (docs/seedvr2.md renders it; a test checks they agree)."""
     data = json.loads(Path(path).read_text())
@@ -386,7 +357,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     env = environment()
-    cases = [c for c in DEFAULT_CASES if not args.cases or any(s in c.name for s in args.cases)]
+    cases = [c for c in for_section("fidelity") if not args.cases or any(s in c.name for s in args.cases)]
     results = []
     for case in cases:
         results.append(run_case(case, bias_shift=args.bias_shift, repeat=args.repeat, init=args.init))

@@ -46,7 +46,8 @@ from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, time_ms
 from ..vae.measuring import max_abs, psnr
 from .device_peaks import DEVICE_PEAKS
-from .family_names import QWEN, SEEDVR2
+from .cases import AUTO, AblationCase, for_section
+from .gpu_run import CASE_KEYS
 from .models import build_model
 
 SECTION = "gpu"
@@ -56,25 +57,7 @@ log = logging.getLogger("turbovae")
 PEAK_TFLOPS = {k: p.bf16_tflops for k, p in DEVICE_PEAKS.items()}
 
 
-@dataclass(frozen=True)
-class Case:
-    """One benchmark case. `key` is its stable id (the GPU run and `--cases` select by it); `baseline`
-    "diffusers" adds diffusers' eager pass in the bench dtype as the row every step is compared with;
-    `long` cases (minutes-long clips) time one repeat, skip CUDA graphs and slice the fp32 reference."""
-
-    name: str
-    arch: str  # a bench/family_names.py name: QWEN (Qwen-Image = Wan 2.1 weights) or SEEDVR2
-    kind: str  # "decode" | "encode"
-    shape: tuple[int, ...]  # input shape (latents for decode, pixels for encode)
-    temporal_slice: Optional[int] = None  # None: whole clip; AUTO: what TurboVAE.decode picks from free memory
-    key: str = ""
-    baseline: str = "ours"  # "ours" (the eager step is the baseline) | "diffusers"
-    long: bool = False
-    faults: tuple[str, ...] = ()  # variants (step names, REFERENCE, DIFFUSERS) whose first run is a simulated OOM
-
-
-AUTO = -1  # Case.temporal_slice: resolve with the memory rule TurboVAE uses, at the case's dtype and device
-REFERENCE = "fp32 reference"  # Case.faults names for the passes that are not steps
+REFERENCE = "fp32 reference"  # AblationCase.faults names for the passes that are not steps
 DIFFUSERS = "diffusers AutoencoderKLWan eager"
 
 
@@ -83,7 +66,7 @@ class InjectedOutOfMemory(torch.OutOfMemoryError):
 
 
 def variant_names() -> tuple[str, ...]:
-    """The names `Case.faults` and `--inject-oom` accept."""
+    """The names `AblationCase.faults` and `--inject-oom` accept."""
     return (REFERENCE, DIFFUSERS, *(s.name for s in STEPS))
 
 
@@ -103,7 +86,7 @@ class _Faults:
     """Each variant named in the case's `faults` (and `extra`) fails once, on its first run, with
     InjectedOutOfMemory."""
 
-    def __init__(self, case: "Case", extra: Sequence[str] = ()):
+    def __init__(self, case: AblationCase, extra: Sequence[str] = ()):
         self.pending = set(case.faults) | set(extra)
 
     def wrap(self, variant: str, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -114,31 +97,14 @@ class _Faults:
             return fn()
         return run
 
-def cases(cuda: bool, quick: bool) -> list[Case]:
-    """The cases. CUDA cases come in the GPU run's priority order (bench/gpu_run.py CASE_KEYS lists their
-    keys; a test keeps the two in step). `quick` has tiny-config twins (same keys) of one image case, one
-    SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each kind in seconds (it
-    also injects out-of-memory failures into the SeedVR2 twin: `BenchOptions.inject_oom`)."""
-    if quick:
-        return [Case("qwen decode 16² (tiny)", QWEN, "decode", (1, 4, 1, 2, 2), key="qwen-decode-1024"),
-                Case("seedvr2 5f decode 16² (tiny)", SEEDVR2, "decode", (1, 16, 2, 2, 2), key="seedvr2-decode-720p21"),
-                Case("wan2.1 9f decode 16² (tiny) vs diffusers", QWEN, "decode", (1, 4, 3, 2, 2), AUTO,
-                     key="wan21-decode-720p81", baseline="diffusers", long=True)]
-    if cuda:
-        return [Case("qwen decode 1024²", QWEN, "decode", (1, 16, 1, 128, 128), key="qwen-decode-1024"),
-                Case("qwen encode 1024²", QWEN, "encode", (1, 3, 1, 1024, 1024), key="qwen-encode-1024"),
-                Case("seedvr2 decode 1080p image", SEEDVR2, "decode", (1, 16, 1, 135, 240),
-                     key="seedvr2-decode-1080p"),
-                Case("seedvr2 decode 720p×21", SEEDVR2, "decode", (1, 16, 6, 90, 160), AUTO,
-                     key="seedvr2-decode-720p21", long=True),
-                Case("wan2.1 decode 720p×81 vs diffusers", QWEN, "decode", (1, 16, 21, 90, 160), AUTO,
-                     key="wan21-decode-720p81", baseline="diffusers", long=True),
-                Case("qwen decode 1328²", QWEN, "decode", (1, 16, 1, 166, 166), key="qwen-decode-1328"),
-                Case("qwen encode 1328²", QWEN, "encode", (1, 3, 1, 1328, 1328), key="qwen-encode-1328")]
-    return [Case("qwen decode 64²", QWEN, "decode", (1, 16, 1, 8, 8), key="qwen-decode-64"),
-            Case("qwen encode 64²", QWEN, "encode", (1, 3, 1, 64, 64), key="qwen-encode-64"),
-            Case("seedvr2 decode 64² image", SEEDVR2, "decode", (1, 16, 1, 8, 8), key="seedvr2-decode-64"),
-            Case("seedvr2 decode 64²×5", SEEDVR2, "decode", (1, 16, 2, 8, 8), key="seedvr2-decode-64x5")]
+
+def cases(cuda: bool, quick: bool) -> list[AblationCase]:
+    """The cases (bench/cases.py). CUDA cases come in the GPU run's priority order (bench/gpu_run.py CASE_KEYS;
+    a test checks that every key has its case), and so do their twins. `quick` has tiny-config twins (same keys)
+    of one image case, one SeedVR2 clip and the diffusers-baseline Wan clip, so the GPU run's dry run covers each
+    kind in seconds (it also injects out-of-memory failures into the SeedVR2 twin: `BenchOptions.inject_oom`)."""
+    chosen = list(for_section("gpu", quick=quick, cuda=cuda))
+    return sorted(chosen, key=lambda c: CASE_KEYS.index(c.key) if c.key in CASE_KEYS else len(CASE_KEYS))
 
 
 def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None:
@@ -152,7 +118,7 @@ def set_arch_paths(model: nn.Module, *, fast: bool, channels_last: bool) -> None
     model.fast = replace(paths, channels_last=channels_last)
 
 
-def predicted_peak_mb(copies: MetaPasses, case: Case, dtype: torch.dtype, temporal_slice: Optional[int],
+def predicted_peak_mb(copies: MetaPasses, case: AblationCase, dtype: torch.dtype, temporal_slice: Optional[int],
                       step: "Step", model: nn.Module) -> Optional[float]:
     """The step's pass peak predicted on meta tensors with the paths it runs (what `cuda_peak_mb` measures: the
     rise above the memory held before the pass); compile and CUDA graphs run the fused step's ops in it."""
@@ -165,13 +131,14 @@ def predicted_peak_mb(copies: MetaPasses, case: Case, dtype: torch.dtype, tempor
     return p.pass_bytes / 2**20
 
 
-def _call(model: nn.Module, case: Case, temporal_slice: Optional[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _call(model: nn.Module, case: AblationCase,
+          temporal_slice: Optional[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
         return lambda x: model.decode_latents(x, temporal_slice=temporal_slice)
     return lambda x: model.encode_moments(x, temporal_slice=temporal_slice)
 
 
-def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torch.device) -> Optional[int]:
+def resolve_slice(model: nn.Module, case: AblationCase, dtype: torch.dtype, device: torch.device) -> Optional[int]:
     """The case's temporal slice; AUTO is the slice of the fastest untiled plan whose predicted peak fits the
     default budget on `device` (vae/planning; the ablation measures the untiled pass), one latent when none does."""
     if case.temporal_slice != AUTO:
@@ -185,7 +152,7 @@ def resolve_slice(model: nn.Module, case: Case, dtype: torch.dtype, device: torc
         return 1
 
 
-def diffusers_baseline(model: nn.Module, case: Case) -> Optional[nn.Module]:
+def diffusers_baseline(model: nn.Module, case: AblationCase) -> Optional[nn.Module]:
     """diffusers' AutoencoderKLWan with the same weights (fp32, CPU), or None when diffusers is missing."""
     try:
         from diffusers import AutoencoderKLWan
@@ -198,13 +165,14 @@ def diffusers_baseline(model: nn.Module, case: Case) -> Optional[nn.Module]:
     return ref
 
 
-def _diffusers_call(ref: nn.Module, case: Case) -> Callable[[torch.Tensor], torch.Tensor]:
+def _diffusers_call(ref: nn.Module, case: AblationCase) -> Callable[[torch.Tensor], torch.Tensor]:
     if case.kind == "decode":
         return lambda x: ref.decode(x).sample
     return lambda x: ref.encode(x).latent_dist.parameters
 
 
-def conv_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Optional[int] = None) -> Optional[float]:
+def conv_flops(model: nn.Module, case: AblationCase, x: torch.Tensor,
+               temporal_slice: Optional[int] = None) -> Optional[float]:
     """FLOPs of one pass as counted by torch's FlopCounterMode (convs, matmuls, attention)."""
     try:
         from torch.utils.flop_counter import FlopCounterMode
@@ -217,7 +185,7 @@ def conv_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Op
         return None
 
 
-def step_flops(model: nn.Module, case: Case, x: torch.Tensor, temporal_slice: Optional[int], step: "Step",
+def step_flops(model: nn.Module, case: AblationCase, x: torch.Tensor, temporal_slice: Optional[int], step: "Step",
                counted: dict[bool, Optional[float]]) -> Optional[float]:
     """The FLOPs of the pass a step runs, counted once per setting of the architecture paths (`counted`
     caches them): the image path and the other architecture paths change the FLOPs, layout and kernels do
@@ -261,7 +229,7 @@ ALONE_STEPS = [
 ]
 
 
-def engine_build_kwargs(model: nn.Module, case: Case) -> Optional[dict]:
+def engine_build_kwargs(model: nn.Module, case: AblationCase) -> Optional[dict]:
     """What to build for a case: the decoder or encoder engine for images, the video slice engines for a
     clip of a model with the causal-step contract; None when no engine can serve it (clip encodes)."""
     if case.kind == "encode":
@@ -271,7 +239,7 @@ def engine_build_kwargs(model: nn.Module, case: Case) -> Optional[dict]:
     return {"components": (), "video": True} if supports_video(model) else None
 
 
-def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, case: Case, x: torch.Tensor,
+def engine_step_rows(opts: BenchOptions, model32: nn.Module, model: nn.Module, case: AblationCase, x: torch.Tensor,
                      reference: torch.Tensor, baseline_ms: Optional[float], device: torch.device,
                      dtype: torch.dtype) -> list[BenchRow]:
     """The ablation's last step: the case on engines built for exactly its size (a static bucket at the
@@ -304,7 +272,7 @@ def _floor_note(flops: Optional[float], ms: float, cuda: bool) -> str:
     return f"{flops / 1e12:.2f} TFLOP, floor {floor_ms:.1f} ms = {100 * floor_ms / ms:.0f}%"
 
 
-def selected_cases(opts: BenchOptions, cuda: bool) -> list[Case]:
+def selected_cases(opts: BenchOptions, cuda: bool) -> list[AblationCase]:
     """Cases whose key equals, or whose name contains, one of `opts.cases` (all when none is given)."""
     return [c for c in cases(cuda, opts.quick)
             if not opts.cases or any(s == c.key or s in c.name for s in opts.cases)]
@@ -321,11 +289,11 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     for case in selected_cases(opts, cuda):
         if injected.get(case.key):
             case = replace(case, faults=case.faults + injected[case.key])
-        if case.arch not in models:
+        if case.family not in models:
             models.clear()
             gc.collect()
-            models[case.arch] = build_model(case.arch, opts, opts.quick)
-        model = models[case.arch]
+            models[case.family] = build_model(case.family, opts, opts.quick)
+        model = models[case.family]
         x32 = torch.randn(case.shape, generator=g).clamp_(-1, 1) if case.kind == "encode" \
             else torch.randn(case.shape, generator=g)
         failure: Optional[str] = None
@@ -342,7 +310,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     return rows
 
 
-def _ablate(opts: BenchOptions, model: nn.Module, case: Case, x32: torch.Tensor, device: torch.device,
+def _ablate(opts: BenchOptions, model: nn.Module, case: AblationCase, x32: torch.Tensor, device: torch.device,
             dtype: torch.dtype) -> list[BenchRow]:
     cuda = device.type == "cuda"
     repeat, warmup = (1, 1) if case.long else (opts.repeat, opts.warmup)
@@ -445,11 +413,11 @@ def _err(metric: Callable[[torch.Tensor, torch.Tensor], float], out: torch.Tenso
     return None if reference is None else metric(out, reference)
 
 
-def _latent_frames(model: nn.Module, case: Case) -> int:
+def _latent_frames(model: nn.Module, case: AblationCase) -> int:
     return case.shape[2] if case.kind == "decode" else model.latent_format.latent_frames(case.shape[2])
 
 
-def fp32_reference(model: nn.Module, case: Case, x: torch.Tensor, device: torch.device,
+def fp32_reference(model: nn.Module, case: AblationCase, x: torch.Tensor, device: torch.device,
                    faults: Optional[_Faults] = None) -> tuple[Optional[torch.Tensor], str]:
     """(the case's fp32 output, a note): the model (already fp32 on `device`) with its architecture fast paths
     (exact in fp32; the GPU-only levers off) in the temporal slices the public path picks for fp32 at this
@@ -479,7 +447,7 @@ def fp32_reference(model: nn.Module, case: Case, x: torch.Tensor, device: torch.
                     case.name, current, k, result.reason)
 
 
-def _diffusers_row(opts: BenchOptions, model: nn.Module, case: Case, x: torch.Tensor,
+def _diffusers_row(opts: BenchOptions, model: nn.Module, case: AblationCase, x: torch.Tensor,
                    reference: Optional[torch.Tensor], device: torch.device, dtype: torch.dtype, repeat: int,
                    warmup: int, faults: Optional[_Faults] = None) -> BenchRow:
     """diffusers' eager pass in the bench dtype on the same weights and input: the case's baseline (a row with

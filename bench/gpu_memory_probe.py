@@ -31,7 +31,7 @@ from ..vae.registry import family
 from ..vae.tiling.exact import run_exact
 from ..vae.tiling.grid import TileGrid
 from .common import environment
-from .family_names import QWEN_IMAGE, SEEDVR2, WAN22
+from .cases import for_section
 from .models import seeded_init
 
 MB = 2**20
@@ -172,26 +172,12 @@ def meta_peak(vae: TurboVAE, shape: tuple, fn: Callable[[object, torch.Tensor], 
 
 
 def part_passes(p: Probe, dtype: torch.dtype) -> None:
-    """Real passes: allocator peak vs the meta prediction, untiled (one latent per step) and exact tiles."""
+    """Real passes: allocator peak vs the meta prediction, untiled (one latent per step) and exact tiles (the case
+    table's passes: bench/cases.py; tiny configs in the dry run)."""
     real = not p.dry_run
-    cases = [  # family, decode, input shape, exact tile in latent px (0: untiled), temporal slice
-        (QWEN_IMAGE, True, (1, 16, 5, 90, 160), 0, 1),
-        (QWEN_IMAGE, True, (1, 16, 5, 90, 160), 32, 1),
-        (QWEN_IMAGE, False, (1, 3, 17, 720, 1280), 0, 1),
-        (QWEN_IMAGE, False, (1, 3, 17, 720, 1280), 32, 1),
-        (SEEDVR2, True, (1, 16, 3, 90, 160), 0, 1),
-        (SEEDVR2, True, (1, 16, 3, 90, 160), 32, 1),
-        (SEEDVR2, False, (1, 3, 9, 720, 1280), 0, 1),
-        (SEEDVR2, False, (1, 3, 9, 720, 1280), 32, 1),
-        (WAN22, True, (1, 48, 5, 44, 80), 0, 1),
-        (WAN22, True, (1, 48, 5, 44, 80), 16, 1),
-        (WAN22, False, (1, 3, 17, 704, 1280), 0, 1),
-    ]
-    if p.dry_run:
-        cases = [(QWEN_IMAGE, True, (1, 4, 3, 16, 16), 0, 1), (QWEN_IMAGE, True, (1, 4, 3, 16, 16), 8, 1),
-                 (SEEDVR2, True, (1, 16, 3, 12, 12), 8, 1)]
     built: dict[str, TurboVAE] = {}
-    for key, decode, shape, tile, ts in cases:
+    for case in for_section("gpu_memory_probe", quick=p.dry_run, cuda=True):
+        key, decode, shape, tile, ts = case.family, case.decode, case.shape, case.tile_latent, case.temporal_slice
         try:
             if key not in built:
                 built.clear()

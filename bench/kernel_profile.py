@@ -126,11 +126,11 @@ def run(device_name: str, dtype_name: Optional[str], quick: bool, top: int,
     rows: list[dict] = []
     models: dict[str, torch.nn.Module] = {}
     for case in clips:
-        if case.arch not in models:
+        if case.family not in models:
             models.clear()
-            models[case.arch] = build_model(case.arch, BenchOptions(device=device_name), quick).to(device, dtype)
+            models[case.family] = build_model(case.family, BenchOptions(device=device_name), quick).to(device, dtype)
         try:
-            rows += profile_case(models[case.arch], case, device, dtype, top)
+            rows += profile_case(models[case.family], case, device, dtype, top)
         except torch.OutOfMemoryError as e:  # a row that says so; the next case still runs
             rows.append({"section": SECTION, "case": case.name, "variant": "whole pass (profiled, wall)",
                          "ms": None, "share": None, "calls": None, "note": f"out of memory: {str(e)[:160]}"})

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -31,8 +31,8 @@ from ..trt.fileio import atomic_write_text
 from ..vae.accel.switches import FastPaths
 from ..vae.norms import group_norm_channels_last, observing_norm_inputs
 from .common import environment
-from .family_names import SEEDVR2
-from .fidelity import FidelityCase, build_models, photo
+from .cases import FidelityCase, for_section
+from .fidelity import build_models, photo
 
 CL2, CL3 = torch.channels_last, torch.channels_last_3d
 _NORM_EPS = 1e-6  # SeedVR2's GroupNorm eps (the statistics are what is measured; the affine is per channel)
@@ -176,8 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON file to write")
     parser.add_argument("--markdown", type=Path, help="print the docs table of a results file written by --out")
-    parser.add_argument("--height", type=int, default=320)
-    parser.add_argument("--width", type=int, default=448)
+    parser.add_argument("--height", type=int, default=None, help="default: the case table's (bench/cases.py)")
+    parser.add_argument("--width", type=int, default=None, help="default: the case table's")
     parser.add_argument("--init", choices=("fan_in", "reference"), default="reference")
     parser.add_argument("--bias-shift", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=None)
@@ -189,7 +189,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--out FILE is required (or --markdown FILE)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    case = FidelityCase(SEEDVR2, "decode", 1, args.height, args.width)
+    (case,) = for_section("layer_fidelity")
+    case = replace(case, height=args.height or case.height, width=args.width or case.width)
     rows = run(case, init=args.init, bias_shift=args.bias_shift)
     atomic_write_text(args.out, json.dumps(results(case, rows, args.init, args.bias_shift), indent=2), overwrite=True)
     print(markdown(args.out))

@@ -11,8 +11,8 @@ single-device pass in a fresh subprocess, both with glibc's fixed mmap threshold
 column is a later pass (what every pass after the first needs); the note adds the first pass, which also
 builds the weights each device derives once and keeps with the model (folded taps for the T=1 path).
 
-Cases: SeedVR2 and Qwen-Image/Wan 2.1 decode and encode at 256×256 px with seeded real-size weights;
-`--quick`: tiny configs.
+Cases (bench/cases.py): SeedVR2 and Qwen-Image/Wan 2.1 decode and encode at 256×256 px with seeded real-size
+weights; `--quick`: tiny configs.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from typing import Optional
 
 import torch
@@ -34,29 +35,31 @@ from ..vae.parallel import decode_parallel, encode_parallel
 from ..vae.tiled import decode_tiled, encode_tiled
 from .common import BenchOptions, BenchRow
 from ..vae.measuring import max_abs, sync
-from .family_names import SEEDVR2, WAN21
+from .cases import Pixels, for_section
 from .models import family_model, seeded_init
 from .peak_rss import CHILD_ENV, peak_increase_of, run_child, supported
 
 SECTION = "parallel"
 WORLD = 2
-LATENT_HW = (32, 32)  # 256×256 px at 8× (odd band split is covered by the tests)
 
 
-def _vae(arch: str, quick: bool) -> TurboVAE:
-    return TurboVAE(seeded_init(family_model(arch, real=not quick)))
+def _vae(key: str, quick: bool) -> TurboVAE:
+    return TurboVAE(seeded_init(family_model(key, real=not quick)))
 
 
-def _input(vae: TurboVAE, decode: bool) -> torch.Tensor:
+def _input(vae: TurboVAE, case: Pixels) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
-    h, w = LATENT_HW
-    if decode:
-        return torch.randn(1, vae.latent_channels, 1, h, w, generator=g)
-    f = vae.spatial_factor
-    return torch.rand(1, 3, 1, h * f, w * f, generator=g) * 2 - 1
+    fmt = vae.latent_format
+    f = fmt.spatial_factor
+    if case.decode:
+        return torch.randn(1, fmt.channels, fmt.latent_frames(case.frames), case.height // f, case.width // f,
+                           generator=g)
+    return torch.rand(1, fmt.image_channels, case.frames, case.height, case.width, generator=g) * 2 - 1
 
 
-CASES = [(SEEDVR2, True), (SEEDVR2, False), (WAN21, True), (WAN21, False)]
+def cases() -> tuple[Pixels, ...]:
+    """The passes split (bench/cases.py); an odd band split is covered by the tests."""
+    return for_section("parallel")
 
 
 def _peaks(run_once) -> tuple[float, float]:
@@ -75,10 +78,10 @@ def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), WORLD), rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=600))
     results = {}
-    for arch, decode in CASES:
-        vae = _vae(arch, quick)
-        x = _input(vae, decode)
-        run = decode_parallel if decode else encode_parallel
+    for case in cases():
+        vae = _vae(case.family, quick)
+        x = _input(vae, case)
+        run = decode_parallel if case.decode else encode_parallel
         dist.barrier()
         peak = _peaks(lambda: run(vae, x))
         times = []
@@ -87,7 +90,7 @@ def _rank(rank: int, folder: str, quick: bool, repeat: int) -> None:
             t0 = time.perf_counter()
             out = run(vae, x)
             times.append((time.perf_counter() - t0) * 1e3)
-        results[f"{arch}-{decode}"] = (times, out, peak)
+        results[_name(case, quick)] = (times, out, peak)
     torch.save(results if rank == 0 else {k: ([], None, v[2]) for k, v in results.items()},
                os.path.join(folder, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -123,17 +126,17 @@ def run(opts: BenchOptions) -> list[BenchRow]:
                 os.environ[k] = v
     torch.set_num_threads(1)
     try:
-        for arch, decode in CASES:
-            vae = _vae(arch, opts.quick)
-            x = _input(vae, decode)
-            single = (lambda: decode_tiled(vae, x, mode="exact")) if decode else (lambda: encode_tiled(vae, x, mode="exact"))
+        for pixels in cases():
+            vae = _vae(pixels.family, opts.quick)
+            x = _input(vae, pixels)
+            single = ((lambda: decode_tiled(vae, x, mode="exact")) if pixels.decode
+                      else (lambda: encode_tiled(vae, x, mode="exact")))
             base_times, ref = _time(single, repeat, vae.device)
-            times, out, _ = gloo[0][f"{arch}-{decode}"]
-            rank_first, rank_peak = (max(g[f"{arch}-{decode}"][2][i] for g in gloo) for i in (0, 1))
-            single = (run_child(f"{__package__}.parallel", {"arch": arch, "decode": decode, "quick": opts.quick})
+            case = _name(pixels, opts.quick)
+            times, out, _ = gloo[0][case]
+            rank_first, rank_peak = (max(g[case][2][i] for g in gloo) for i in (0, 1))
+            single = (run_child(f"{__package__}.parallel", {"case": asdict(pixels), "quick": opts.quick})
                       if supported() else {"first_mb": None, "peak_mb": None})
-            what = "decode" if decode else "encode"
-            case = f"{arch} {what} 1×{LATENT_HW[0] * 8}×{LATENT_HW[1] * 8}{' (tiny)' if opts.quick else ''}"
             base = min(base_times)
             rows.append(BenchRow(SECTION, case, "single-device exact (1 thread)", base, base,
                                  peak_mb=single["peak_mb"],
@@ -147,23 +150,27 @@ def run(opts: BenchOptions) -> list[BenchRow]:
                                       + (f"; peak per rank {rank_peak / single['peak_mb']:.2f}x single"
                                          if rank_peak >= 0 and single["peak_mb"] else "")))
             if torch.cuda.is_available() and torch.cuda.device_count() >= 2 and opts.device.startswith("cuda"):
-                rows.extend(_cuda_rows(arch, decode, case, opts, repeat))
+                rows.extend(_cuda_rows(pixels, case, opts, repeat))
     finally:
         torch.set_num_threads(threads)
     return rows
 
 
-def _cuda_rows(arch: str, decode: bool, case: str, opts: BenchOptions, repeat: int) -> list[BenchRow]:
+def _cuda_rows(pixels: Pixels, case: str, opts: BenchOptions, repeat: int) -> list[BenchRow]:
     dev = torch.device("cuda:0")
-    vae = _vae(arch, opts.quick).to(device=dev)
-    x = _input(vae, decode).to(dev)
-    run = decode_parallel if decode else encode_parallel
-    tiled = decode_tiled if decode else encode_tiled
+    vae = _vae(pixels.family, opts.quick).to(device=dev)
+    x = _input(vae, pixels).to(dev)
+    run = decode_parallel if pixels.decode else encode_parallel
+    tiled = decode_tiled if pixels.decode else encode_tiled
     base_times, ref = _time(lambda: tiled(vae, x, mode="exact"), repeat, dev)
     times, out = _time(lambda: run(vae, x, devices=["cuda:0", "cuda:1"]), repeat, dev)
     return [BenchRow(SECTION, case, "cuda:0 exact", min(base_times), min(base_times)),
             BenchRow(SECTION, case, "devices=cuda:0,cuda:1", min(times), min(base_times),
                      max_abs_err=max_abs(out, ref), note="fp32")]
+
+
+def _name(case: Pixels, quick: bool) -> str:
+    return f"{case.shown} {case.kind} {case.frames}×{case.height}×{case.width}{' (tiny)' if quick else ''}"
 
 
 def _first_note(first: Optional[float], later: Optional[float]) -> str:
@@ -174,9 +181,10 @@ def _single_peak_child(args: dict) -> dict:
     """Fresh-process peak RSS increases of a first and a later single-device exact pass (what the ranks are
     compared with)."""
     torch.set_num_threads(1)
-    vae = _vae(args["arch"], args["quick"])
-    x = _input(vae, args["decode"])
-    first, later = _peaks(lambda: decode_tiled(vae, x, mode="exact") if args["decode"]
+    case = Pixels(**args["case"])
+    vae = _vae(case.family, args["quick"])
+    x = _input(vae, case)
+    first, later = _peaks(lambda: decode_tiled(vae, x, mode="exact") if case.decode
                           else encode_tiled(vae, x, mode="exact"))
     return {"first_mb": first, "peak_mb": later}
 

@@ -26,8 +26,8 @@ from ..vae.accel.switches import FastPaths
 from ..vae.memory.allocator import measure_peak
 from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import environment
-from .family_names import QWEN_IMAGE, SEEDVR2, WAN21, WAN22
-from .gpu import AUTO, cases as gpu_cases
+from .cases import AUTO, for_section
+from .gpu import cases as gpu_cases
 
 MB = 2 ** 20
 
@@ -68,7 +68,7 @@ def gpu_rows(path: Path, copies: dict) -> list[dict]:
         if k == AUTO:
             continue
         fast, fused, modelled = paths
-        model = copies.setdefault(case.arch, MetaPasses(_meta(case.arch)))
+        model = copies.setdefault(case.family, MetaPasses(_meta(case.family)))
         p = model.predict(case.shape, decode=case.kind == "decode", dtype=torch.bfloat16, temporal_slice=k,
                           paths=PassPaths(fast, fused, "cuda"))
         out.append({"source": path.name, "case": case.name, "variant": row["variant"], "temporal_slice": k,
@@ -109,12 +109,14 @@ def hand_estimate_slice(working_set, latent_frames: int, budget: int, temporal_f
 
 
 def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
-    """A SeedVR2 public-decode file: measured max_memory_allocated (weights and input included) vs the total, at the
-    slice the old rule took from the free memory of then (`hand_estimate_slice`)."""
+    """A SeedVR2 public-decode file (the case table's `public_decode` case): measured max_memory_allocated (weights
+    and input included) vs the total, at the slice the old rule took from the free memory of then
+    (`hand_estimate_slice`)."""
     data = json.loads(path.read_text())
     shape = tuple(data["shape"])
-    model = copies.setdefault(SEEDVR2, MetaPasses(_meta(SEEDVR2)))
-    meta = _meta(SEEDVR2)
+    (case,) = for_section("public_decode")
+    model = copies.setdefault(case.family, MetaPasses(_meta(case.family)))
+    meta = _meta(case.family)
     f = meta.latent_format.spatial_factor
     pixels = shape[-1] * shape[-2] * f * f
     k = hand_estimate_slice(lambda frames: seedvr2_decode_working_set(meta.config, pixels, frames, torch.bfloat16),
@@ -122,7 +124,7 @@ def public_decode_rows(path: Path, copies: dict, free_bytes: int) -> list[dict]:
     p = model.predict(shape, decode=True, dtype=torch.bfloat16, temporal_slice=k,
                       paths=PassPaths(FastPaths(), True, "cuda"))
     measured = max(v for key, v in data.items() if key.endswith("_peak_mb"))
-    return [{"source": path.name, "case": "seedvr2 decode 720p×21 (public decode)", "variant": "default paths",
+    return [{"source": path.name, "case": case.name, "variant": "default paths",
              "temporal_slice": k, "compared": "total", "modelled": True, "measured_mb": round(measured, 1),
              "predicted_mb": round(p.total_bytes / MB, 1), "error_pct": _err(p.total_bytes / MB, measured)}]
 
@@ -161,22 +163,17 @@ def cpu_rows() -> list[dict]:
     return out
 
 
-# Clip and image cases of the issue's targets, planned on meta tensors for a CUDA pass in bf16 (no GPU needed).
-PLAN_CASES = [(WAN21, "1x16x21x90x160", True), (WAN21, "1x3x81x720x1280", False),
-              (WAN22, "1x48x11x44x80", True), (SEEDVR2, "1x16x6x90x160", True),
-              (SEEDVR2, "1x16x1x135x240", True), (QWEN_IMAGE, "1x16x1x128x128", True)]
-
-
 def plans(budgets_mb: tuple[int, ...]) -> list[dict]:
-    """What `plan` chooses for each PLAN_CASES entry under each budget (MB)."""
+    """What `plan` chooses for each of the case table's `peak_prediction` passes (clip and image cases of the
+    issue's targets, planned on meta tensors for a CUDA pass in bf16: no GPU needed) under each budget (MB)."""
     from ..vae.plan_pass import plan_dict, plan_pass
 
     out = []
-    for family, shape, decode in PLAN_CASES:
+    for case in for_section("peak_prediction"):
         for budget in budgets_mb:
-            p = plan_pass(family, shape, decode=decode, dtype="bf16", device_type="cuda",
+            p = plan_pass(case.family, case.shape, decode=case.decode, dtype="bf16", device_type="cuda",
                           budget_bytes=budget * MB, strict=False)
-            out.append(dict(plan_dict(p), family=family))
+            out.append(dict(plan_dict(p), family=case.shown))
     return out
 
 

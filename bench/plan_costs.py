@@ -31,8 +31,8 @@ from ..vae.planning.predict import predict_plan
 from ..vae.planning.search import cache_bytes, candidates, whole_pass_work
 from ..vae.measuring import sync
 from .common import BenchOptions, BenchRow, time_ms
+from .cases import PlanKind, family_cases, for_section
 from .models import build_model
-from .family_names import QWEN_IMAGE, SEEDVR2
 
 SECTION = "plan_costs"
 TABLE = "plan-costs"
@@ -64,49 +64,7 @@ class PlanCostRow(BenchRow):
     host_mb: Optional[float] = None
 
 
-@dataclass(frozen=True)
-class Kind:
-    """A plan kind to measure: the fields a candidate must have (`tile_px`: the tile (SeedVR2: the band budget's
-    tile) in pixels, the candidate nearest it)."""
-
-    name: str
-    mode: str
-    temporal_slice: Optional[int] = None
-    frame_stages: bool = False
-    cache_on_host: bool = False
-    output_on_host: bool = False
-    frames_on_host: bool = False
-    tile_px: Optional[int] = None
-
-
-SEEDVR2_KINDS = (
-    Kind("untiled, whole clip", "untiled"),
-    Kind("untiled, slice 1", "untiled", temporal_slice=1),
-    Kind("untiled, frame stages", "untiled", frame_stages=True),
-    Kind("untiled, frame stages, host caches", "untiled", frame_stages=True, cache_on_host=True),
-    Kind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile_px=64),
-    Kind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile_px=32),
-    Kind("streamed bands, slice 1", "exact", temporal_slice=1, tile_px=64, frames_on_host=True, cache_on_host=True),
-    Kind("streamed bands, frame stages", "exact", frame_stages=True, tile_px=64, frames_on_host=True,
-         cache_on_host=True),
-)
-WAN_KINDS = (
-    Kind("untiled, whole clip", "untiled"),
-    Kind("untiled, slice 1", "untiled", temporal_slice=1),
-    Kind("exact tiles, slice 1", "exact", temporal_slice=1, tile_px=64),
-    Kind("exact small tiles, slice 1", "exact", temporal_slice=1, tile_px=32),
-    Kind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile_px=64, output_on_host=True),
-    Kind("untiled, slice 1, host caches", "untiled", temporal_slice=1, cache_on_host=True),
-)
-# case: (family, decode, latent frames, latent height, latent width), the kinds measured
-CASES = {
-    "quick": ((SEEDVR2, True, 3, 8, 12, SEEDVR2_KINDS),),
-    "cpu": ((SEEDVR2, True, 3, 8, 12, SEEDVR2_KINDS), (QWEN_IMAGE, True, 3, 12, 16, WAN_KINDS)),
-    "cuda": ((SEEDVR2, True, 6, 90, 160, SEEDVR2_KINDS), (QWEN_IMAGE, True, 21, 90, 160, WAN_KINDS)),
-}
-
-
-def pick(cands: list[PassPlan], kind: Kind) -> Optional[PassPlan]:
+def pick(cands: list[PassPlan], kind: PlanKind) -> Optional[PassPlan]:
     """The candidate of `kind` (its tile the one nearest the asked size), or None."""
     def matches(c: PassPlan) -> bool:
         return (c.mode == kind.mode and c.temporal_slice == kind.temporal_slice and c.frame_stages == kind.frame_stages
@@ -147,15 +105,17 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     device = torch.device(opts.device)
     dtype = working_dtype(opts.dtype, device)
     rows: list[BenchRow] = []
-    for key, decode, frames, h, w, kinds in CASES["quick" if opts.quick else device.type
-                                                   if device.type in CASES else "cpu"]:
-        model = build_model(key, opts, opts.quick).to(device=device, dtype=dtype)
+    # each case (bench/cases.py) with the plan kinds its family has (`FamilyCases.plan_kinds`)
+    for planned in for_section("plan_costs", quick=opts.quick, cuda=device.type == "cuda"):
+        model = build_model(planned.family, opts, opts.quick).to(device=device, dtype=dtype)
         vae = TurboVAE(model)
         fmt = model.latent_format
-        case = f"{key} {'decode' if decode else 'encode'} {fmt.pixel_frames(frames)}f {h * 8}x{w * 8}"
+        _, _, frames, h, w = planned.shape
+        case = f"{planned.family} {planned.kind} {fmt.pixel_frames(frames)}f {h * 8}x{w * 8}"
         if opts.cases and not any(c in case for c in opts.cases):
             continue
-        rows.extend(_case(vae, case, decode, (1, fmt.channels, frames, h, w), kinds, device, dtype, opts))
+        rows.extend(_case(vae, case, planned.decode, planned.shape, family_cases(planned.family).plan_kinds,
+                          device, dtype, opts))
         del vae, model
         gc.collect()
     return rows

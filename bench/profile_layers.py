@@ -19,7 +19,7 @@ import torch
 from ..vae.dtypes import working_dtype
 from . import main, op_costs
 from .common import BenchOptions, BenchRow
-from .family_names import QWEN, SEEDVR2
+from .cases import for_section
 
 SECTION = "profile"
 TABLE = "profile"
@@ -41,18 +41,12 @@ class ProfileRow(BenchRow):
 
 
 def _cases(opts: BenchOptions, cuda: bool) -> tuple[main.Case, ...]:
-    if opts.quick:
-        sizes, families = (32,), (("SeedVR2", SEEDVR2),)
-    else:
-        sizes, families = ((256,) if cuda else (64,)), (("SeedVR2", SEEDVR2), ("Wan 2.1", QWEN))
-    frames = 5
+    """The main job's kind of case at each of the case table's sizes (bench/cases.py)."""
     out = []
-    for label, family in families:
-        for hw in sizes:
-            for kind in ("decode", "encode"):
-                for n in (frames, 1):
-                    what = f"{n}-frame" if n > 1 else "image"
-                    out.append(main.Case(f"{label} {what} {kind} {hw}²", family, kind, n, hw, hw))
+    for c in for_section("profile_layers", quick=opts.quick, cuda=cuda):
+        what = f"{c.frames}-frame" if c.frames > 1 else "image"
+        out.append(main.Case(f"{c.shown} {what} {c.kind} {c.height}²", c.family, c.kind, c.frames, c.height,
+                             c.width))
     return tuple(c for c in out if not opts.cases or any(s in c.name for s in opts.cases))
 
 

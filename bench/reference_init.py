@@ -26,7 +26,8 @@ from typing import Callable
 import torch
 
 from ..vae.registry import family
-from .family_names import QWEN_IMAGE, SEEDVR2, WAN22
+from ..vae.seedvr2 import SeedVR2VAE
+from ..vae.wan import WanVAE
 
 StateDict = dict[str, torch.Tensor]
 
@@ -49,10 +50,11 @@ def _wan_own_init(sd: StateDict) -> None:
             sd[key] = torch.zeros_like(sd[key])
 
 
-_OWN_INIT: dict[str, Callable[[StateDict], None]] = {
-    SEEDVR2: _seedvr2_own_init,
-    QWEN_IMAGE: _wan_own_init,
-    WAN22: _wan_own_init,
+# What each reference constructor adds, by the architecture that follows that reference (the Qwen-Image / Wan 2.1
+# and Wan 2.2 families share Wan's).
+_OWN_INIT: dict[type, Callable[[StateDict], None]] = {
+    SeedVR2VAE: _seedvr2_own_init,
+    WanVAE: _wan_own_init,
 }
 
 
@@ -60,12 +62,14 @@ def reference_init_weights(family_name: str, seed: int = 0) -> StateDict:
     """The state dict of `family_name`'s real-config model with the reference code's initialisation (module
     docstring), drawn from a generator seeded with `seed` (the global RNG is left as it was)."""
     fam = family(family_name)
-    if fam.key not in _OWN_INIT:
-        raise ValueError(f"no reference initialisation is known for {fam.key!r}; known: {', '.join(_OWN_INIT)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = fam.build_model(fam.config(real=True))
+    own_init = _OWN_INIT.get(type(model))
+    if own_init is None:
+        raise ValueError(f"no reference initialisation is known for {fam.key!r} ({type(model).__name__}); known: "
+                         f"{', '.join(cls.__name__ for cls in _OWN_INIT)}")
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     del model
-    _OWN_INIT[fam.key](sd)
+    own_init(sd)
     return sd

@@ -9,7 +9,7 @@ FLOPs, else the GEMM peak), and its arithmetic intensity against the machine's r
 (peak FLOP/s / bandwidth): below the ridge the roofline says memory bandwidth bounds it, above it arithmetic.
 
 The same run counts, on the meta device (no weights, instant), the FLOPs of the clip lengths and sizes the
-clip targets name (`FLOP_CASES`), ours and reference: the time those FLOPs need at the measured conv peak is a
+clip targets name (bench/cases.py), ours and reference: the time those FLOPs need at the measured conv peak is a
 floor no formulation of the same operations can beat, and the FLOP ratio is the speedup fewer FLOPs alone give.
 """
 
@@ -27,7 +27,7 @@ from ..vae.registry import family
 from . import main, op_costs
 from .common import BenchOptions, BenchRow
 from ..vae.measuring import sync
-from .family_names import QWEN_IMAGE, SEEDVR2
+from .cases import for_section
 
 SECTION = "roofline"
 TABLE = "roofline"
@@ -153,12 +153,6 @@ class FlopRow(BenchRow):
     flop_per_byte: Optional[float] = None
 
 
-# (case label, family, kind, frames, pixels) counted on meta: the clip lengths and sizes the clip targets name.
-FLOP_CASES = tuple(("SeedVR2", SEEDVR2, "decode", n, hw) for hw in (128, 256) for n in (1, 5, 9, 21)) + tuple(
-    ("SeedVR2", SEEDVR2, "encode", n, 128) for n in (5, 21)) + tuple(
-    ("Wan 2.1", QWEN_IMAGE, "decode", n, 128) for n in (1, 5, 21)) + (("Wan 2.1", QWEN_IMAGE, "encode", 5, 128),)
-
-
 def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str, Callable], int, int, int]:
     """(reference name, fn), (ours name, fn) and the latent layout of the registered family `arch`, models built
     on the meta device: the reference is the family's diffusers class, or its plain path (as the main job)."""
@@ -199,16 +193,17 @@ def _meta_sides(arch: str, quick: bool) -> tuple[tuple[str, Callable], tuple[str
 
 
 def flop_rows(opts: BenchOptions, dtype: torch.dtype, peaks: Peaks) -> list[FlopRow]:
-    """FLOPs and touched bytes of the clip cases, ours and reference, counted on meta tensors (instant)."""
+    """FLOPs and touched bytes of the clip cases (bench/cases.py: the clip lengths and sizes the clip targets name;
+    `--quick`: a quarter of each side), ours and reference, counted on meta tensors (instant)."""
     rows: list[FlopRow] = []
     sides_of: dict[str, tuple] = {}
-    for label, arch, kind, frames, hw in FLOP_CASES:
-        if arch not in sides_of:
-            sides_of[arch] = _meta_sides(arch, opts.quick)
-        (ref_name, ref), (our_name, ours), latent, spatial, temporal = sides_of[arch]
-        hw = hw // 4 if opts.quick else hw
+    for case in for_section("roofline"):
+        if case.family not in sides_of:
+            sides_of[case.family] = _meta_sides(case.family, opts.quick)
+        (ref_name, ref), (our_name, ours), latent, spatial, temporal = sides_of[case.family]
+        kind, frames, hw = case.kind, case.frames, case.height // 4 if opts.quick else case.height
         what = f"{frames}-frame" if frames > 1 else "image"
-        name = f"{label} {what} {kind} {hw}²"
+        name = f"{case.shown} {what} {kind} {hw}²"
         if opts.cases and not any(c in name for c in opts.cases):
             continue
         shape = ((1, 3, frames, hw, hw) if kind == "encode"

@@ -6,7 +6,7 @@ fastest; this section is what keeps that table honest. Runs alternate between th
 `repeat` rounds after one warm-up round) so machine load hits them alike; each variant's minimum is shown.
 
 CPU (fp32): SeedVR2 21 frames at 64² and 128², Wan 2.1 81 frames at 64². CUDA (bench dtype): SeedVR2 21 frames at
-512², Wan 2.1 81 frames at 480×832. `--quick`: tiny configs.
+512², Wan 2.1 81 frames at 480×832 (bench/cases.py). `--quick`: tiny configs.
 """
 
 from __future__ import annotations
@@ -19,28 +19,20 @@ from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from .common import BenchOptions, BenchRow, interleaved_ms
 from ..vae.measuring import max_abs, sync
-from .family_names import SEEDVR2, WAN21
+from .cases import Pass, for_section
 from .models import family_model, seeded_init
 
 SECTION = "slices"
 FIXED = (1, 2, 4)
 
 
-def _vae(arch: str, quick: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
-    model = family_model(arch, real=not quick)
+def _vae(key: str, quick: bool, device: torch.device, dtype: torch.dtype) -> TurboVAE:
+    model = family_model(key, real=not quick)
     return TurboVAE(seeded_init(model).to(device=device, dtype=dtype))
 
 
-def _cases(opts: BenchOptions, cuda: bool) -> list[tuple[str, str, tuple[int, ...]]]:
-    if opts.quick:
-        return [("seedvr2 decode 9f (tiny)", SEEDVR2, (1, 16, 3, 2, 2)),
-                ("wan2.1 decode 17f (tiny)", WAN21, (1, 4, 5, 2, 2))]
-    if cuda:
-        return [("seedvr2 decode 21f 512²", SEEDVR2, (1, 16, 6, 64, 64)),
-                ("wan2.1 decode 81f 480×832", WAN21, (1, 16, 21, 60, 104))]
-    return [("seedvr2 decode 21f 64²", SEEDVR2, (1, 16, 6, 8, 8)),
-            ("seedvr2 decode 21f 128²", SEEDVR2, (1, 16, 6, 16, 16)),
-            ("wan2.1 decode 81f 64²", WAN21, (1, 16, 21, 8, 8))]
+def _cases(opts: BenchOptions, cuda: bool) -> tuple[Pass, ...]:
+    return for_section("slices", quick=opts.quick, cuda=cuda)
 
 
 def run(opts: BenchOptions) -> list[BenchRow]:
@@ -49,10 +41,11 @@ def run(opts: BenchOptions) -> list[BenchRow]:
     dtype = working_dtype(opts.dtype, device)
     g = torch.Generator().manual_seed(0)
     rows: list[BenchRow] = []
-    for case, arch, shape in _cases(opts, cuda):
+    for sliced in _cases(opts, cuda):
+        case, shape = sliced.name, sliced.shape
         if opts.cases and not any(c in case for c in opts.cases):
             continue
-        vae = _vae(arch, opts.quick, device, dtype)
+        vae = _vae(sliced.family, opts.quick, device, dtype)
         z = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
         auto = vae.plan(shape, decode=True, mode="auto").temporal_slice  # what the planner takes for the default budget
         variants: dict[str, Optional[int]] = {"whole clip": None}

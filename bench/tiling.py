@@ -25,38 +25,24 @@ from ..vae.registry import family
 from .common import BenchOptions, BenchRow
 from ..vae.measuring import max_abs, psnr
 from .content import synthetic_clip, synthetic_image
-from .family_names import QWEN, SEEDVR2
+from .cases import for_section
 from .models import checkpoint_for
 
-CASES_CPU = [  # (kind, height, width, frames, tile_px)
-    (QWEN, 512, 512, 1, 256),
-    (QWEN, 1024, 1024, 1, 512),
-    (SEEDVR2, 256, 256, 1, 128),
-    (SEEDVR2, 128, 192, 5, 64),
-]
-CASES_QUICK = [(QWEN, 128, 128, 1, 64), (SEEDVR2, 64, 96, 1, 64)]
-CASES_CUDA = [
-    (QWEN, 1328, 1328, 1, 512),
-    (QWEN, 2048, 2048, 1, 768),
-    (SEEDVR2, 1080, 1920, 1, 512),
-    (SEEDVR2, 720, 1280, 21, 512),
-]
 
-
-def build_model(kind: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
-    """A TurboVAE of the real architecture: the user's checkpoint, or seeded random weights."""
+def build_model(key: str, checkpoint: Optional[str], dtype: torch.dtype, device: str):
+    """A TurboVAE of the family's real architecture: the user's checkpoint, or seeded random weights."""
     from ..vae.api import TurboVAE
     from ..vae.loader import load_checkpoint
 
     if checkpoint:
         return load_checkpoint(checkpoint, dtype=dtype, device=device)
     torch.manual_seed(0)
-    fam = family(kind)
+    fam = family(key)
     model = fam.build_model(fam.real())
     return TurboVAE(model.to(device=device, dtype=dtype))
 
 
-def _content(kind: str, h: int, w: int, frames: int) -> torch.Tensor:
+def _content(h: int, w: int, frames: int) -> torch.Tensor:
     if frames == 1:
         return synthetic_image(h, w, seed=1)[None, :, None]
     return synthetic_clip(frames, h, w, seed=1)[None]
@@ -68,7 +54,7 @@ def _child(args: dict) -> dict:
 
     torch.set_num_threads(args["threads"])
     dtype = getattr(torch, args["dtype"])
-    vae = build_model(args["kind"], args.get("checkpoint"), dtype, args["device"])
+    vae = build_model(args["family"], args.get("checkpoint"), dtype, args["device"])
     z = torch.load(args["latents"], weights_only=True).to(device=args["device"], dtype=dtype)
     base = reset_peak()
     t0 = time.perf_counter()
@@ -89,21 +75,21 @@ def run(opts: BenchOptions) -> list[BenchRow]:
 
     device = opts.device
     dtype = DTYPE_BY_NAME[opts.dtype or ("bf16" if device == "cuda" else "fp32")]
-    cases = CASES_QUICK if opts.quick else (CASES_CUDA if device == "cuda" else CASES_CPU)
     rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, h, w, frames, tile in cases:
-            ckpt = checkpoint_for(kind, opts)
-            vae = build_model(kind, ckpt, dtype, device)
+        for tiled in for_section("tiling", quick=opts.quick, cuda=device == "cuda"):
+            key, h, w, frames, tile = tiled.family, tiled.height, tiled.width, tiled.frames, tiled.tile_px
+            ckpt = checkpoint_for(key, opts)
+            vae = build_model(key, ckpt, dtype, device)
             with torch.inference_mode():
-                z = vae.encode(_content(kind, h, w, frames).to(device=device, dtype=dtype))
+                z = vae.encode(_content(h, w, frames).to(device=device, dtype=dtype))
             del vae
             zpath = Path(tmp) / "z.pt"
             torch.save(z.cpu(), zpath)
-            case = f"{kind} decode {w}x{h}x{frames}, tile {tile}"
+            case = f"{tiled.shown} decode {w}x{h}x{frames}, tile {tile}"
             ref, base_ms = None, None
             for variant in ("untiled", "fast", "exact"):
-                args = {"kind": kind, "checkpoint": ckpt, "dtype": str(dtype).split(".")[-1], "device": device,
+                args = {"family": key, "checkpoint": ckpt, "dtype": str(dtype).split(".")[-1], "device": device,
                         "latents": str(zpath), "variant": variant, "tile": tile, "overlap": 64,
                         "out": str(Path(tmp) / f"{variant}.pt"), "threads": torch.get_num_threads()}
                 if device == "cpu" and supported():
@@ -131,7 +117,7 @@ def _in_process(args: dict) -> dict:
     from ..vae.tiled import decode_tiled
 
     dtype = getattr(torch, args["dtype"])
-    vae = build_model(args["kind"], args.get("checkpoint"), dtype, args["device"])
+    vae = build_model(args["family"], args.get("checkpoint"), dtype, args["device"])
     z = torch.load(args["latents"], weights_only=True).to(device=args["device"], dtype=dtype)
 
     def go():

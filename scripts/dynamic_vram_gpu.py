@@ -83,9 +83,9 @@ def main() -> int:
 
     import dataclasses
 
-    from turbovae.bench.dynamic_vram import DRY_CASE, GPU_CASE, run
+    from turbovae.bench.dynamic_vram import default_case, run
 
-    case = DRY_CASE if opts.dry_run else GPU_CASE
+    case = default_case(opts.dry_run)
     for field, value in (("stand_in_gb", opts.stand_in_gb), ("free_gb", opts.free_gb)):
         if value is not None:
             case = dataclasses.replace(case, **{field: value})

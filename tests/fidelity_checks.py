@@ -20,7 +20,8 @@ from typing import Callable
 
 import pytest
 
-from turbovae.bench.fidelity import FidelityCase, build_models, run_case
+from turbovae.bench.cases import FidelityCase
+from turbovae.bench.fidelity import build_models, run_case
 
 BAR = 3e-5
 PATH_BAR = 2.0  # any fast path alone, and the default, against the plain path's error

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from turbovae.bench import layer_fidelity
-from turbovae.bench.fidelity import FidelityCase
+from turbovae.bench.cases import FidelityCase
 from turbovae.vae.seedvr2 import SeedVR2Config, build, expected_shapes
 from turbovae.vae.seedvr2.layers import CausalConv3d
 
@@ -23,7 +23,7 @@ def test_every_conv_and_norm_of_a_decode_is_measured_in_both_layouts(tmp_path):
     m32, m64 = build(sd, TINY), build({k: v.double() for k, v in sd.items()}, TINY)
     decoder_convs = [name for name, m in m64.named_modules()
                      if isinstance(m, CausalConv3d) and name.startswith("decoder.")]
-    case = FidelityCase("seedvr2", "decode", 1, 16, 16)
+    case = FidelityCase("decode", 1, 16, 16, family="seedvr2")
     rows = layer_fidelity.run(case, models=(m32, m64))
 
     # one conv3d row and one folded conv2d row (an image: every window is the first frame) per decoder conv

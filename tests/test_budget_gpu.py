@@ -4,11 +4,12 @@ already holds, and one case's steps end to end on CPU (the dry run's tiny config
 import pytest
 
 from turbovae.bench import budget_gpu
-from turbovae.bench.budget_gpu import CASES, GB, SLACK_GB, GpuCase, budget_and_limit, run_case
+from turbovae.bench.budget_gpu import CASES, GB, SLACK_GB, budget_and_limit, run_case
+from turbovae.bench.cases import BudgetCase
 
 
-def _case(budget_gb=None, limit_gb=None) -> GpuCase:
-    return GpuCase("c", "qwen_image", True, 9, 64, 96, budget_gb, limit_gb, 10)
+def _case(budget_gb=None, limit_gb=None) -> BudgetCase:
+    return BudgetCase("c", True, 9, 64, 96, budget_gb, limit_gb, 10, family="qwen_image")
 
 
 def test_a_budget_limits_the_process_to_budget_plus_what_it_holds_plus_slack():

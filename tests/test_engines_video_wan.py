@@ -282,7 +282,7 @@ def test_bench_clip_rows_time_engine_and_eager_in_one_run():
     from turbovae.bench.engines import clip_cases, clip_rows
 
     opts = BenchOptions(quick=True, repeat=1, warmup=0)
-    (case,) = [c for c in clip_cases(cuda=False, quick=True) if c.arch == "wan2.2"]
+    (case,) = [c for c in clip_cases(cuda=False, quick=True) if c.family == "wan2.2"]
     with export_only():
         rows = clip_rows(case, opts, torch.device("cpu"), torch.float32)
     assert [r.variant for r in rows] == ["eager", "eager sliced (2 latents/slice)", "aoti slice chain"]

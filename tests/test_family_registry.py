@@ -112,11 +112,11 @@ def test_every_family_has_one_config_idiom_and_a_consistent_entry():
 # -- no hand-written family list outside the registry ---------------------------------------------------
 # Where family names may appear as data: the registry, each family's own package, the benchmark's per-family
 # deep-dive sections, whose section names (bench/runner.py's SECTIONS, --full's sections and the
-# --<section>-checkpoint options) name bench modules, not the families the package supports, and
-# bench/family_names.py, the one bench module that spells the names its case tables use (each checked against the
-# registry when the bench is imported).
+# --<section>-checkpoint options) name bench modules, not the families the package supports, and bench/cases.py,
+# the one case table of the bench, keyed by registry key (each key and label checked against the registry when
+# the bench is imported).
 ALLOWED = ("vae/registry.py", "vae/seedvr2/", "vae/wan/", "bench/seedvr2.py", "bench/seedvr2_original.py",
-           "bench/qwen.py", "bench/qwen_layered.py", "bench/family_names.py", "bench/runner.py")
+           "bench/qwen.py", "bench/qwen_layered.py", "bench/cases.py", "bench/runner.py")
 
 
 def _family_names() -> set[str]:
@@ -169,7 +169,8 @@ def test_no_module_keeps_its_own_family_list():
         found = _family_lists(path, names)
         if found:
             offenders[rel] = found
-    assert not offenders, f"family names outside vae/registry.py (read the registry instead): {offenders}"
+    assert not offenders, ("family names outside vae/registry.py and bench/cases.py (read the registry, or the bench's "
+                           f"case table, instead): {offenders}")
 
 
 def test_the_family_list_check_can_fail(tmp_path):
@@ -184,18 +185,30 @@ def test_the_family_list_check_can_fail(tmp_path):
                                                    "line 2: the family 'qwen' named by literal"]
 
 
-def test_the_bench_names_are_registry_names():
-    """bench/family_names.py's names are what the registry calls its families (a key or alias, as spelled there),
-    and every case table reads them from there (the check above finds no other spelling)."""
-    from turbovae.bench import family_names
+def test_the_bench_case_table_is_keyed_by_registry_key():
+    """bench/cases.py's keys are the registry's keys (as it spells them), each row's label a name of the family it
+    sits under, and every section reads its rows from it in registration order, each with its family's key."""
+    from turbovae.bench import cases
 
-    for name in family_names.__all__:
-        spelled = getattr(family_names, name)
-        assert spelled in registry.family(spelled).names
+    assert set(cases.TABLE) <= {f.key for f in registry.families()}
+    cases.check(cases.TABLE)
+    for section in cases.SECTIONS:
+        for quick, cuda in ((True, False), (False, False), (False, True)):
+            rows = cases.for_section(section, quick=quick, cuda=cuda)
+            keys = [r.family for r in rows if hasattr(r, "family")]
+            order = [f.key for f in registry.families()]
+            assert keys == sorted(keys, key=order.index), section
     with pytest.raises(registry.UnknownFamily):
-        family_names._registered("toy")
+        cases.check({"toy": cases.FamilyCases()})
     with pytest.raises(ValueError, match="how the registry spells"):
-        family_names._registered("Wan-2.1")
+        cases.check({"Wan-2.2": cases.FamilyCases()})
+    with pytest.raises(ValueError, match="sits under 'wan2.2'"):
+        cases.check({"wan2.2": cases.FamilyCases(fidelity=(cases.FidelityCase("decode", 1, 8, 8, label="qwen"),))})
+    with pytest.raises(ValueError, match="no section"):
+        cases.for_section("budget")
+    before = cases.for_section("gpu")
+    with registry.registered(TOY_FAMILY):  # a family the table has no entry for: no rows, the others unchanged
+        assert cases.for_section("gpu") == before and cases.family_cases("toy") == cases.FamilyCases()
 
 
 def test_a_family_name_is_found_however_it_is_spelled():

@@ -7,11 +7,11 @@ import pytest
 from fidelity_checks import case_id, check_fp32_matches_float64
 from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 
-from turbovae.bench.fidelity import FidelityCase
+from turbovae.bench.cases import FidelityCase
 
 CASES = [
-    FidelityCase("qwen", "decode", 1, 256, 256),
-    FidelityCase("qwen", "decode", 5, 64, 64),
+    FidelityCase("decode", 1, 256, 256, label="qwen", family="qwen_image"),
+    FidelityCase("decode", 5, 64, 64, label="qwen", family="qwen_image"),
 ]
 
 

@@ -6,14 +6,14 @@ import pytest
 from fidelity_checks import case_id, check_fast_paths_keep_the_plain_error, check_fp32_matches_float64
 from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 
-from turbovae.bench.fidelity import FidelityCase
+from turbovae.bench.cases import FidelityCase
 
 # 192² frames (a 24² latent): the norm statistics span tens of thousands of values per group, which is what a
 # cancelling norm needs to show; 256² took 4 of the full tier's minutes on one worker
 CASES = [
-    FidelityCase("seedvr2", "decode", 1, 192, 192),
-    FidelityCase("seedvr2", "decode", 5, 64, 64),
-    FidelityCase("seedvr2", "encode", 1, 128, 128),
+    FidelityCase("decode", 1, 192, 192, family="seedvr2"),
+    FidelityCase("decode", 5, 64, 64, family="seedvr2"),
+    FidelityCase("encode", 1, 128, 128, family="seedvr2"),
 ]
 
 
@@ -29,5 +29,5 @@ def test_fast_paths_keep_the_plain_error_on_reference_weights(models_of):
     frames keep it short: what it guards is each convolution kernel's rounding per output, the same at any frame
     size (with channels-last forced on for fp32 on the CPU the default fails here as at the reviewer's size, which
     bench/fidelity.py measures into docs/results)."""
-    check_fast_paths_keep_the_plain_error(FidelityCase("seedvr2", "decode", 1, 96, 96), models_of,
+    check_fast_paths_keep_the_plain_error(FidelityCase("decode", 1, 96, 96, family="seedvr2"), models_of,
                                           default_no_worse=True)

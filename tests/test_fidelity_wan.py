@@ -6,11 +6,11 @@ import pytest
 from fidelity_checks import case_id, check_fast_paths_keep_the_plain_error, check_fp32_matches_float64
 from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 
-from turbovae.bench.fidelity import FidelityCase
+from turbovae.bench.cases import FidelityCase
 
 CASES = [
-    FidelityCase("wan2.2", "decode", 1, 256, 256),
-    FidelityCase("wan2.2", "decode", 5, 64, 64),
+    FidelityCase("decode", 1, 256, 256, family="wan2.2"),
+    FidelityCase("decode", 5, 64, 64, family="wan2.2"),
 ]
 
 
@@ -23,4 +23,4 @@ def test_fp32_matches_float64_at_real_statistics(case, models_of):
 @pytest.mark.slow
 def test_fast_paths_keep_the_plain_error_on_reference_weights(models_of):
     """A photo encoded, then decoded, on the reference init (see tests/test_fidelity_seedvr2.py's)."""
-    check_fast_paths_keep_the_plain_error(FidelityCase("wan2.2", "decode", 1, 96, 96), models_of)
+    check_fast_paths_keep_the_plain_error(FidelityCase("decode", 1, 96, 96, family="wan2.2"), models_of)

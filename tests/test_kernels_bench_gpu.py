@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from turbovae.bench import gpu
+from turbovae.bench.cases import AblationCase
 from turbovae.bench.common import BenchOptions
 from turbovae.bench.runner import SECTIONS
 
@@ -52,7 +53,7 @@ def test_case_filter_and_engine_plan():
         ["seedvr2 5f decode 16² (tiny)"]
     from turbovae.vae.wan import TINY_WAN21, WanVAE
 
-    clip = gpu.Case("c", "qwen", "decode", (1, 16, 3, 8, 8))
+    clip = AblationCase("c", "decode", (1, 16, 3, 8, 8), family="qwen_image")
     assert gpu.engine_build_kwargs(WanVAE(TINY_WAN21), clip) == {"components": (), "video": True}  # causal steps
     assert gpu.engine_build_kwargs(torch.nn.Conv2d(1, 1, 1), clip) is None  # no causal-step contract: no engine
-    assert gpu.engine_build_kwargs(None, gpu.Case("e", "qwen", "encode", (1, 3, 1, 64, 64))) == {"components": ("encoder",)}
+    assert gpu.engine_build_kwargs(None, AblationCase("e", "encode", (1, 3, 1, 64, 64))) == {"components": ("encoder",)}

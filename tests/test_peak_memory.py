@@ -170,9 +170,10 @@ def test_plan_command_prints_the_prediction_and_the_choice(capsys):
 def test_gpu_bench_rows_predict_the_peak_they_measure():
     """bench/gpu.py puts the prediction beside every measured peak: the step's paths, the case's slice."""
     from turbovae.bench import gpu
+    from turbovae.bench.cases import AblationCase
 
     model = WanVAE(TINY_WAN21)
-    case = gpu.Case("t", "qwen", "decode", (1, 4, 3, 4, 4), 1)
+    case = AblationCase("t", "decode", (1, 4, 3, 4, 4), 1, family="qwen_image")
     copies = MetaPasses(model)
     by_step = {s.name: gpu.predicted_peak_mb(copies, case, torch.bfloat16, 1, s, model) for s in gpu.STEPS[2:4]}
     plain = predict_pass(model, case.shape, decode=True, dtype=torch.bfloat16, temporal_slice=1,
