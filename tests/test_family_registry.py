@@ -7,6 +7,7 @@ import ast
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -117,10 +118,22 @@ def test_every_family_has_one_config_idiom_and_a_consistent_entry():
 # the bench is imported).
 ALLOWED = ("vae/registry.py", "vae/seedvr2/", "vae/wan/", "bench/seedvr2.py", "bench/seedvr2_original.py",
            "bench/qwen.py", "bench/qwen_layered.py", "bench/cases.py", "bench/runner.py")
+# The names a family went by as a constant: the registry's own (`registry.SEEDVR2`, ...) and those of the bench's
+# retired name module (bench/family_names.py: `QWEN`, `WAN21`, where a case stood for one model of a family).
+RETIRED_CONSTANTS = ("QWEN", "QWEN_IMAGE", "SEEDVR2", "WAN21", "WAN22")
 
 
 def _family_names() -> set[str]:
     return {n for f in registry.families() for n in (*f.names, *f.kinds)}
+
+
+def _family_constants() -> set[str]:
+    """The registry's names bound to a family (or a tuple of them), and the retired bench constants."""
+    def is_families(value) -> bool:
+        return isinstance(value, registry.Family) or (
+            isinstance(value, tuple) and bool(value) and all(isinstance(v, registry.Family) for v in value))
+
+    return {name for name, value in vars(registry).items() if is_families(value)} | set(RETIRED_CONSTANTS)
 
 
 def _call_name(call: ast.Call) -> str:
@@ -128,22 +141,44 @@ def _call_name(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "a call")
 
 
-def _family_lists(path: Path, names: set[str]) -> list[str]:
+def _family_lists(path: Path, names: set[str], constants: frozenset[str] = frozenset()) -> list[str]:
     """Where a module names a family by literal: a collection of two or more families, a comparison with one (an
     if/else on it), one passed to a call (a case table's row, `family("wan2.2")`, `arch="seedvr2"`), and any other
-    literal family name (a table row's tuple, a default, a dict key)."""
+    literal family name (a table row's tuple, a default, a dict key). And where it holds a family by constant
+    (`constants`, the names the registry binds to families and the retired bench ones): an import of one from the
+    registry or from a module of family names, one in a collection (a hand-written family table:
+    `{SEEDVR2: ..., WAN22: ...}`, or one of its rows: `(QWEN, 512, 512)`), one passed to a call."""
     found, seen = [], set()
 
     def family_constants(nodes) -> list[ast.Constant]:
         return [n for n in nodes if isinstance(n, ast.Constant) and n.value in names]
 
+    def by_constant(node) -> Optional[str]:
+        if isinstance(node, ast.Name) and node.id in constants:
+            return node.id
+        if isinstance(node, ast.Attribute) and node.attr in constants:
+            return node.attr
+        return None
+
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = (node.module or "").rsplit(".", 1)[-1]
+            held = [a.name for a in node.names if a.name in constants]
+            if module == "family_names" or (module == "registry" and held):
+                found.append(f"line {node.lineno}: families imported by constant from {node.module}: "
+                             f"{', '.join(held or [a.name for a in node.names])}")
         if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
-            hits = family_constants(node.keys if isinstance(node, ast.Dict) else node.elts)
+            elts = node.keys if isinstance(node, ast.Dict) else node.elts
+            hits = family_constants(elts)
             if len(hits) >= 2:
                 found.append(f"line {node.lineno}: a list of families {[h.value for h in hits]}")
                 seen.update(map(id, hits))
+            held = [c for c in map(by_constant, elts) if c]
+            if len(held) >= 2:
+                found.append(f"line {node.lineno}: a table of families by constant {held}")
+            elif held:
+                found.append(f"line {node.lineno}: a table row of the family {held[0]}")
         elif isinstance(node, ast.Compare):
             hits = family_constants((node.left, *node.comparators))
             if hits:
@@ -153,36 +188,54 @@ def _family_lists(path: Path, names: set[str]) -> list[str]:
             for hit in family_constants((*node.args, *(k.value for k in node.keywords))):
                 found.append(f"line {node.lineno}: the family {hit.value!r} passed to {_call_name(node)}()")
                 seen.add(id(hit))
+            for held in filter(None, map(by_constant, (*node.args, *(k.value for k in node.keywords)))):
+                found.append(f"line {node.lineno}: the family {held} passed to {_call_name(node)}() by constant")
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value in names and id(node) not in seen:
             found.append(f"line {node.lineno}: the family {node.value!r} named by literal")
-    return found
+    return sorted(found, key=lambda line: int(line.split()[1].rstrip(":")))
 
 
 def test_no_module_keeps_its_own_family_list():
-    names = _family_names()
+    names, constants = _family_names(), frozenset(_family_constants())
     offenders = {}
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(("tests/", "scripts/", ".", "build/", "dist/")) or rel.startswith(ALLOWED):  # build/: a wheel's copy
             continue
-        found = _family_lists(path, names)
+        found = _family_lists(path, names, constants)
         if found:
             offenders[rel] = found
-    assert not offenders, ("family names outside vae/registry.py and bench/cases.py (read the registry, or the bench's "
-                           f"case table, instead): {offenders}")
+    assert not offenders, ("families written by hand outside vae/registry.py and bench/cases.py (read the registry, "
+                           f"or the bench's case table, instead): {offenders}")
 
 
 def test_the_family_list_check_can_fail(tmp_path):
     """The check above finds what it is for: a tuple of families, an if on one, a case table's row naming one,
-    a keyword argument naming one, and a table row's tuple naming one."""
+    a keyword argument naming one, and a table row's tuple naming one; and a family table written with the
+    registry's constants or the bench's retired ones, however it is keyed."""
+    names, constants = _family_names(), frozenset(_family_constants())
     bad = tmp_path / "bad.py"
     bad.write_text('CASES = ("seedvr2", "wan2.2")\n\ndef f(arch):\n    return 1 if arch == "qwen_image" else 2\n')
-    assert len(_family_lists(bad, _family_names())) == 2
+    assert len(_family_lists(bad, names)) == 2
     bad.write_text('ROWS = (GpuCase("x", "qwen_image", 1), f(arch="wan2.2"))\nTABLE = [("qwen", 64, 64)]\n')
-    assert _family_lists(bad, _family_names()) == ["line 1: the family 'qwen_image' passed to GpuCase()",
-                                                   "line 1: the family 'wan2.2' passed to f()",
-                                                   "line 2: the family 'qwen' named by literal"]
+    assert _family_lists(bad, names) == ["line 1: the family 'qwen_image' passed to GpuCase()",
+                                         "line 1: the family 'wan2.2' passed to f()",
+                                         "line 2: the family 'qwen' named by literal"]
+    bad.write_text("from .family_names import QWEN, SEEDVR2\nfrom ..vae.registry import WAN22, family\n"
+                   "from ..vae import registry\n"
+                   "INIT = {SEEDVR2: 1, registry.QWEN_IMAGE: 2}\n"
+                   "SIZES = [(QWEN, 512, 512), (SEEDVR2, 256, 256)]\n"
+                   "ONE = Case(WAN22, 64)\nLABELS = (('Wan 2.1', WAN21),)\n")
+    assert _family_lists(bad, names, constants) == [
+        "line 1: families imported by constant from family_names: QWEN, SEEDVR2",
+        "line 2: families imported by constant from vae.registry: WAN22",
+        "line 4: a table of families by constant ['SEEDVR2', 'QWEN_IMAGE']",
+        "line 5: a table row of the family QWEN",
+        "line 5: a table row of the family SEEDVR2",
+        "line 6: the family WAN22 passed to Case() by constant",
+        "line 7: a table row of the family WAN21"]
+    assert {"SEEDVR2", "QWEN_IMAGE", "WAN22", "BUILTIN_FAMILIES"} <= constants  # read off the registry itself
 
 
 def test_the_bench_case_table_is_keyed_by_registry_key():
