@@ -105,7 +105,7 @@ def test_roofline_section_quick_runs_a_case_against_measured_peaks():
     gemm, via_conv = (next(r for r in peaks if r.variant.startswith(p)) for p in ("GEMM", "matmul"))
     assert via_conv.gflop == pytest.approx(gemm.gflop)  # the same product, counted as the same FLOPs
     assert all(r.gflop > 0 and r.pct_of_peak > 0 and r.bound for r in timed)
-    assert len(flops) == 2 * 10 and all(r.gflop > 0 for r in flops)  # SeedVR2 rows of FLOP_CASES
+    assert len(flops) == 2 * 10 and all(r.gflop > 0 for r in flops)  # the case table's SeedVR2 FLOP rows (bench/cases.py)
     for table in ("roofline", "flops"):
         mine = [row_dict(r) for r in rows if r.table == table]
         assert report.format_markdown(mine).count("\n") == len(mine) + 1
