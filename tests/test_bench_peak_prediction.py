@@ -4,6 +4,7 @@ first GPU run (before the planner), kept in the bench so that comparison row can
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,3 +44,16 @@ def test_public_decode_row_takes_the_committed_slice(tmp_path):
     old, = [r for r in committed["rows"] if r["source"] == source.name]
     assert row["temporal_slice"] == old["temporal_slice"] == 2
     assert row["case"] == old["case"] and row["measured_mb"] == old["measured_mb"]
+
+
+def test_plans_rows_name_a_refusal_rather_than_failing(monkeypatch):
+    """`plans` records a budget no plan fits as a row that says so (it passed an argument `plan_pass` no longer
+    takes, and a refusal would have ended the run)."""
+    from turbovae.bench import peak_prediction
+    from turbovae.bench.cases import Pass
+
+    case = Pass("", "decode", (1, 16, 1, 8, 12))
+    monkeypatch.setattr(peak_prediction, "for_section", lambda section: [replace(case, family="qwen_image")])
+    refused, fits = peak_prediction.plans((1, 1024))
+    assert refused["fits"] is False and "no plan fits" in refused["refused"], refused
+    assert fits["fits"] is True and fits["layout"].startswith("untiled"), fits
