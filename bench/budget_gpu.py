@@ -94,6 +94,11 @@ def run_case(case: BudgetCase, dry: bool) -> dict:
         budget = None if case.budget_gb is None and case.limit_gb is None else \
             int((case.budget_gb if case.budget_gb is not None else case.limit_gb) * DRY_GB)
         limit = None
+        # On a GPU the planner's own memory is host memory, apart from the budget; on the CPU a budgeted plan is
+        # made beside what planning grew the process by, and a process's first meta pass imports torch's Dynamo
+        # and sympy (some 150 MB, once). A throw-away plan pays that first, so the dry run charges the planner
+        # what a GPU run's plan costs it, whichever case a process runs first.
+        TurboVAE(model).plan(tuple(x.shape), decode=case.decode)
     else:
         held = torch.cuda.memory_allocated(device)
         budget, limit = budget_and_limit(case, held)
