@@ -89,7 +89,8 @@ def test_forward_up_is_local_within_its_radius(cfg):
     py, px = r + 2, r + 3
     h2[:, :, py, px] += 1.0
     with torch.inference_mode():
-        diff = (m.decoder.forward_up(h) - m.decoder.forward_up(h2)).abs().amax(dim=(0, 1))
+        ups = [m.decoder.forward_up(v, m.context()) for v in (h, h2)]
+        diff = (ups[0] - ups[1]).abs().amax(dim=(0, 1))
     ys, xs = torch.nonzero(diff > 0, as_tuple=True)
     assert len(ys) > 0
     assert ys.min() >= (py - r) * f and ys.max() < (py + r + 1) * f
@@ -107,7 +108,8 @@ def test_forward_down_is_local_within_its_radius(cfg):
     py, px = (r + 2) * f + 3, (r + 2) * f + 5
     x2[:, :, py, px] += 1.0
     with torch.inference_mode():
-        diff = (m.encoder.forward_down(x) - m.encoder.forward_down(x2)).abs().amax(dim=(0, 1))
+        downs = [m.encoder.forward_down(v, m.context()) for v in (x, x2)]
+        diff = (downs[0] - downs[1]).abs().amax(dim=(0, 1))
     ys, xs = torch.nonzero(diff > 0, as_tuple=True)
     assert len(ys) > 0
     assert ys.min() >= py // f - r and ys.max() <= py // f + r
@@ -235,9 +237,10 @@ def test_image_modules_and_split_passes_match_the_model(tiny_pair):
         enc, dec = ours.image_encoder(), ours.image_decoder()
         assert max_err(enc(x), ours.encode_moments(x.unsqueeze(2))[:, :, 0]) <= 1e-5
         assert max_err(dec(z), ours.decode_latents(z.unsqueeze(2))[:, :, 0]) <= 1e-5
-        split = ours.decoder.forward_up(ours.decoder.forward_mid(z)).clamp(-1, 1)
+        split = ours.decoder.forward_up(ours.decoder.forward_mid(z, ours.context()), ours.context()).clamp(-1, 1)
         assert max_err(split, dec(z)) <= 1e-6
-        assert max_err(ours.encoder.forward_mid(ours.encoder.forward_down(x)), enc(x)) <= 1e-6
+        features = ours.encoder.forward_down(x, ours.context())
+        assert max_err(ours.encoder.forward_mid(features, ours.context()), enc(x)) <= 1e-6
         # The fold equals the unfolded (zero-padded causal) computation.
         ours.fast = replace(ours.fast, image_path=False)
         try:

@@ -212,18 +212,31 @@ class VAEModel(nn.Module, ABC):
         return UNMEASURED
 
     def active_fast(self) -> FastPaths:
-        """The fast paths a step runs with: channels-last only where it passed its self-check and, on CUDA, where
+        """The fast paths a pass runs with: channels-last only where it passed its self-check and, on CUDA, where
         the architecture's measured GPU defaults keep it (vae/gpu_defaults.py: without fused norms SeedVR2 runs
-        contiguous); the weights follow (a device that failed the check must not run channels-last convs through
-        its weights). `follow_gpu_defaults = False` runs exactly `fast` (the GPU ablation measures each path).
-        Under a tracer the weights are left as they are: re-laying parameters out inside a trace would put
-        fake tensors in their place, which export lifts as constants; the traced convs read either layout."""
+        contiguous). `follow_gpu_defaults = False` runs exactly `fast` (the GPU ablation measures each path).
+        Only a choice: the weights are left as they are (`start_pass` lays them out for a pass)."""
         fast = active(self.fast, self.device, self.dtype)
         if fast.channels_last and self.follow_gpu_defaults and self_checks.applies_to(self.device) \
                 and not channels_last_applies(self.gpu_defaults(), True, fused_norms_run(self.device)):
             fast = replace(fast, channels_last=False)
+        return fast
+
+    def lay_out_weights(self, fast: FastPaths) -> None:
+        """Lay the weights out for a pass running `fast` (`active_fast`'s choice): contiguous where the pass runs
+        contiguous though `self.fast` has channels-last on (a device that failed the check must not run
+        channels-last convs through its weights); nothing is copied where they are laid out so already. Under a
+        tracer the weights are left as they are: re-laying parameters out inside a trace would put fake tensors
+        in their place, which export lifts as constants; the traced convs read either layout."""
         if fast.channels_last != self.fast.channels_last and not tracing():
             self.hold_weights(fast.channels_last)
+
+    def start_pass(self) -> FastPaths:
+        """The paths of a pass that starts now (a step without causal state in: a clip's first slice, a fresh
+        stream, tile or stage), with the weights laid out for them: `active_fast`, then `lay_out_weights`. The one
+        call that may re-lay the weights, once where a pass starts; a later slice reads `active_fast` alone."""
+        fast = self.active_fast()
+        self.lay_out_weights(fast)
         return fast
 
     # -- the causal steps (the architecture's part) -------------------------------------------

@@ -9,7 +9,6 @@ released checkpoint's keys exactly.
 
 from __future__ import annotations
 
-import operator
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -29,8 +28,8 @@ from ..accel.switches import FastPaths
 
 class SeedVR2PassContext(PassContext):
     """The base pass context (vae/base.py) plus SeedVR2's layer-wise split: `split` runs every layer with
-    tile-bounded working memory (exact tiling; its `shard` is the context's), `inplace` the in-place residuals,
-    `pieces` how its fast paths run (vae/seedvr2/pieces.py, chosen here once).
+    tile-bounded working memory (exact tiling; its `shard` is the context's), `pieces` how its fast paths run
+    (vae/seedvr2/pieces.py, chosen here once from `fast`, the model's active paths, and the inference mode).
     `collect` defaults to False here (a whole clip in one step), as SeedVR2's callers have always relied on.
 
     On the first slice (`cache_in` None) causal convs replicate the first frame as head padding and
@@ -42,15 +41,13 @@ class SeedVR2PassContext(PassContext):
                  split: Optional["SplitPolicy"] = None):
         super().__init__(fast, cache_in, collect, shard=split.shard if split is not None else None)
         self.split = split  # exact tiling: run layer by layer with tile-bounded working memory
-        self.pieces = SeedVR2Pieces.of(fast)
-        self.inplace = self.pieces.writes_in_place and torch.is_inference_mode_enabled()
-        self.add_residual = torch.Tensor.add_ if self.inplace else operator.add  # residual adds
+        self.pieces = SeedVR2Pieces.of(fast, torch.is_inference_mode_enabled())
         # what the decoder's last conv applies to its output (the clamp of a decode step), band by band under `split`
         self.finish_output: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
     def clamp_output(self) -> None:
         """The decoder's last conv clamps its output to [-1, 1] (the pipelines' final clamp)."""
-        self.finish_output = _clamp_in_place if self.inplace else _clamp
+        self.finish_output = _clamp_in_place if self.pieces.in_place else _clamp
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -177,7 +174,12 @@ class CausalConv3d(nn.Conv3d):
             return torch.cat([x[:, :, :1].repeat(1, 1, self.head_frames, 1, 1), x], dim=2)
         return x
 
-    def image_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
+    # -- the first slice's shortcuts (vae/pieces.py `FirstSliceKernels`) ------------------------------
+    def fold_applies(self, x: torch.Tensor) -> bool:
+        """T = 1 with replicate padding of k_t - 1 frames: every window is [f0] * k_t."""
+        return x.shape[2] == 1 and self.head_frames == self.kernel_size[0] - 1
+
+    def fold_forward(self, x: torch.Tensor, ctx: SeedVR2PassContext) -> torch.Tensor:
         """A lone first frame: conv2d with the summed taps (`folded_weight`)."""
         x2 = x[:, :, 0]
         if self.pad_right_bottom:
@@ -211,10 +213,10 @@ def norm_silu_conv(norm: nn.GroupNorm, conv: "CausalConv3d", x: torch.Tensor, ct
                    finish: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
     """finish(conv(SiLU(GroupNorm(x)))); under exact tiling the normalisation is fused into the conv's input bands
     (and `finish` applied band by band). `last_use`: the caller drops `x` after this, so with in-place ops on
-    (`ctx.inplace`) the norm may write its result into `x`."""
+    (`ctx.pieces.in_place`) the norm may write its result into `x`."""
     if ctx.split is not None:
         return layerwise.norm_silu_conv(norm, conv, x, ctx, ctx.split, finish=finish)
-    y = conv(norm_silu(norm, x, inplace=last_use and ctx.inplace), ctx)
+    y = conv(norm_silu(norm, x, inplace=last_use and ctx.pieces.in_place), ctx)
     return finish(y) if finish is not None else y
 
 
@@ -235,7 +237,7 @@ class ResnetBlock3D(nn.Module):
         h = norm_silu_conv(self.norm1, self.conv1, x, ctx)
         h = norm_silu_conv(self.norm2, self.conv2, h, ctx, last_use=True)
         skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
-        return ctx.add_residual(h, skip)
+        return ctx.pieces.add_residual(h, skip)
 
 
 class MidAttention(nn.Module):
@@ -267,7 +269,7 @@ class MidAttention(nn.Module):
             queries = tokens[:, lo * w:hi * w]
         q, k, v = self.to_q(queries), self.to_k(tokens), self.to_v(tokens)
         o = ctx.pieces.attend(q, k, v)
-        o = ctx.add_residual(self.to_out[0](o).transpose(1, 2).reshape(b * t, c, h, w), frames)
+        o = ctx.pieces.add_residual(self.to_out[0](o).transpose(1, 2).reshape(b * t, c, h, w), frames)
         return o.unsqueeze(2) if t == 1 else o.view(b, t, c, h, w).transpose(1, 2)
 
 

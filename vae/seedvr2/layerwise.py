@@ -583,7 +583,7 @@ def resnet(block, x: Tensor, ctx, policy: SplitPolicy) -> Tensor:
         rows = src.read(lo + r0, lo + r1)
         return rows if sc is None else guarded_conv3d(rows, sc_weight, sc.bias)
 
-    inplace = sc is None and ctx.inplace
+    inplace = sc is None and ctx.pieces.in_place
     return norm_silu_conv(block.norm2, block.conv2, h, ctx, policy, residual=skip, out=x if inplace else None)
 
 

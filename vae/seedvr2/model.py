@@ -122,6 +122,13 @@ class SeedVR2VAE(VAEModel):
                                           scaling_factor=config.scaling_factor)
         self.hold_weights_after_loads()  # the layout the convs read; tap sums are made per call
 
+    def context(self, state: Optional[Sequence[torch.Tensor]], collect: bool,
+                split: Optional[SplitPolicy]) -> SeedVR2PassContext:
+        """A pass context of this model's own paths. One that starts a pass (no causal state in) lays the weights
+        out for them first (`VAEModel.start_pass`); a later slice's only reads them (`active_fast`)."""
+        fast = self.start_pass() if state is None else self.active_fast()
+        return SeedVR2PassContext(fast, state, collect, split)
+
     # -- functional steps ----------------------------------------------------------------------
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, split: Optional[SplitPolicy] = None,
@@ -132,7 +139,7 @@ class SeedVR2VAE(VAEModel):
         building the memory (last slice / whole clip). `split` runs layer by layer with tile-bounded
         working memory (exact tiling; same result); `tick` is called after each of its layers.
         """
-        ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
+        ctx = self.context(state, collect, split)
         ctx.tick = tick
         out = self.encoder(pixels, ctx)
         return _settled(out, split), ctx.finish()
@@ -143,7 +150,7 @@ class SeedVR2VAE(VAEModel):
                     tick: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, State]:
         """One causal decode slice: [B,C,n,h,w] -> (pixels, memory). First slice gives 1+4(n-1)
         frames, later slices 4n. `clamp` limits pixels to [-1, 1] (the pipelines' final clamp)."""
-        ctx = SeedVR2PassContext(self.active_fast(), state, collect, split)
+        ctx = self.context(state, collect, split)
         ctx.tick = tick
         if clamp:
             ctx.clamp_output()
@@ -168,7 +175,7 @@ class SeedVR2VAE(VAEModel):
         stages = _decoder_stages(part, self.config) if decode else _encoder_stages(part, self.config)
 
         def open_context(split: Optional[SplitPolicy]) -> SeedVR2PassContext:
-            ctx = SeedVR2PassContext(self.active_fast(), None, True, split)
+            ctx = self.context(None, True, split)
             if decode:
                 ctx.clamp_output()  # read by the last stage's head only
             return ctx

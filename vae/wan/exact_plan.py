@@ -25,16 +25,15 @@ class _StageStream(CausalStream):
     """One stage of one tile. The stages of a tile share one causal context (`ctx`): their memory is one
     state in execution order, and the last stage ends the step (`advance`)."""
 
-    def __init__(self, ctx: WanPassContext, fn: Callable[[torch.Tensor, WanPassContext], torch.Tensor], last: bool,
-                 prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool):
-        self.ctx, self.fn, self.last, self.prepare, self.image_path = ctx, fn, last, prepare, image_path
+    def __init__(self, ctx: WanPassContext, fn: Callable[[torch.Tensor, WanPassContext], torch.Tensor], last: bool):
+        self.ctx, self.fn, self.last = ctx, fn, last
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
-        if ctx.first and x.shape[2] == 1 and self.image_path:
-            y = self.fn(self.prepare(x[:, :, 0]), ctx).unsqueeze(2)
+        if ctx.first and x.shape[2] == 1 and ctx.pieces.fold_images:
+            y = self.fn(ctx.pieces.lay_out(x[:, :, 0]), ctx).unsqueeze(2)
         else:
-            y = self.fn(self.prepare(x), ctx)
+            y = self.fn(ctx.pieces.lay_out(x), ctx)
         if self.last:
             ctx.advance()
         return y
@@ -56,10 +55,10 @@ def _block_footprints(blocks: nn.ModuleList) -> tuple[tuple[Fraction, int], ...]
     return found
 
 
-def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_context: Callable[[], WanPassContext],
-                   prepare: Callable[[torch.Tensor], torch.Tensor], image_path: bool) -> ExactPlan:
+def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int,
+                   open_context: Callable[[], WanPassContext]) -> ExactPlan:
     """The plan of `part` (the model's decoder when `decode`, else its encoder). `open_context()`: a fresh
-    causal context of the model's fast paths; `prepare`: the model's input memory-format conversion."""
+    causal context of the model's fast paths (its pieces lay a stage's input out and fold a lone first frame)."""
     p = patch_size
     if decode:
         dec = part
@@ -93,13 +92,13 @@ def wan_exact_plan(part: nn.Module, *, decode: bool, patch_size: int, open_conte
 
     def open_local() -> list[CausalStream]:
         ctx = open_context()
-        return [_StageStream(ctx, fn, i == len(fns) - 1, prepare, image_path) for i, fn in enumerate(fns)]
+        return [_StageStream(ctx, fn, i == len(fns) - 1) for i, fn in enumerate(fns)]
 
     def open_global(shard=None) -> CausalStream:
         """`shard`: the frame is split across devices (vae/parallel); the mid-block attention divides its queries."""
         ctx = open_context()
         ctx.shard = shard
-        return _StageStream(ctx, global_fn, True, prepare, image_path)
+        return _StageStream(ctx, global_fn, True)
 
     # the tensor between the local and global parts has the mid block's width
     channels = part.mid_block.resnets[0].norm1.gamma.shape[0]

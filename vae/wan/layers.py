@@ -100,20 +100,39 @@ class CausalConv3d(nn.Conv3d):
         if hist is None:  # a first slice: the pass's shortcuts that skip the causal padding's taps, if one applies
             shortcuts = ctx.pieces.first_slice_convs if ctx is not None else CONTEXT_FREE
             shortcut = next((s for s in shortcuts if s.applies(self, x)), None)
-        if shortcut is not None:
-            out = shortcut.run(self, x, fmt_ctx, fmt)
-        else:
-            n_hist = 0 if hist is None else hist.shape[2]
-            parts = [x]
-            if n_hist:
-                parts.insert(0, hist)
-            if n_hist < self.time_history:
-                parts.insert(0, self.zeros_like_frames(x, self.time_history - n_hist, fmt))
-            xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
-            out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
+        if shortcut is not None:  # it keeps its own history (only a conv without history is handed `fmt_ctx`)
+            return shortcut.run(self, x, ctx)
+        n_hist = 0 if hist is None else hist.shape[2]
+        parts = [x]
+        if n_hist:
+            parts.insert(0, hist)
+        if n_hist < self.time_history:
+            parts.insert(0, self.zeros_like_frames(x, self.time_history - n_hist, fmt))
+        xin = (torch.cat(parts, dim=2) if len(parts) > 1 else x).contiguous(memory_format=fmt)
+        out = guarded_conv3d(xin, weight, self.bias, self.stride, (0, *self.pad_hw))
         if ctx is not None and ctx.collect:
-            tail = shortcut.history(self, x, fmt) if shortcut is not None else xin[:, :, -self.time_history:]
-            ctx.put(tail.clone(), self)
+            ctx.put(xin[:, :, -self.time_history:].clone(), self)
+        return out
+
+    # -- the first slice's shortcuts (vae/pieces.py `FirstSliceKernels`) ------------------------------
+    def fold_applies(self, x: torch.Tensor) -> bool:
+        return x.shape[2] == 1
+
+    def fold_forward(self, x: torch.Tensor, ctx: Optional[WanPassContext]) -> torch.Tensor:
+        """A lone first frame: the 2-D conv of the last temporal tap (`image`); the history kept is the folded
+        frame behind a zero-padded one (`skip` says why it is padded)."""
+        out = self.image(x[:, :, 0], ctx).unsqueeze(2)
+        if ctx is not None and ctx.collect:
+            fmt = pass_format(x, ctx)
+            ctx.put(torch.cat([self.zeros_like_frames(x, self.time_history - 1, fmt), x], dim=2).clone(), self)
+        return out
+
+    def head_taps_forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
+        """A first slice of T >= 2 frames through `head_taps`; the history kept is the slice's last frames."""
+        fmt = pass_format(x, ctx)
+        out = self.head_taps(x.contiguous(memory_format=fmt), ctx, fmt)
+        if ctx.collect:
+            ctx.put(x[:, :, -self.time_history:].clone(), self)
         return out
 
     def padded_input(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:

@@ -20,9 +20,8 @@ from torch import nn
 
 from ..base import LatentFormat, VAEModel
 from ..causal_cache import State
-from ..accel.switches import FastPaths, active
+from ..accel.switches import FastPaths
 from ..gpu_defaults import MEASURED_ALL_ON, UNMEASURED, GpuDefaults
-from ..accel.tensor_layout import channels_last_format
 from ..tiling.exact import ExactPlan
 from .config import WanConfig, kind_from_channels
 from .exact_plan import wan_exact_plan
@@ -30,12 +29,6 @@ from .layers import (CausalConv3d, DownResidualBlock, MidBlock, Resample, Residu
                      UpResidualBlock, WAN_FAST, WAN_FAST_FIELDS, norm_conv)
 from .pieces import WanPassContext
 from .patching import footprint, patchify, spatial_ops, unpatchify
-
-
-def default_context(x: torch.Tensor) -> WanPassContext:
-    """The pass context of an encoder or decoder call without one: the default paths as they run for `x`'s device
-    and dtype (`accel.switches.active`: e.g. contiguous for fp32 on the CPU), as a model's own context would."""
-    return WanPassContext(active(WAN_FAST, x.device, x.dtype))
 
 
 class _CausalStack(nn.Module):
@@ -88,23 +81,20 @@ class Encoder(_CausalStack):
             r = self.patch_size * r + self.patch_size - 1
         return math.ceil(r / cfg.spatial_factor)
 
-    def forward_down(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+    def forward_down(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """Pixels -> features at 1/8 (1/16 for Wan 2.2 in pixels); purely local."""
-        ctx = ctx or default_context(x)
         x = self.conv_in(patchify(x, self.patch_size), ctx)
         for block in self.down_blocks:
             x = block(x, ctx)
         return x
 
-    def forward_mid(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+    def forward_mid(self, h: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """Features -> moments (mean ‖ logvar): mid block (the only global op), head, quant_conv."""
-        ctx = ctx or default_context(h)
         h = self.mid_block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return self._quant[0](h, ctx)
 
-    def forward(self, x: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
-        ctx = ctx or default_context(x)
+    def forward(self, x: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         return self.forward_mid(self.forward_down(x, ctx), ctx)
 
 
@@ -132,22 +122,19 @@ class Decoder(_CausalStack):
         pixel, so it adds nothing)."""
         return footprint(spatial_ops([m for b in self.up_blocks for m in b.modules()] + [self.conv_out]))[1]
 
-    def forward_mid(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+    def forward_mid(self, z: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """Raw latents -> mid-block features: post_quant_conv, conv_in, mid block (the only global op)."""
-        ctx = ctx or default_context(z)
         x = self.conv_in(self._post_quant[0](z, ctx), ctx)
         return self.mid_block(x, ctx)
 
-    def forward_up(self, h: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
+    def forward_up(self, h: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         """Mid-block features -> unclamped pixels; purely local (the RMS norm is per pixel)."""
-        ctx = ctx or default_context(h)
         for block in self.up_blocks:
             h = block(h, ctx)
         h = norm_conv(self.norm_out, self.conv_out, h, ctx)
         return unpatchify(h, self.patch_size)
 
-    def forward(self, z: torch.Tensor, ctx: Optional[WanPassContext] = None) -> torch.Tensor:
-        ctx = ctx or default_context(z)
+    def forward(self, z: torch.Tensor, ctx: WanPassContext) -> torch.Tensor:
         return self.forward_up(self.forward_mid(z, ctx), ctx)
 
 
@@ -195,35 +182,32 @@ class WanVAE(VAEModel):
                                           image_channels=cfg.image_channels)
         self.hold_weights_after_loads()  # the clip kernels read the parameters; the folded last tap is a view
 
-    def context(self) -> WanPassContext:
-        return WanPassContext(self.active_fast())
-
-    def to_memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.active_fast().channels_last:
-            return x
-        return x.contiguous(memory_format=channels_last_format(x.ndim))
+    def context(self, state: Optional[Sequence[torch.Tensor]] = None, collect: bool = True) -> WanPassContext:
+        """A pass context of this model's own paths. One that starts a pass (no causal state in) lays the weights
+        out for them first (`VAEModel.start_pass`); a later slice's only reads them (`active_fast`)."""
+        return WanPassContext(self.start_pass() if state is None else self.active_fast(), state, collect)
 
     # -- the causal steps --------------------------------------------------------------------
-    def _fold(self, x: torch.Tensor, state: Optional[Sequence[torch.Tensor]], collect: bool) -> bool:
+    def _fold(self, x: torch.Tensor, ctx: WanPassContext) -> bool:
         """A lone first frame whose memory is not wanted runs the exact 2-D fold (a third of the MACs)."""
-        return state is None and not collect and x.shape[2] == 1 and self.fast.image_path
+        return ctx.first and not ctx.collect and x.shape[2] == 1 and ctx.pieces.fold_images
 
     def encode_step(self, pixels: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = WanPassContext(self.active_fast(), state, collect)
-        if self._fold(pixels, state, collect):
-            out = self.encoder(self.to_memory_format(pixels[:, :, 0]), ctx).unsqueeze(2)
+        ctx = self.context(state, collect)
+        if self._fold(pixels, ctx):
+            out = self.encoder(ctx.pieces.lay_out(pixels[:, :, 0]), ctx).unsqueeze(2)
         else:
-            out = self.encoder(self.to_memory_format(pixels), ctx)
+            out = self.encoder(ctx.pieces.lay_out(pixels), ctx)
         return out, ctx.finish()
 
     def decode_step(self, latents: torch.Tensor, state: Optional[Sequence[torch.Tensor]] = None, *,
                     collect: bool = True, clamp: bool = True) -> tuple[torch.Tensor, State]:
-        ctx = WanPassContext(self.active_fast(), state, collect)
-        if self._fold(latents, state, collect):
-            out = self.decoder(self.to_memory_format(latents[:, :, 0]), ctx).unsqueeze(2)
+        ctx = self.context(state, collect)
+        if self._fold(latents, ctx):
+            out = self.decoder(ctx.pieces.lay_out(latents[:, :, 0]), ctx).unsqueeze(2)
         else:
-            out = self.decoder(self.to_memory_format(latents), ctx)
+            out = self.decoder(ctx.pieces.lay_out(latents), ctx)
         if clamp:
             out = out.clamp_(-1.0, 1.0)
         return out, ctx.finish()
@@ -248,5 +232,4 @@ class WanVAE(VAEModel):
     def exact_plan(self, *, decode: bool) -> ExactPlan:
         """The split used by exact tiles: local blocks per tile, the mid block on the whole frame."""
         part = self.decoder if decode else self.encoder
-        return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context,
-                              prepare=self.to_memory_format, image_path=self.fast.image_path)
+        return wan_exact_plan(part, decode=decode, patch_size=self.config.patch_size, open_context=self.context)

@@ -1,10 +1,6 @@
-"""The Wan blocks' fast paths as named pieces, chosen once per pass from `FastPaths` (vae/accel/switches.py).
-
-Why pieces: a block's `forward` reads as the architecture — norm, conv, attention, residual — while *how* each
-step runs (in place or into a copy, the fused attention kernel or the explicit softmax, channels-last or
-contiguous, the first slice's conv shortcuts, the norm writing into the conv's padded input) is chosen once, when
-the pass context is made (`WanPieces.of`), not by an `if fast.…` inside every layer. Each piece is exact in fp32
-against the one it replaces; tests/test_fast_paths.py and the architecture tests compare every choice.
+"""The Wan family's pieces (the vocabulary and the shared ones are vae/pieces.py), chosen once per pass from the
+model's active `FastPaths` (`WanPieces.of`, read by `WanPassContext`): the attention kernel, how attention's tokens
+become frames, the norm writing into the conv's padded input. Each is exact in fp32 against the one it replaces.
 """
 
 from __future__ import annotations
@@ -21,15 +17,10 @@ from torch import nn
 from ..accel.switches import FastPaths
 from ..attention import attention
 from ..base import PassContext
+from ..pieces import FOLD_ONE_FRAME, Pieces, add_in_place
 
 
 Tensor = torch.Tensor
-
-
-# -- residual adds --------------------------------------------------------------------------------
-def add_in_place(x: Tensor, h: Tensor) -> Tensor:
-    """x + h written into x, unless autograd is recording (an in-place add would break its graph)."""
-    return x.add_(h) if not torch.is_grad_enabled() else x + h
 
 
 # -- attention --------------------------------------------------------------------------------------
@@ -51,34 +42,6 @@ def tokens_as_nchw(tokens: Tensor, n: int, h: int, w: int) -> Tensor:
     return tokens.transpose(1, 2).contiguous().view(n, tokens.shape[-1], h, w)
 
 
-# -- the first slice's conv shortcuts ------------------------------------------------------------------
-@dataclass(frozen=True)
-class FirstSliceConv:
-    """A way to run a causal conv on a clip's first slice (no history) that skips the causal padding's taps:
-    `applies` to a conv and input, `run` returns the conv's output, `history` what the conv keeps for the next
-    slice (its padded input's last `time_history` frames)."""
-
-    name: str
-    applies: Callable[[nn.Module, Tensor], bool]
-    run: Callable[[nn.Module, Tensor, Optional[PassContext], torch.memory_format], Tensor]
-    history: Callable[[nn.Module, Tensor, torch.memory_format], Tensor]
-
-
-FOLD_ONE_FRAME = FirstSliceConv(
-    "image_path",
-    applies=lambda conv, x: x.shape[2] == 1,
-    run=lambda conv, x, ctx, fmt: conv.image(x[:, :, 0], ctx).unsqueeze(2),
-    # the folded frame is the last of a zero-padded history (`CausalConv3d.skip` says why it is padded)
-    history=lambda conv, x, fmt: torch.cat([conv.zeros_like_frames(x, conv.time_history - 1, fmt), x], dim=2),
-)
-HEAD_TAPS = FirstSliceConv(
-    "head_taps",
-    applies=lambda conv, x: conv.head_taps_apply(x),
-    run=lambda conv, x, ctx, fmt: conv.head_taps(x.contiguous(memory_format=fmt), ctx, fmt),
-    history=lambda conv, x, fmt: x[:, :, -conv.time_history:],
-)
-
-
 # -- norm then conv ---------------------------------------------------------------------------------------
 def norm_then_conv(norm: nn.Module, conv: nn.Module, x: Tensor, ctx: Optional[PassContext]) -> Tensor:
     """conv(SiLU(norm(x))): the conv concatenates its history in front of a normalised copy."""
@@ -96,37 +59,30 @@ def norm_into_padded_input(norm: nn.Module, conv: nn.Module, x: Tensor, ctx: Opt
 
 
 @dataclass(frozen=True)
-class WanPieces:
-    """What a Wan pass runs, chosen once from its `FastPaths` (`of`)."""
+class WanPieces(Pieces):
+    """What a Wan pass runs, chosen once from its `FastPaths` (`of`): the shared pieces and Wan's own."""
 
-    memory_format: torch.memory_format  # the 5-D activations' layout (the conv weights are stored in it)
-    frame_format: torch.memory_format  # the same for 4-D frames (attention's output)
-    add_residual: Callable[[Tensor, Tensor], Tensor]
-    attend: Callable[[Tensor, Tensor, Tensor], Tensor]
     tokens_to_frames: Callable[[Tensor, int, int, int], Tensor]
     norm_conv: Callable[[nn.Module, nn.Module, Tensor, Optional[PassContext]], Tensor]
-    first_slice_convs: Sequence[FirstSliceConv]  # tried in order on a slice without history
 
     @staticmethod
     @lru_cache(maxsize=None)
     def of(fast: FastPaths) -> "WanPieces":
-        shortcuts = tuple(s for s in (FOLD_ONE_FRAME, HEAD_TAPS) if getattr(fast, s.name))
         return WanPieces(
-            memory_format=torch.channels_last_3d if fast.channels_last else torch.contiguous_format,
-            frame_format=torch.channels_last if fast.channels_last else torch.contiguous_format,
+            **Pieces.shared(fast),
             add_residual=add_in_place if fast.inplace_residual else operator.add,
             attend=attention if fast.sdpa else explicit_attention,  # the fused kernel (vae/attention.py)
             tokens_to_frames=tokens_as_nhwc if fast.channels_last else tokens_as_nchw,
             norm_conv=norm_into_padded_input if fast.single_buffer else norm_then_conv,
-            first_slice_convs=shortcuts,
         )
 
 
-CONTEXT_FREE = (FOLD_ONE_FRAME,)  # a call without a pass context (a time downsample's conv) folds a lone frame
+CONTEXT_FREE = (FOLD_ONE_FRAME,)  # a conv called without a pass context folds a lone frame
 
 
 class WanPassContext(PassContext):
-    """The base pass context (vae/base.py) with the Wan pieces its `fast` chooses (`pieces`)."""
+    """The base pass context (vae/base.py) with the Wan pieces its `fast` chooses (`pieces`): `fast` is the model's
+    active paths (`WanVAE.context` makes it)."""
 
     def __init__(self, fast: FastPaths, cache_in: Optional[Sequence[torch.Tensor]] = None, collect: bool = True,
                  shard: Optional[object] = None):
