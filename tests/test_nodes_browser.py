@@ -15,7 +15,7 @@ at most 880 CSS px wide (what GitHub shows of a README image): at most 100 %, an
 and widget values stay legible at that width. A graph too wide for that is wrapped for the picture only: its
 columns of nodes (cut where no node spans) are laid in rows, in order, the links following; the workflow file
 keeps its one row. Checked with ComfyUI 0.8.0 (frontend 1.35.9) and Chromium 150, ComfyUI 0.33.0 (frontend
-1.58.1) and Chromium 156, and ComfyUI 0.19.3 (frontend 1.58.1) and Chromium 156 on CPU, about 40 s.
+1.58.1) and Chromium 156, and ComfyUI 0.19.3 (frontend 1.58.1) and Chromium 150 on CPU, about 45 s.
 """
 
 from __future__ import annotations
