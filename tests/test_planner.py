@@ -324,3 +324,29 @@ def test_a_kind_over_the_host_budget_at_a_slice_is_not_predicted_again_at_any_ti
         assert not any(s <= slice_ for s in over_host.get(kind, ())), f"predicted after its slice was over: {cand}"
         if cand.cache_on_host and 10 * (cand.temporal_slice or cand.shape[2]) > 15:
             over_host.setdefault(kind, []).append(slice_)
+
+
+def test_a_plan_with_its_output_in_host_memory_is_not_predicted_where_its_twin_less_the_output_is_over(models,
+                                                                                                      monkeypatch):
+    """Moving the output canvas to host memory lowers a plan's device need by at most that canvas: where the same
+    plan with its output on the device, predicted at an earlier host level, is over the budget by more than the
+    canvas, the output-in-host-memory plan is not predicted (SeedVR2 720p x 81 at the default budget: 18 -> 14
+    predictions, the same plan). With predictions where every plan but the untiled ones keeping their caches in host
+    memory needs 200 MB (those 100 MB), no plan with its output in host memory is predicted at a 150 MB budget."""
+    model = models["qwen_image"]
+    x = _input(model, True, 5, (16, 24))
+    order: list[PassPlan] = []
+
+    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
+        mb = 100 if cand.mode == "untiled" and cand.cache_on_host else 200
+        order.append(cand)
+        return replace(cand, predicted=PeakPrediction(mb * MB, 0, 0, cand.temporal_slice), budget_bytes=budget_bytes,
+                       cost_s=search_module.estimate_s(model_, cand, work, cache_bytes=held))
+
+    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    plan = fastest_fitting_plan(model, tuple(x.shape), decode=True, budget_bytes=150 * MB,
+                                paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
+                                request=PlanRequest(host_is_separate=True), copies=MetaPasses(model))
+    assert plan.mode == "untiled" and plan.cache_on_host, plan.describe()
+    assert any(not c.output_on_host for c in order[1:]), "the level with the output on the device was not searched"
+    assert not any(c.output_on_host for c in order), [c.layout() for c in order if c.output_on_host]

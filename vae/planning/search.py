@@ -196,7 +196,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
     estimate ranks first among those that fit. Each kind's smallest and largest plans are predicted first; a
     candidate is then skipped unpredicted where what it must hold on the device alone is over the budget, where a
     plan of its kind with no larger tile and slice was already over, or where its peak estimated from its kind's
-    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget, or where a plan of its kind with no larger slice
+    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget, where the same plan with its output on the
+    device, less that output, was over (`_with_output_on_device`), or where a plan of its kind with no larger slice
     was over the host budget (what a kind keeps in host memory is whole-frame: caches, the output, a step's
     activations; it grows with the slice, not the tile). A peak is not strictly monotone in a tile or slice, so a
     skip may cost speed (a smaller plan taken), never memory."""
@@ -217,7 +218,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
 
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
         least = _thriftiest(group)
-        if _held_on_device(model, least, held, out_bytes) > budget.device_bytes:
+        if _held_on_device(model, least, held, out_bytes) > budget.device_bytes or \
+                _with_output_on_device(least, tried, budget, out_bytes) > limit:
             over[_kind(least)] = [least]
             continue
         if not budget.fits(ask(least)):
@@ -227,6 +229,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
             ask(most)
     for cand in sorted(level, key=cost):
         if _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
+            continue
+        if _with_output_on_device(cand, tried, budget, out_bytes) > limit:
             continue
         kind = _kind(cand)
         if any(_size(o.tile_latent) <= _size(cand.tile_latent) and _size(o.temporal_slice) <= _size(cand.temporal_slice)
@@ -241,6 +245,19 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
         if budget.fits(plan):
             return plan
     return None
+
+
+def _with_output_on_device(cand: PassPlan, tried: list[PassPlan], budget: Budget, out_bytes: int) -> int:
+    """A lower bound of what a plan with its output in host memory needs on the device, from the prediction of the
+    same plan with its output on the device (made at an earlier host level): that need less the output canvas, the
+    one tensor the two plans place apart (0: no such prediction, or the output is on the device anyway)."""
+    if not cand.output_on_host:
+        return 0
+    twin = replace(cand, output_on_host=False)
+    for plan in tried:
+        if replace(plan, predicted=None, budget_bytes=None, cost_s=None) == twin:
+            return budget.device_need(plan) - out_bytes
+    return 0
 
 
 def step_volume(plan: PassPlan) -> float:
