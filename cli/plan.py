@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..vae.dtypes import DTYPE_NAMES
-from ..vae.planning import MODES
+from ..vae.input_rules import MODES
 from .errors import UsageError
 
 DESCRIPTION = ("Lists the ways the pass can run (untiled, temporal slices, exact or fast tiles, frame stages, host "

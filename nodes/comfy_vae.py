@@ -24,11 +24,12 @@ import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
 from ..vae.planning import PassPlan
-from ..vae.tiled import MIN_TILE_LATENT, decode_tiled as _decode_tiled, encode_tiled as _encode_tiled
+from ..vae.input_rules import MIN_TILE_LATENT, PassShape, TilingArgs, pass_shape, tiling_args
+from ..vae.tiled import decode_tiled_checked, encode_tiled_checked
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
 from .oom_retry import OOM_RETRY_OVERLAP_PX, unless_out_of_memory, warn_oom
-from .pass_budget import plan_item, tiled_plan
+from .pass_budget import item_shape, plan_item, tiled_plan
 from .pass_report import PassReport, reported
 from .progress import BatchProgress, progress_cap, progress_callback
 
@@ -111,19 +112,19 @@ class ComfyTurboVAE:
     def memory_used_decode(self, shape, dtype) -> int:
         """The planned peak of decoding one batch item of latents `shape` (items decode one at a time) under the
         ComfyUI budget (nodes/pass_budget.py): what core asks model management for, so it does not tile on top."""
-        return self._plan(shape, decode=True, log_it=False).predicted.pass_bytes
+        return self._plan(item_shape(self.turbo, shape, decode=True), log_it=False).predicted.pass_bytes
 
     def memory_used_encode(self, shape, dtype) -> int:
         """The planned peak of encoding pixels `shape` (its clips together) under the ComfyUI budget."""
-        return self._plan(shape, decode=False, log_it=False).predicted.pass_bytes
+        return self._plan(item_shape(self.turbo, shape, decode=False), log_it=False).predicted.pass_bytes
 
-    def _plan(self, shape, *, decode: bool, log_it: bool = True) -> PassPlan:
-        """The plan of core VAE Decode / Encode over `shape`: output into ComfyUI's intermediate device, and a clip
-        in about PROGRESS_STEPS steps (progress and Cancel between them; slicing is exact)."""
-        frames = shape[2] if len(shape) == 5 else 1
-        latents = frames if decode else self.turbo.latent_format.latent_frames(frames)
-        return plan_item(self.turbo, shape, self.device, decode=decode, log_it=log_it,
-                         output_device=self.output_device, max_temporal_slice=progress_cap(latents))
+    def _plan(self, shape: PassShape, *, log_it: bool = True) -> PassPlan:
+        """The plan of core VAE Decode / Encode over validated input `shape`: output into ComfyUI's intermediate
+        device, and a clip in about PROGRESS_STEPS steps (progress and Cancel between them; slicing is exact)."""
+        frames = shape.dims[2]
+        latents = frames if shape.decode else self.turbo.latent_format.latent_frames(frames)
+        return plan_item(self.turbo, shape, self.device, log_it=log_it, output_device=self.output_device,
+                         max_temporal_slice=progress_cap(latents))
 
     def _load(self, memory_required: int) -> None:
         mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=self.disable_offload)
@@ -173,11 +174,10 @@ class ComfyTurboVAE:
         """Core VAEDecode contract; `vae_options` may carry core's SeedVR2 `seedvr2_tiling` (our exact tiles)."""
         self.throw_exception_if_invalid()
         if (tiling := seedvr2_tiling_request(vae_options, MIN_TILE_LATENT * self.turbo.spatial_factor)) is not None:
-            return self.decode_tiled_px(samples_in, tile_px=tiling[0], overlap_px=tiling[1], mode="auto",
-                                        temporal_slice=None)
+            return self.decode_tiled_px(samples_in, self.tiling(tiling[0], tiling[1]))
         was_4d = samples_in.ndim == 4
         z = self._check_latents(samples_in)
-        plan = self._plan(z.shape, decode=True)
+        plan = self._plan(PassShape.of(z, decode=True))
         self._load(plan.predicted.pass_bytes)
         bar = BatchProgress(z.shape[0])  # core VAE Decode: progress and Cancel per batch item and step
 
@@ -195,8 +195,7 @@ class ComfyTurboVAE:
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("decoding")
-            rest = self.decode_tiled_px(samples_in[len(finished):], tile_px=None, overlap_px=OOM_RETRY_OVERLAP_PX,
-                                        mode="auto", temporal_slice=None)
+            rest = self.decode_tiled_px(samples_in[len(finished):], self.tiling(None, OOM_RETRY_OVERLAP_PX))
             if not finished:
                 return rest
             return torch.cat([self.clip_to_image(torch.cat(finished), was_4d), rest])
@@ -205,7 +204,7 @@ class ComfyTurboVAE:
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
         clip = self._image_to_clip(pixel_samples)
-        plan = self._plan(clip.shape, decode=False)
+        plan = self._plan(item_shape(self.turbo, clip.shape, decode=False))
         self._load(plan.predicted.pass_bytes)
         bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per step
         mm.throw_exception_if_processing_interrupted()
@@ -217,56 +216,57 @@ class ComfyTurboVAE:
         out = unless_out_of_memory(whole)
         if out is None:
             warn_oom("encoding")
-            return self.encode_tiled_px(pixel_samples, tile_px=None, overlap_px=OOM_RETRY_OVERLAP_PX, mode="auto",
-                                        temporal_slice=None)
+            return self.encode_tiled_px(pixel_samples, self.tiling(None, OOM_RETRY_OVERLAP_PX))
         bar.done(0)
         return self.to_comfy_latents(out.to(self.output_device).float())
 
     # -- tiled passes: ours in pixels (`*_tiled_px`); core's decode_tiled/encode_tiled contract converts ----
-    def decode_tiled_px(self, samples: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
-                        temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled decode (sizes in output pixels)."""
-        out = self._tiled_pass(self.latents_for_pass(samples), decode=True, tile_px=tile_px, overlap_px=overlap_px,
-                               mode=mode, temporal_slice=temporal_slice, node_id=node_id)
+    def tiling(self, tile_px: Optional[int], overlap_px: Optional[int], mode="auto", temporal_slice=None) -> TilingArgs:
+        """Tiling arguments in pixels, checked once (vae/input_rules.py) for a tiled pass of ours."""
+        return tiling_args(mode, tile_px, overlap_px, temporal_slice, spatial_factor=self.turbo.spatial_factor)
+
+    def decode_tiled_px(self, samples: torch.Tensor, tiling: TilingArgs, *, node_id: Optional[str] = None):
+        """Our tiled decode (sizes in output pixels; `tiling` checked by `tiling`), the latents checked once."""
+        self.throw_exception_if_invalid()
+        out = self._tiled_pass(self._check_latents(samples), tiling, decode=True, node_id=node_id)
         return self.clip_to_image(out, samples.ndim == 4)
 
-    def encode_tiled_px(self, pixels: torch.Tensor, *, tile_px: Optional[int], overlap_px: int, mode: str,
-                        temporal_slice: Optional[int], node_id: Optional[str] = None) -> torch.Tensor:
-        """Our tiled encode (tile and overlap in input pixels)."""
-        out = self._tiled_pass(self.clip_for_pass(pixels), decode=False, tile_px=tile_px, overlap_px=overlap_px,
-                               mode=mode, temporal_slice=temporal_slice, node_id=node_id)
+    def encode_tiled_px(self, pixels: torch.Tensor, tiling: TilingArgs, *, node_id: Optional[str] = None):
+        """Our tiled encode (tile and overlap in input pixels), the clip checked once and padded to 1 + 4n frames."""
+        clip = self.clip_for_pass(pixels)
+        x = self.turbo.pad_frames(self.turbo.check_pixels(clip))
+        out = self._tiled_pass(x, tiling, decode=False, node_id=node_id)
         return self.to_comfy_latents(out.to(self.output_device).float())
 
-    def _tiled_pass(self, x: torch.Tensor, *, decode: bool, tile_px: Optional[int], overlap_px: int, mode: str,
-                    temporal_slice: Optional[int], node_id: Optional[str]) -> torch.Tensor:
-        """Both tiled passes: planned first under the ComfyUI budget, then model management is asked for the plan's
-        peak; the plan logged is the plan run; its UI progress bar is also the cancel point."""
-        plan = self.tiled_plan(x.shape, decode=decode, tile_px=tile_px, overlap_px=overlap_px, mode=mode,
-                               temporal_slice=temporal_slice)
+    def _tiled_pass(self, x: torch.Tensor, tiling: TilingArgs, *, decode: bool,
+                    node_id: Optional[str]) -> torch.Tensor:
+        """Both tiled passes over checked raw latents or a checked, padded clip: planned first under the ComfyUI
+        budget, then model management is asked for the plan's peak; the plan logged is the plan run; its UI progress
+        bar is also the cancel point."""
+        shape = PassShape.of(x, decode=decode)
+        plan = self.tiled_plan(shape, tiling)
         self._load(plan.predicted.pass_bytes)
         mm.throw_exception_if_processing_interrupted()
-        run = _decode_tiled if decode else _encode_tiled
+        run = decode_tiled_checked if decode else encode_tiled_checked
         with reported(self.turbo, "decode" if decode else "encode", plan, self._keep):
             return run(self.turbo, x, plan=plan, progress=progress_callback(node_id), output_device=self.output_device)
 
-    def tiled_plan(self, shape, *, decode: bool, tile_px: Optional[int], overlap_px: Optional[int], mode: str,
-                   temporal_slice: Optional[int]) -> PassPlan:
-        """The plan of a tiled pass of ours over `shape` (nodes/pass_budget.py `tiled_plan`)."""
-        return tiled_plan(self.turbo, shape, self.device, decode=decode, tile_px=tile_px, overlap_px=overlap_px,
-                          mode=mode, temporal_slice=temporal_slice, output_device=self.output_device)
+    def tiled_plan(self, shape: PassShape, tiling: TilingArgs) -> PassPlan:
+        """The plan of a tiled pass of ours over validated input `shape` (nodes/pass_budget.py `tiled_plan`)."""
+        return tiled_plan(self.turbo, shape, self.device, tiling=tiling, output_device=self.output_device)
 
     def load_for_parallel(self, shape, *, decode: bool, tile_px: Optional[int],
                           temporal_slice: Optional[int]) -> PassPlan:
         """Model management asked for what the single-device exact plan of these tiles needs (the multi-GPU nodes:
         the first device runs its share of it); returns that plan."""
-        plan = self.tiled_plan(shape, decode=decode, tile_px=tile_px, overlap_px=None, mode="exact",
-                               temporal_slice=temporal_slice)
+        checked = pass_shape(shape, self.turbo.latent_format, self.kind, decode=decode, pad=True)
+        plan = self.tiled_plan(checked, self.tiling(tile_px, None, "exact", temporal_slice))
         self._load(plan.predicted.pass_bytes)
         mm.throw_exception_if_processing_interrupted()
         return plan
 
     def latents_for_pass(self, samples: torch.Tensor) -> torch.Tensor:
-        """Raw latents for our tiled / multi-GPU passes (unchecked: their plan checks the shape, the pass the rest)."""
+        """Raw latents for the multi-GPU passes (unchecked: their plan checks the shape, the pass the rest)."""
         self.throw_exception_if_invalid()
         return self.core_latents.to_raw(samples)
 
@@ -284,15 +284,15 @@ class ComfyTurboVAE:
         temporal slices carry the causal cache, so they are exact) and is ignored."""
         f = self.turbo.spatial_factor
         tile_px = max(tile_x or 0, tile_y or 0) * f or None
-        return self.decode_tiled_px(samples, tile_px=tile_px, overlap_px=core_overlap(tile_px, (overlap or 0) * f),
-                                    mode="auto", temporal_slice=tile_t or None)
+        return self.decode_tiled_px(samples, self.tiling(tile_px, core_overlap(tile_px, (overlap or 0) * f), "auto",
+                                                         tile_t or None))
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core VAEEncodeTiled contract: sizes in PIXEL units (tile_t in frames)."""
         tile_px = max(tile_x or 0, tile_y or 0) or None
         slice_ = max(1, tile_t // self.turbo.temporal_factor) if tile_t else None
-        return self.encode_tiled_px(pixel_samples, tile_px=tile_px, overlap_px=core_overlap(tile_px, overlap or 0),
-                                    mode="auto", temporal_slice=slice_)
+        return self.encode_tiled_px(pixel_samples, self.tiling(tile_px, core_overlap(tile_px, overlap or 0), "auto",
+                                                               slice_))
 
 
 def is_turbovae(vae: object) -> bool:

@@ -8,6 +8,7 @@ import logging
 
 from comfy_api.latest import io
 
+from ..vae.input_rules import check_tile
 from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
 from .comfy_vae import is_turbovae
 from .progress import progress_callback, running_node_id
@@ -36,8 +37,7 @@ def _prepare(vae, devices: str, tile_size: int, temporal_slice: int):
     if not is_turbovae(vae):
         raise ValueError("Multi-GPU decode/encode needs a VAE from the TurboVAE Loader (it splits our exact pass "
                          "across GPUs); use Optimized Tiled Decode/Encode for other VAEs")
-    if tile_size and tile_size < MIN_TILE:
-        raise ValueError(f"tile_size={tile_size} is too small; use at least {MIN_TILE} pixels, or 0 for automatic")
+    check_tile(tile_size, MIN_TILE, "tile_size")  # the rule of a tile side (vae/input_rules.py)
     if temporal_slice < 0:
         raise ValueError("temporal_slice must be 0 or more")
     devs = parse_devices(devices)

@@ -24,7 +24,8 @@ from ..vae.api import TurboVAE
 from ..vae.memory.budget import BudgetTooSmall, default_host_budget_bytes
 from ..vae.memory.device import host_to_device_bytes_per_s
 from ..vae.planning import PassPlan
-from ..vae.tiled import check_tiling
+from ..vae.input_rules import PassShape, TilingArgs, pass_shape
+from ..vae.tiled import check_exact_available
 from .device_memory import budget_source, freeable_bytes
 
 log = logging.getLogger("turbovae")
@@ -91,15 +92,14 @@ def unload_decision(kept: Optional[PassPlan], unloading: Optional[PassPlan], fre
                   f"{reload_s:.2f} s to move them out and back in")
 
 
-def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device, *, decode: bool,
-                  log_it: bool = True, **request) -> PassPlan:
-    """The plan of one pass over `shape` on `device` (vae/planning; `request`: `TurboVAE.plan`'s mode, tile_px,
-    overlap_px, temporal_slice, max_temporal_slice, output_device) under the ComfyUI budget: the fastest plan that
-    fits beside the models core holds, or one that needs some of them unloaded when that saves more time than
-    reloading them costs (`unload_decision`); the node asks `load_models_gpu` for the plan's peak, which makes core
-    unload them. Logs the plan and the choice. BudgetTooSmall when even an empty card is too little, naming the
-    smallest budget that works."""
-    shape = tuple(int(d) for d in shape)
+def plan_in_comfy(turbo: TurboVAE, shape: PassShape, device: torch.device, *, log_it: bool = True,
+                  tiling: TilingArgs = TilingArgs(), **request) -> PassPlan:
+    """The plan of one pass over validated input `shape` on `device` (vae/planning; `tiling`: the checked mode, tile,
+    overlap and temporal slice; `request`: `TurboVAE.plan`'s max_temporal_slice, output_device) under the ComfyUI
+    budget: the fastest plan that fits beside the models core holds, or one that needs some of them unloaded when
+    that saves more time than reloading them costs (`unload_decision`); the node asks `load_models_gpu` for the
+    plan's peak, which makes core unload them. Logs the plan and the choice. BudgetTooSmall when even an empty card is
+    too little, naming the smallest budget that works."""
     device = torch.device(device)
     source = budget_source(device)
     host = comfy_host_budget_bytes()
@@ -108,8 +108,8 @@ def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device,
 
     def planned(budget: int) -> Optional[PassPlan]:
         try:
-            return turbo.plan(shape, decode=decode, budget_bytes=budget, device=device, host_budget_bytes=host,
-                              **request)
+            return turbo.plan_checked(shape, tiling, budget_bytes=budget, device=device, host_budget_bytes=host,
+                                      **request)
         except BudgetTooSmall:
             if budget >= capacity:
                 raise
@@ -126,36 +126,23 @@ def plan_in_comfy(turbo: TurboVAE, shape: tuple[int, ...], device: torch.device,
     return plan
 
 
-def item_shape(turbo: TurboVAE, shape, *, decode: bool) -> tuple[int, ...]:
-    """The shape one pass of ours sees for input `shape` ([B, C, T, ...] or [B, C, H, W]): latents decode one batch
-    item at a time; pixels encode their B clips together, padded to 1 + 4n frames as the public path pads.
-    ValueError for a wrong channel count, said as the pass itself says it (a meta pass over that shape would only
-    fail inside a layer)."""
-    channels = turbo.latent_channels if decode else turbo.image_channels
-    if len(shape) < 4 or shape[1] != channels:
-        what = "latents" if decode else "pixels"
-        raise ValueError(f"{what} must have {channels} channels for a {turbo.kind} VAE; got shape {tuple(shape)}")
-    t = shape[2] if len(shape) == 5 else 1
-    if not decode:
-        t = turbo.latent_format.padded_frames(t)
-    return (1 if decode else int(shape[0]), int(shape[1]), int(t), int(shape[-2]), int(shape[-1]))
+def item_shape(turbo: TurboVAE, shape, *, decode: bool) -> PassShape:
+    """The input one pass of ours sees for input `shape` ([B, C, T, ...] or [B, C, H, W]), checked by the input rules
+    (vae/input_rules.py) as the pass itself checks it: latents decode one batch item at a time; pixels encode their B
+    clips together, padded to 1 + 4n frames as the public path pads."""
+    checked = pass_shape(shape, turbo.latent_format, turbo.kind, decode=decode, pad=True)
+    return checked.one_item() if decode else checked
 
 
-def plan_item(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, log_it: bool = True,
-              **request) -> PassPlan:
-    """`plan_in_comfy` for the pass one node call runs over input `shape` (`item_shape`)."""
-    return plan_in_comfy(turbo, item_shape(turbo, shape, decode=decode), device, decode=decode, log_it=log_it,
-                         **request)
+def plan_item(turbo: TurboVAE, shape: PassShape, device: torch.device, *, log_it: bool = True, **request) -> PassPlan:
+    """`plan_in_comfy` for the pass one node call runs over validated input `shape` (`item_shape`, or a checked
+    tensor's `PassShape.of`): a decode runs its batch items one at a time."""
+    return plan_in_comfy(turbo, shape.one_item() if shape.decode else shape, device, log_it=log_it, **request)
 
 
-def tiled_plan(turbo: TurboVAE, shape, device: torch.device, *, decode: bool, tile_px: Optional[int],
-               overlap_px: Optional[int], mode: str, temporal_slice: Optional[int],
+def tiled_plan(turbo: TurboVAE, shape: PassShape, device: torch.device, *, tiling: TilingArgs,
                output_device: Optional[torch.device] = None) -> PassPlan:
-    """The plan of a tiled pass of ours over `shape` (the whole batch at once) under the ComfyUI budget, the arguments
-    checked as `decode_tiled` checks them (an encode's clip padded to 1 + 4n frames)."""
-    overlap_px = check_tiling(tile_px, overlap_px, mode, turbo.spatial_factor, temporal_slice)
-    shape = tuple(int(d) for d in shape)
-    if not decode:
-        shape = (*shape[:2], turbo.latent_format.padded_frames(shape[2]), *shape[3:])
-    return plan_in_comfy(turbo, shape, device, decode=decode, mode=mode, tile_px=tile_px, overlap_px=overlap_px,
-                         temporal_slice=temporal_slice, output_device=output_device)
+    """The plan of a tiled pass of ours over validated input `shape` (the whole batch at once; an encode's clip
+    padded) and checked `tiling` under the ComfyUI budget."""
+    check_exact_available(turbo, tiling, decode=shape.decode)
+    return plan_in_comfy(turbo, shape, device, tiling=tiling, output_device=output_device)

@@ -10,9 +10,9 @@ from typing import Optional
 
 from comfy_api.latest import io
 
-from ..vae.tiled import MIN_TILE_LATENT
-from ..vae.tiled import MODES as TILE_MODES
-from .choices import TILE_MODE_HELP, check_choice, choice_error, first_error
+from ..vae.input_rules import MIN_TILE_LATENT, TilingArgs, tiling_args
+from ..vae.input_rules import MODES as TILE_MODES
+from .choices import TILE_MODE_HELP, choice_error, first_error
 from .comfy_vae import is_turbovae
 from .progress import running_node_id
 from .schema import combo, node_schema, pass_inputs, pass_output, temporal_slice_input, tile_size_input
@@ -46,17 +46,13 @@ def _min_tile(vae) -> int:
     return MIN_TILE_LATENT * vae.turbo.spatial_factor if is_turbovae(vae) else MIN_TILE
 
 
-def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str,
-           min_tile: int = MIN_TILE) -> tuple[Optional[int], Optional[int]]:
-    check_choice("mode", mode, TILE_MODES)
-    if tile_size and tile_size < min_tile:
-        raise ValueError(f"tile_size={tile_size} is too small for this VAE; use at least {min_tile} pixels, "
-                         "or 0 for automatic")
-    if overlap < 0 or temporal_slice < 0:
-        raise ValueError("overlap and temporal_slice must be 0 or more")
-    if tile_size and overlap * 2 >= tile_size:
-        raise ValueError(f"overlap={overlap} must be less than half of tile_size={tile_size}")
-    return tile_size, (temporal_slice or None)  # tile_size 0 = sized from the memory budget
+def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str, min_tile: int = MIN_TILE) -> TilingArgs:
+    """The node's settings as checked tiling arguments (vae/input_rules.py, once; named as the widgets are): tile_size
+    0 = sized from the memory budget, temporal_slice 0 = chosen."""
+    if temporal_slice < 0:
+        raise ValueError(f"temporal_slice={temporal_slice} must be 0 (automatic) or more")
+    return tiling_args(mode, tile_size, overlap, temporal_slice or None, spatial_factor=min_tile // MIN_TILE_LATENT,
+                       min_tile_px=min_tile, names=("tile_size", "overlap"))
 
 
 class TurboVAETiledDecode(io.ComfyNode):
@@ -76,13 +72,12 @@ class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile_px, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tiling = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         z = samples["samples"]
         if is_turbovae(vae):
-            images = vae.decode_tiled_px(z, tile_px=tile_px, overlap_px=overlap, mode=mode, temporal_slice=slice_,
-                                         node_id=running_node_id(cls))
+            images = vae.decode_tiled_px(z, tiling, node_id=running_node_id(cls))
         else:
-            images = _core_decode_tiled(vae, z, tile_px or 512, overlap, slice_)
+            images = _core_decode_tiled(vae, z, tiling.tile_px or 512, tiling.overlap_px, tiling.temporal_slice)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         return io.NodeOutput(images, ui=_report_text(vae))
@@ -105,10 +100,10 @@ class TurboVAETiledEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tile_px, slice_ = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tiling = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tile_px, overlap, slice_ = tiling.tile_px, tiling.overlap_px, tiling.temporal_slice
         if is_turbovae(vae):
-            latents = vae.encode_tiled_px(pixels, tile_px=tile_px, overlap_px=overlap, mode=mode,
-                                          temporal_slice=slice_, node_id=running_node_id(cls))
+            latents = vae.encode_tiled_px(pixels, tiling, node_id=running_node_id(cls))
         else:
             frames = slice_ * 4 if slice_ else None
             channels = getattr(vae, "output_channels", 3)  # core's name for a VAE's image channels

@@ -17,6 +17,7 @@ node_helpers.use_comfy_stubs()
 from turbovae.bench.models import seeded_init  # noqa: E402
 from turbovae.nodes import pass_budget  # noqa: E402
 from turbovae.vae.api import TurboVAE  # noqa: E402
+from turbovae.vae.input_rules import PassShape  # noqa: E402
 from turbovae.vae.memory.budget import BudgetTooSmall, host_margin_bytes  # noqa: E402
 from turbovae.vae.planning import PassPlan  # noqa: E402
 from turbovae.vae.memory.peak import PeakPrediction  # noqa: E402
@@ -84,7 +85,7 @@ def test_the_node_unloads_other_models_when_the_link_makes_it_worth_it(seedvr2, 
         monkeypatch.setattr(pass_budget, "host_to_device_bytes_per_s", lambda device, s=speed: s)
         with caplog.at_level(logging.INFO, logger="turbovae"):
             caplog.clear()
-            plan = pass_budget.plan_in_comfy(seedvr2, (1, 16, 5, 16, 16), CUDA, decode=True)
+            plan = pass_budget.plan_in_comfy(seedvr2, PassShape((1, 16, 5, 16, 16), True), CUDA)
         line = caplog.records[-1].getMessage()
         if unloads:
             assert plan.layout() == untiled.layout() and "other models unloaded" in line and "by unloading" in line
@@ -99,12 +100,12 @@ def test_host_memory_in_comfy_is_what_core_leaves_on_the_cpu(seedvr2, card, monk
     plenty it may keep its caches there."""
     monkeypatch.setattr(mm, "free_memory_bytes", 1)  # nothing free on the device beside the other models
     monkeypatch.setattr(mm, "total_memory_bytes", 400 * MB + pass_budget.weights_bytes(seedvr2) + 12 * MB)
-    shape = (1, 16, 9, 16, 16)
-    roomy = pass_budget.plan_in_comfy(seedvr2, shape, CUDA, decode=True, log_it=False)
+    shape = PassShape((1, 16, 9, 16, 16), True)
+    roomy = pass_budget.plan_in_comfy(seedvr2, shape, CUDA, log_it=False)
     assert roomy.predicted.host_bytes > 0 and roomy.predicted.pass_bytes <= 12 * MB  # fits only with host memory
     monkeypatch.setattr(mm, "cpu_free_memory_bytes", host_margin_bytes() + 1)  # one byte of host budget
     with pytest.raises(BudgetTooSmall) as err:
-        pass_budget.plan_in_comfy(seedvr2, shape, CUDA, decode=True, log_it=False)
+        pass_budget.plan_in_comfy(seedvr2, shape, CUDA, log_it=False)
     text = str(err.value)
     assert "12 MB on the device and 0 MB of host memory" in text
     need = int(text.split("the smallest needs ")[1].split(" MB")[0])

@@ -118,7 +118,7 @@ def test_turbovae_opt_in_is_exact_off_cuda_and_opt_out_removes_runners(seeded):
     got = (vae.decode(z), vae.encode(x))
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     vae.use_cuda_graphs(0)
-    assert vae._graphs == {} and vae.tile_pass(decode=True) == vae.model.decode_latents
+    assert vae._graphs == {} and vae.tile_pass(decode=True) == vae.model.decode_slices
 
 
 @pytest.mark.gpu

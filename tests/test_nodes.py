@@ -24,6 +24,7 @@ node_helpers.use_comfy_stubs()
 
 from turbovae import TurboVAE, load_vae  # noqa: E402
 from turbovae.vae.checkpoint import CheckpointError  # noqa: E402
+from turbovae.vae.input_rules import PassShape  # noqa: E402
 from turbovae.vae.tiling.exact import supports_exact  # noqa: E402
 from turbovae.nodes import TurboVAEExtension, all_nodes, loader_nodes  # noqa: E402
 from turbovae.nodes.comfy_vae import ComfyTurboVAE  # noqa: E402
@@ -211,7 +212,7 @@ def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
     """memory_used_decode is the predicted peak of the plan core VAE Decode runs under ComfyUI's budget (so core does
     not tile on top of us): within the budget, less than the untiled whole clip for a long clip, smaller under a
     tighter budget; decode logs the plan, its predicted peak and where the budget came from."""
-    from turbovae.nodes.pass_budget import comfy_budget_bytes
+    from turbovae.nodes.pass_budget import comfy_budget_bytes, item_shape
     from turbovae.vae.planning.meta_pass import predict_pass
 
     vae = _vae("qwen_image_tiny.safetensors")
@@ -222,7 +223,7 @@ def test_memory_estimate_is_the_planned_peak_under_the_comfyui_budget(caplog):
         mm.free_memory_bytes = 8 * 2**30
         budget = comfy_budget_bytes(vae.turbo, vae.device)
         long_clip = vae.memory_used_decode(long_shape, torch.bfloat16)
-        plan = vae._plan(long_shape, decode=True, log_it=False)
+        plan = vae._plan(item_shape(vae.turbo, long_shape, decode=True), log_it=False)
         assert long_clip == plan.predicted.pass_bytes <= budget
         # the plan's own prediction (on the CPU a slice step can need more than the whole clip: with fewer frames
         # PyTorch picks its im2col conv kernels, whose column buffers count; vae/memory/cpu_conv.py)
@@ -244,9 +245,9 @@ def test_tiled_node_plans_first_then_asks_for_the_plans_peak():
     vae = _vae("qwen_image_tiny.safetensors")
     z = torch.randn(1, vae.latent_channels, 3, 8, 24)
     before = len(mm.load_calls)
-    vae.decode_tiled_px(z, tile_px=0, overlap_px=16, mode="auto", temporal_slice=None)
+    vae.decode_tiled_px(z, vae.tiling(0, 16))
     asked = mm.load_calls[before]["memory_required"]
-    plan = vae.tiled_plan(z.shape, decode=True, tile_px=0, overlap_px=16, mode="auto", temporal_slice=None)
+    plan = vae.tiled_plan(PassShape.of(z, decode=True), vae.tiling(0, 16))
     assert asked == plan.predicted.pass_bytes
     assert vae.last_report.how == plan.layout() and vae.last_report.predicted_mb == asked / 2**20
 
@@ -256,13 +257,13 @@ def test_encode_plans_every_clip_of_a_batch():
     from turbovae.nodes.pass_budget import item_shape
 
     vae = _vae("qwen_image_tiny.safetensors")
-    assert item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False)[0] == 3
-    assert item_shape(vae.turbo, (3, vae.latent_channels, 5, 8, 8), decode=True)[0] == 1  # latents: item by item
+    assert item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False).dims[0] == 3
+    assert item_shape(vae.turbo, (3, vae.latent_channels, 5, 8, 8), decode=True).dims[0] == 1  # item by item
     from turbovae.vae.planning.meta_pass import predict_pass
 
     one = vae.memory_used_encode((1, 3, 5, 64, 64), torch.float32)
     three = vae.memory_used_encode((3, 3, 5, 64, 64), torch.float32)
-    plan = vae._plan((3, 3, 5, 64, 64), decode=False, log_it=False)
+    plan = vae._plan(item_shape(vae.turbo, (3, 3, 5, 64, 64), decode=False), log_it=False)
     assert plan.shape[0] == 3 and plan.mode == "untiled" and three == plan.predicted.pass_bytes
     # the three clips' pass as predicted, not one clip's (on the CPU three clips can take less: with a batch of 3
     # PyTorch picks oneDNN's conv kernels over its im2col ones, whose columns count; vae/memory/cpu_conv.py)
@@ -665,7 +666,7 @@ def test_fixed_combo_options_are_the_librarys_tables():
     from turbovae.vae.accel import compile as compile_settings
     from turbovae.vae.dtypes import DTYPE_CHOICES, DTYPE_NAMES
     from turbovae.vae.gpu_defaults import COMPILE_ARCHITECTURES
-    from turbovae.vae.tiled import MODES as TILE_MODES
+    from turbovae.vae.input_rules import MODES as TILE_MODES
 
     library = {TILE_MODES, DTYPE_CHOICES, DTYPE_NAMES, BACKEND_CHOICES, ENGINE_SET_MODES, compile_settings.MODES,
                compile_settings.BACKENDS, tuple(compile_settings.DYNAMIC), COMPILE_ARCHITECTURES}

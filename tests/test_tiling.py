@@ -131,11 +131,11 @@ def _spy(fn, calls):
 
 
 class _OOMAbove:
-    """Wraps a model's whole-clip decode (what single-frame tiles run): out-of-memory for crops wider
+    """Wraps a model's whole-clip decode of checked latents (what single-frame tiles run): out-of-memory for crops wider
     than `limit` latent px."""
 
     def __init__(self, model, limit):
-        self.orig, self.limit, self.seen = model.decode_latents, limit, []
+        self.orig, self.limit, self.seen = model.decode_slices, limit, []
 
     def __call__(self, z, **kw):
         self.seen.append(z.shape[-1])
@@ -147,7 +147,7 @@ class _OOMAbove:
 def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
     z = _latents(vae, 1, 20, 20)
     guard = _OOMAbove(vae.model, limit=16)
-    monkeypatch.setattr(vae.model, "decode_latents", guard)
+    monkeypatch.setattr(vae.model, "decode_slices", guard)
     with caplog.at_level(logging.WARNING):
         out = decode_tiled(vae, z, tile_px=256, overlap_px=32, mode="fast")
     assert out.shape[-1] == 160
@@ -158,7 +158,7 @@ def test_oom_shrinks_tile_then_succeeds(vae, monkeypatch, caplog):
 @pytest.mark.slow
 def test_oom_at_floor_gives_clear_error(vae, monkeypatch):
     z = _latents(vae, 1, 20, 20)
-    monkeypatch.setattr(vae.model, "decode_latents", _OOMAbove(vae.model, limit=0))
+    monkeypatch.setattr(vae.model, "decode_slices", _OOMAbove(vae.model, limit=0))
     with pytest.raises(MemoryError, match=r"even with 64 px tiles .*started at 256 px.*GiB free"):
         decode_tiled(vae, z, tile_px=256, overlap_px=32, mode="fast")
 

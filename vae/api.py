@@ -1,23 +1,24 @@
 """The public VAE object: input checks, clip-length policy, dtype/device handling, sampling.
 
 Architectures (vae/seedvr2, vae/wan) only see validated tensors; everything a user can get wrong is
-caught here with a `ValueError` that names the fix. Loading a checkpoint into one is vae/loader.py.
+caught at a pass's entry with a `ValueError` that names the fix, once (the rules: vae/input_rules.py).
+Loading a checkpoint into one is vae/loader.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from dataclasses import replace
 from typing import Callable, Optional, Union
 
 import torch
 
-from .base import LatentFormat, Progress, VAEModel, check_temporal_slice
+from .base import LatentFormat, Progress, VAEModel
 from .checkpoint import StateDict
 from .accel.cuda_graphs import CudaGraphRunner
 from .dtypes import parse_dtype
+from .input_rules import PassShape, TilingArgs, check_mode, check_temporal_slice, pass_shape, pass_tensor
 from .accel.weight_layout import checkpoint_layout
 from .memory.device import check_fits, process_rss_bytes
 from .memory.budget import MemoryBudget
@@ -118,7 +119,7 @@ class TurboVAE:
         return (params[0].device, params[0].dtype, tuple(p.data_ptr() for p in params))
 
     def _eager_pass(self, decode: bool) -> Callable[..., torch.Tensor]:
-        return self.model.decode_latents if decode else self.model.encode_moments
+        return self.model.decode_slices if decode else self.model.encode_slices  # input checked at the entry
 
     def graph_pool_bytes(self) -> int:
         """Device memory the captured CUDA graphs' private pools hold (0 without graphs): memory the
@@ -163,48 +164,14 @@ class TurboVAE:
     def __repr__(self) -> str:
         return f"TurboVAE(kind={self.kind!r}, dtype={self.dtype}, device={self.device}, source={self.source!r})"
 
-    # -- input checks --------------------------------------------------------------------------
-    def _check_common(self, x: torch.Tensor, what: str, channels: int, layout: str) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{what} must be a torch.Tensor {layout}, got {type(x).__name__}")
-        if x.ndim == 4:
-            x = x.unsqueeze(2)
-        if x.ndim != 5:
-            raise ValueError(f"{what} must be {layout} (or 4-D for a single frame); got shape {tuple(x.shape)}")
-        if not (x.is_floating_point()):
-            raise ValueError(f"{what} must be a floating-point tensor (got {x.dtype}); convert with .float()")
-        if x.shape[1] != channels:
-            hint = ""
-            if x.shape[-1] == channels and x.shape[1] != channels:
-                hint = " (channels-last? permute to channels-first)"
-            elif what == "pixels" and (x.shape[1], channels) == (3, 4):
-                hint = (" (RGB into an RGBA VAE? append an opaque alpha channel of 1.0: "
-                        "torch.cat([x, torch.ones_like(x[:, :1])], dim=1))")
-            elif what == "pixels" and x.shape[1] > channels:
-                hint = f" (keep the first {channels}: x[:, :{channels}])"
-            raise ValueError(f"{what} must have {channels} channels for a {self.kind} VAE; "
-                             f"got shape {tuple(x.shape)}{hint}")
-        if 0 in x.shape:
-            raise ValueError(f"{what} is empty (shape {tuple(x.shape)}); nothing to {'decode' if what == 'latents' else 'encode'}")
-        check_fits(what, tuple(x.shape), torch.float32, x.device)  # an expanded view could be any size
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{what} contain NaN or inf values; check the upstream node (e.g. an fp16 overflow)")
-        return x
-
+    # -- input checks (the rules: vae/input_rules.py) -------------------------------------------------
     def check_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        i = self.image_channels
-        x = self._check_common(pixels, "pixels", i, f"[B, {i}, T, H, W] in [-1, 1]")
-        f = self.spatial_factor
-        h, w = x.shape[-2:]
-        if h % f or w % f:
-            raise ValueError(
-                f"pixel height and width must be multiples of {f} for a {self.kind} VAE; got {h}x{w}. "
-                f"Crop or pad to {h - h % f}x{w - w % f} or {math.ceil(h / f) * f}x{math.ceil(w / f) * f} "
-                "(turbovae.pad_to_multiple pads by replication)")
-        return x
+        """`pixels` checked as an encode's input and made 5-D (ValueError naming the fix)."""
+        return pass_tensor(pixels, self.latent_format, self.kind, decode=False)
 
     def check_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        return self._check_common(latents, "latents", self.latent_channels, f"[B, {self.latent_channels}, T, h, w]")
+        """`latents` checked as a decode's input and made 5-D (ValueError naming the fix)."""
+        return pass_tensor(latents, self.latent_format, self.kind, decode=True)
 
     def check_decoded_size(self, z: torch.Tensor, device: Optional[torch.device] = None) -> None:
         """InputTooLarge when the pixels of validated latents `z` could never fit on `device` (default: the
@@ -242,7 +209,19 @@ class TurboVAE:
         what it may keep in host memory (default `self.budget`'s host side: the RAM available now less a margin;
         on a CPU pass host memory is the budgeted memory itself). BudgetTooSmall when no plan fits, naming the
         smallest budget that works."""
-        shape = self._plan_shape(shape, decode=decode)
+        checked = pass_shape(shape, self.latent_format, self.kind, decode=decode, pad=False)
+        tiling = TilingArgs(check_mode(mode), tile_px, overlap_px, check_temporal_slice(temporal_slice))
+        return self.plan_checked(checked, tiling, budget_bytes=budget_bytes, device=device, output_device=output_device,
+                                 allow_host=allow_host, max_temporal_slice=max_temporal_slice,
+                                 host_budget_bytes=host_budget_bytes)
+
+    def plan_checked(self, shape: PassShape, tiling: TilingArgs = TilingArgs(), *, budget_bytes: Optional[int] = None,
+                     device: Union[None, str, torch.device] = None,
+                     output_device: Union[None, str, torch.device] = None, allow_host: bool = True,
+                     max_temporal_slice: Optional[int] = None, host_budget_bytes: Optional[int] = None) -> PassPlan:
+        """`plan` of an input and tiling arguments the input rules have passed (vae/input_rules.py: `pass_shape`,
+        `tiling_args`, or a checked tensor's `PassShape.of`): for a pass that checks its input once at its entry
+        (the API's passes, the tiled API, the nodes), so nothing is checked again."""
         dev = self.device if device is None else torch.device(device)
         budget = self.budget.resolve(dev) if budget_bytes is None else budget_bytes
         host_budget = None
@@ -251,12 +230,13 @@ class TurboVAE:
         on_host = None
         if output_device is not None:
             on_host = torch.device(output_device).type != dev.type
-        request = PlanRequest(mode=mode, tile_px=tile_px, overlap_px=overlap_px, temporal_slice=temporal_slice,
-                              max_temporal_slice=max_temporal_slice, output_on_host=on_host, allow_host=allow_host)
-        shape = tuple(int(d) for d in shape)
+        request = PlanRequest(mode=tiling.mode, tile_px=tiling.tile_px, overlap_px=tiling.overlap_px,
+                              temporal_slice=tiling.temporal_slice, max_temporal_slice=max_temporal_slice,
+                              output_on_host=on_host, allow_host=allow_host)
+        decode, dims = shape.decode, shape.dims
 
         def planned(pass_budget: int) -> PassPlan:
-            return fastest_fitting_plan(self.model, shape, decode=decode, budget_bytes=max(1, pass_budget),
+            return fastest_fitting_plan(self.model, dims, decode=decode, budget_bytes=max(1, pass_budget),
                                         paths=self._paths(dev), dtype=self.dtype, request=request, copies=self._meta(),
                                         host_budget_bytes=host_budget)
 
@@ -272,26 +252,6 @@ class TurboVAE:
         if grown and plan.predicted.pass_bytes + plan.predicted.host_bytes > budget - grown:
             plan = replace(planned(budget - grown), budget_bytes=budget)
         return plan
-
-    def _plan_shape(self, shape, *, decode: bool) -> tuple[int, ...]:
-        """`shape` as a pass's 5-D input shape, or a ValueError naming what is wrong (what decode / encode would
-        say of a tensor of that shape)."""
-        what, channels = ("latents", self.latent_channels) if decode else ("pixels", self.image_channels)
-        try:
-            dims = tuple(int(d) for d in shape)
-        except (TypeError, ValueError):
-            raise ValueError(f"shape must be a sequence of integers, got {shape!r}") from None
-        if len(dims) == 4:
-            dims = dims[:2] + (1,) + dims[2:]
-        if len(dims) != 5 or min(dims) < 1:
-            raise ValueError(f"{what} shape must be [B, {channels}, T, H, W] of positive sizes; got {dims}")
-        if dims[1] != channels:
-            raise ValueError(f"{what} must have {channels} channels for a {self.kind} VAE; got shape {dims}")
-        f, tf = self.spatial_factor, self.temporal_factor
-        if not decode and (dims[3] % f or dims[4] % f or (dims[2] - 1) % tf):
-            raise ValueError(f"pixels shape {dims}: height and width must be multiples of {f} and the frames "
-                             f"1 + {tf}n (pad_frames pads a clip as encode does)")
-        return dims
 
     def plan_temporal_slice(self, shape: tuple[int, ...], *, decode: bool, budget_bytes: Optional[int] = None,
                             device: Union[None, str, torch.device] = None) -> PassPlan:
@@ -330,7 +290,7 @@ class TurboVAE:
         check_temporal_slice(temporal_slice)
         x = self.pad_frames(self.check_pixels(pixels))
         x = self._prepare(x)
-        plan = self._given_or_new(plan, tuple(x.shape), False, temporal_slice, output_device, budget_bytes)
+        plan = self._given_or_new(plan, PassShape.of(x, decode=False), temporal_slice, output_device, budget_bytes)
         with torch.inference_mode():
             return self.run_encode(x, plan=plan, progress=progress, output_device=output_device)
 
@@ -377,24 +337,25 @@ class TurboVAE:
                         temporal_slice: Optional[int], budget_bytes: Optional[int]) -> torch.Tensor:
         self.check_decoded_size(z, torch.device(output_device) if output_device is not None else None)
         z = self._prepare(z)
-        plan = self._given_or_new(plan, tuple(z.shape), True, temporal_slice, output_device, budget_bytes)
+        plan = self._given_or_new(plan, PassShape.of(z, decode=True), temporal_slice, output_device, budget_bytes)
         with torch.inference_mode():
             return self.run_decode(z, plan=plan, progress=progress, output_device=output_device)
 
-    def _given_or_new(self, plan: Optional[PassPlan], shape: tuple[int, ...], decode: bool,
-                      temporal_slice: Optional[int], output_device, budget_bytes: Optional[int]) -> PassPlan:
+    def _given_or_new(self, plan: Optional[PassPlan], shape: PassShape, temporal_slice: Optional[int], output_device,
+                      budget_bytes: Optional[int]) -> PassPlan:
         """The caller's plan, checked against the input (and alone: the arguments it replaces must not be given), or
-        a new one for this input."""
+        a new one for this input (checked once at the pass's entry: `temporal_slice` and the input)."""
+        decode = shape.decode
         if plan is None:
-            plan = self.plan(shape, decode=decode, temporal_slice=temporal_slice, output_device=output_device,
-                             budget_bytes=budget_bytes)
+            plan = self.plan_checked(shape, TilingArgs(temporal_slice=temporal_slice), output_device=output_device,
+                                     budget_bytes=budget_bytes)
             log.debug("turbovae: %s", plan.describe())
             return plan
         if not isinstance(plan, PassPlan):
             raise ValueError(f"plan must be a PassPlan (TurboVAE.plan), got {type(plan).__name__}")
-        if plan.decode != decode or tuple(plan.shape) != tuple(shape):
+        if plan.decode != decode or tuple(plan.shape) != shape.dims:
             raise ValueError(f"the plan is for {'decoding' if plan.decode else 'encoding'} {plan.shape}, not "
-                             f"{'decoding' if decode else 'encoding'} {tuple(shape)}; make it from this input")
+                             f"{'decoding' if decode else 'encoding'} {shape.dims}; make it from this input")
         if temporal_slice is not None or budget_bytes is not None:
             raise ValueError("temporal_slice / budget_bytes given beside a plan, which already holds them; pass one")
         return plan

@@ -24,6 +24,7 @@ from .tracing import tracing
 
 from .accel.weight_layout import PassScratch, conv_modules, hold_layout
 from .causal_cache import CacheHandoff, CausalCache, State, recorded_cache_owners
+from .input_rules import check_temporal_slice
 
 
 @dataclass(frozen=True)
@@ -266,9 +267,16 @@ class VAEModel(nn.Module, ABC):
         temporal slices of `temporal_slice` latent frames. `progress(done, total)` runs after each temporal
         slice; raising from it (a cancel) stops the pass there."""
         check_temporal_slice(temporal_slice)
-        tf = self.latent_format.temporal_factor
-        if (pixels.shape[2] - 1) % tf:
-            raise ValueError(f"encode needs 1+{tf}n frames, got {pixels.shape[2]}; TurboVAE.encode pads for you")
+        fmt = self.latent_format
+        if fmt.padded_frames(pixels.shape[2]) != pixels.shape[2]:
+            raise ValueError(f"encode needs 1+{fmt.temporal_factor}n frames, got {pixels.shape[2]}; TurboVAE.encode "
+                             "pads for you")
+        return self.encode_slices(pixels, temporal_slice=temporal_slice, progress=progress)
+
+    def encode_slices(self, pixels: torch.Tensor, *, temporal_slice: Optional[int] = None,
+                      progress: Progress = None) -> torch.Tensor:
+        """`encode_moments` of a clip and slice the input rules have passed (vae/input_rules.py): what a pass that
+        checked its input once at its entry runs (`TurboVAE`'s own pass), so nothing is checked again."""
         bounds = self.slice_bounds(pixels.shape[2], temporal_slice, decode=False)
         return run_slices(self.encode_step, pixels, bounds, {}, progress,
                           out_frames=self.latent_format.latent_frames(pixels.shape[2]))
@@ -278,6 +286,11 @@ class VAEModel(nn.Module, ABC):
         """Raw latents [B, C, T', h, w] -> pixels [B, I, tf(T'-1)+1, H, W] (clamped as the reference does);
         `temporal_slice` and `progress` as for `encode_moments`."""
         check_temporal_slice(temporal_slice)
+        return self.decode_slices(latents, temporal_slice=temporal_slice, clamp=clamp, progress=progress)
+
+    def decode_slices(self, latents: torch.Tensor, *, temporal_slice: Optional[int] = None, clamp: bool = True,
+                      progress: Progress = None) -> torch.Tensor:
+        """`decode_latents` of latents and a slice the input rules have passed, as `encode_slices`."""
         bounds = self.slice_bounds(latents.shape[2], temporal_slice, decode=True)
         return run_slices(self.decode_step, latents, bounds, {"clamp": clamp}, progress,
                           out_frames=self.latent_format.pixel_frames(latents.shape[2]))
@@ -424,17 +437,6 @@ class StepStream(CausalStream):
         self._state = None
         self._started = False
 
-
-def check_temporal_slice(temporal_slice: Optional[int]) -> None:
-    """ValueError unless `temporal_slice` is None (chosen from free memory) or an integer ≥ 1 latent frame
-    (0 or less would never advance through the clip)."""
-    if temporal_slice is None:
-        return
-    if isinstance(temporal_slice, bool) or not isinstance(temporal_slice, int):
-        raise ValueError(f"temporal_slice must be an integer, got {temporal_slice!r}")
-    if temporal_slice < 1:
-        raise ValueError(f"temporal_slice={temporal_slice} must be ≥ 1 latent frame (or None to choose it from "
-                         "free memory)")
 
 
 def split_slices(total: int, first: int, rest: int) -> Sequence[tuple[int, int]]:

@@ -15,6 +15,7 @@ import torch
 
 from .base import VAEModel
 from .dtypes import parse_dtype
+from .input_rules import check_mode, pass_shape
 from .memory.budget import DEFAULT_PASS_BUDGET_BYTES, default_budget_bytes, default_host_budget_bytes
 from .planning.meta_pass import MetaPasses, PassPaths
 from .planning import PassPlan, PlanRequest
@@ -51,23 +52,16 @@ def meta_model(source: Union[str, os.PathLike, VAEModel]) -> VAEModel:
                     "path of a VAE checkpoint file or diffusers folder")
 
 
-def parse_shape(shape: Union[str, Sequence[int]]) -> tuple[int, ...]:
-    """'1x16x21x90x160' (or a sequence) -> a 5-D shape; PlanError otherwise."""
-    if isinstance(shape, str):
-        parts = [p for p in re.split(r"[x×, ]+", shape.strip()) if p]
-        try:
-            dims = tuple(int(p) for p in parts)
-        except ValueError:
-            raise PlanError(f"shape {shape!r} is not a list of integers; write it as BxCxTxHxW, e.g. 1x16x21x90x160") \
-                from None
-    else:
-        dims = tuple(int(d) for d in shape)
-    if len(dims) == 4:
-        dims = (dims[0], dims[1], 1, dims[2], dims[3])
-    if len(dims) != 5 or min(dims) < 1:
-        raise PlanError(f"shape {shape!r} must be B x C x T x H x W (or B x C x H x W for an image) of positive "
-                        "sizes, e.g. 1x16x21x90x160 latents or 1x3x81x720x1280 pixels")
-    return dims
+def parse_shape(shape: Union[str, Sequence[int]]) -> Union[str, Sequence[int]]:
+    """'1x16x21x90x160' -> (1, 16, 21, 90, 160) (a sequence as it is; the rules of a valid shape are
+    vae/input_rules.py's); PlanError for a string that is not a list of integers."""
+    if not isinstance(shape, str):
+        return shape
+    try:
+        return tuple(int(p) for p in re.split(r"[x×, ]+", shape.strip()) if p)
+    except ValueError:
+        raise PlanError(f"shape {shape!r} is not a list of integers; write it as BxCxTxHxW, e.g. 1x16x21x90x160") \
+            from None
 
 
 def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Sequence[int]], *, decode: bool,
@@ -88,20 +82,22 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     the smallest budget that works."""
     model = meta_model(source)
     fmt = model.latent_format
+    check_mode(mode, PlanError)
     dims = parse_shape(shape)
-    b, c, t, h, w = dims
+    try:
+        channels = int(dims[1])
+    except (TypeError, ValueError, IndexError):
+        channels = fmt.channels  # the rules name what is wrong with it
+    if channels not in (fmt.channels, fmt.image_channels):
+        raise PlanError(f"shape {tuple(dims)}: {channels} channels is neither the latents' ({fmt.channels}) nor the "
+                        f"pixels' ({fmt.image_channels}) of a {model.kind} VAE")
+    given = pass_shape(dims, fmt, model.kind, decode=channels == fmt.channels, pad=True, error=PlanError)
+    b, _c, t, h, w = x_shape = given.dims
     f = fmt.spatial_factor
-    if c == fmt.channels:
-        latents = dims
-    elif c == fmt.image_channels:
-        if h % f or w % f:
-            raise PlanError(f"pixel height and width must be multiples of {f} for a {model.kind} VAE; got {h}x{w}")
-        latents = (b, fmt.channels, fmt.latent_frames(fmt.padded_frames(t)), h // f, w // f)
-    else:
-        raise PlanError(f"shape {dims}: {c} channels is neither the latents' ({fmt.channels}) nor the pixels' "
-                        f"({fmt.image_channels}) of a {model.kind} VAE")
-    bl, cl, tl, hl, wl = latents
-    x_shape = latents if decode else (bl, fmt.image_channels, fmt.pixel_frames(tl), hl * f, wl * f)
+    if given.decode and not decode:  # latents: the pixels they decode to
+        x_shape = (b, fmt.image_channels, fmt.pixel_frames(t), h * f, w * f)
+    elif decode and not given.decode:  # pixels: their latents
+        x_shape = (b, fmt.channels, fmt.latent_frames(t), h // f, w // f)
     try:
         resolved = parse_dtype(dtype) or (torch.bfloat16 if device_type == "cuda" else torch.float32)
     except ValueError as e:

@@ -19,42 +19,15 @@ from typing import Callable, Optional
 import torch
 
 from .api import TurboVAE, moments_to_latents
-from .base import Progress, check_temporal_slice
+from .base import Progress
+from .input_rules import PassShape, TilingArgs, pass_shape, tiling_args
 from .memory.oom import OutOfMemory, attempt
-from .planning import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, MODES, PassPlan, run_plan
+from .planning import PassPlan, run_plan
 from .tiling.exact import supports_exact
-from .tiling.retry import MIN_TILE_LATENT, TileRetry
+from .tiling.retry import TileRetry
 
-__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MIN_TILE_LATENT", "MODES", "check_tiling", "decode_tiled",
-           "encode_tiled", "plan_tiling"]
-
-
-def check_tiling(tile_px: Optional[int], overlap_px: Optional[int], mode: str, spatial_factor: int,
-                 temporal_slice: Optional[int] = None) -> int:
-    """ValueError naming the fix for a mode, tile, overlap or temporal_slice the tiler cannot honour; returns the
-    overlap in pixels (`overlap_px=None`: 64 px, or a quarter of a smaller explicit tile)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    if overlap_px is None:
-        overlap_px = min(DEFAULT_OVERLAP_PX, tile_px // 4) if isinstance(tile_px, int) and tile_px > 0 \
-            else DEFAULT_OVERLAP_PX
-    check_temporal_slice(temporal_slice)
-    f = spatial_factor
-    for name, value in (("tile_px", tile_px), ("overlap_px", overlap_px)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if tile_px is not None and tile_px < 0:
-        raise ValueError(f"tile_px={tile_px} is negative; use a size ≥ {MIN_TILE_LATENT * f} px, or 0 to size tiles "
-                         "from the memory budget")
-    if tile_px and tile_px < MIN_TILE_LATENT * f:
-        raise ValueError(f"tile_px={tile_px} is too small; use at least {MIN_TILE_LATENT * f} px "
-                         "(or 0 to size tiles from the memory budget)")
-    if overlap_px < 0:
-        raise ValueError(f"overlap_px must be ≥ 0 px, got {overlap_px}")
-    if tile_px and 2 * overlap_px >= tile_px:
-        raise ValueError(f"overlap_px={overlap_px} must be less than half the tile ({tile_px} px): tiles would "
-                         f"overlap their neighbours' neighbours; use overlap_px ≤ {tile_px // 2 - f}")
-    return overlap_px
+__all__ = ["decode_tiled", "decode_tiled_checked", "encode_tiled", "encode_tiled_checked", "plan_tiling",
+           "planned_tiling"]
 
 
 def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int], overlap_px: Optional[int],
@@ -62,20 +35,26 @@ def plan_tiling(vae: TurboVAE, shape: tuple[int, ...], *, tile_px: Optional[int]
                 output_device: Optional[torch.device] = None, device: Optional[torch.device] = None) -> PassPlan:
     """The plan `decode_tiled` / `encode_tiled` run for input `shape` ([B, C, T, H, W] latents for decode, pixels
     for encode, whose clip the encode pads to 1 + 4n frames; 4-D images too), the arguments checked as they check
-    them; under `budget_bytes` (default `vae.budget`; the nodes pass ComfyUI's), with the output on
-    `output_device`, the pass on `device` (default the model's)."""
-    overlap_px = check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
-    shape = tuple(int(d) for d in shape)
-    if len(shape) == 4:
-        shape = (shape[0], shape[1], 1, shape[2], shape[3])
-    if not decode:
-        shape = (*shape[:2], vae.latent_format.padded_frames(shape[2]), *shape[3:])  # the clip the encode pads to
-    if mode == "exact" and not supports_exact(vae.model, decode=decode):
+    them (vae/input_rules.py); under `budget_bytes` (default `vae.budget`; the nodes pass ComfyUI's), with the output
+    on `output_device`, the pass on `device` (default the model's)."""
+    tiling = tiling_args(mode, tile_px, overlap_px, temporal_slice, spatial_factor=vae.spatial_factor)
+    checked = pass_shape(shape, vae.latent_format, vae.kind, decode=decode, pad=True)
+    return planned_tiling(vae, checked, tiling, budget_bytes=budget_bytes, output_device=output_device,
+                          device=device)
+
+
+def check_exact_available(vae: TurboVAE, tiling: TilingArgs, *, decode: bool) -> None:
+    """ValueError when exact tiles are asked of a VAE whose pass has none in this direction."""
+    if tiling.mode == "exact" and not supports_exact(vae.model, decode=decode):
         raise ValueError(f"exact tiled {'decode' if decode else 'encode'} is not available for a {vae.kind} VAE; "
                          "use mode='fast'")
-    return vae.plan(shape, decode=decode, mode=mode, tile_px=tile_px, overlap_px=overlap_px,
-                    temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device,
-                    device=device)
+
+
+def planned_tiling(vae: TurboVAE, shape: PassShape, tiling: TilingArgs, *, budget_bytes: Optional[int] = None,
+                   output_device: Optional[torch.device] = None, device: Optional[torch.device] = None) -> PassPlan:
+    """`plan_tiling` of an input and tiling arguments the input rules have passed (nothing checked again)."""
+    check_exact_available(vae, tiling, decode=shape.decode)
+    return vae.plan_checked(shape, tiling, budget_bytes=budget_bytes, output_device=output_device, device=device)
 
 
 def _tiled_pass(vae: TurboVAE, x: torch.Tensor, plan: PassPlan, *, progress: Progress,
@@ -150,19 +129,29 @@ def decode_tiled(vae: TurboVAE, latents: torch.Tensor, *, tile_px: Optional[int]
 
     `plan`: a `plan_tiling(..., decode=True)` made for these latents (what the nodes log), run as it is, in place
     of the tiling arguments."""
+    tiling = None
     if plan is not None:
         plan = _checked_plan(plan, True, tile_px, overlap_px, mode, temporal_slice)
     else:
-        check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+        tiling = tiling_args(mode, tile_px, overlap_px, temporal_slice, spatial_factor=vae.spatial_factor)
     squeeze = latents.ndim == 4
     z = vae.check_latents(latents)
     vae.check_decoded_size(z, output_device)
-    z = z.to(device=vae.device, dtype=vae.dtype)
     if plan is None:
-        plan = plan_tiling(vae, tuple(z.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=True,
-                           temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device)
-    out = _tiled_pass(vae, z, plan, progress=progress, output_device=output_device)
+        plan = planned_tiling(vae, PassShape.of(z, decode=True), tiling, budget_bytes=budget_bytes,
+                              output_device=output_device)
+    out = _tiled_pass(vae, z.to(device=vae.device, dtype=vae.dtype), plan, progress=progress,
+                      output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def decode_tiled_checked(vae: TurboVAE, z: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                         output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """`decode_tiled` of 5-D latents `check_latents` has passed, run as `plan` (made for them): for a caller that
+    checks a pass's input once and plans it itself (the nodes). All decoded frames, 5-D."""
+    vae.check_decoded_size(z, output_device)
+    return _tiled_pass(vae, z.to(device=vae.device, dtype=vae.dtype), plan, progress=progress,
+                       output_device=output_device)
 
 
 def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] = None,
@@ -175,16 +164,26 @@ def encode_tiled(vae: TurboVAE, pixels: torch.Tensor, *, tile_px: Optional[int] 
     Moments (mean ‖ log-variance) are blended by fast tiles, then the mean (or a posterior sample) is taken.
     Clips that are not 4n+1 frames are padded as `TurboVAE.encode` does. Other arguments as `decode_tiled`
     (`plan`: one made with decode=False)."""
+    tiling = None
     if plan is not None:
         plan = _checked_plan(plan, False, tile_px, overlap_px, mode, temporal_slice)
     else:
-        check_tiling(tile_px, overlap_px, mode, vae.spatial_factor, temporal_slice)
+        tiling = tiling_args(mode, tile_px, overlap_px, temporal_slice, spatial_factor=vae.spatial_factor)
     squeeze = pixels.ndim == 4
-    x = vae.pad_frames(vae.check_pixels(pixels)).to(device=vae.device, dtype=vae.dtype)
+    x = vae.pad_frames(vae.check_pixels(pixels))
     if plan is None:
-        plan = plan_tiling(vae, tuple(x.shape), tile_px=tile_px, overlap_px=overlap_px, mode=mode, decode=False,
-                           temporal_slice=temporal_slice, budget_bytes=budget_bytes, output_device=output_device)
-    moments = _tiled_pass(vae, x, plan, progress=progress, output_device=output_device)
-    out = moments_to_latents(moments, sample=sample, generator=generator)
+        plan = planned_tiling(vae, PassShape.of(x, decode=False), tiling, budget_bytes=budget_bytes,
+                              output_device=output_device)
+    out = encode_tiled_checked(vae, x, plan=plan, progress=progress, sample=sample, generator=generator,
+                               output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
 
+
+def encode_tiled_checked(vae: TurboVAE, x: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                         sample: bool = False, generator: Optional[torch.Generator] = None,
+                         output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """`encode_tiled` of a clip `check_pixels` has passed and `pad_frames` padded, run as `plan`, as
+    `decode_tiled_checked`: raw latents, 5-D."""
+    moments = _tiled_pass(vae, x.to(device=vae.device, dtype=vae.dtype), plan, progress=progress,
+                          output_device=output_device)
+    return moments_to_latents(moments, sample=sample, generator=generator)

@@ -162,7 +162,7 @@ def predict(arch: str, decode: bool, size: str, ranks: tuple[int, ...] = (2, 4, 
     h = math.ceil(h / f) * f  # Wan 2.2 (16 px per latent) pads 1080 to 1088
     lat_frames = (frames - 1) // tf + 1
     shape = (1, z_dim, lat_frames, h // f, w // f) if decode else (1, 3, frames, h, w)
-    run = (lambda m, x: m.decode_latents(x)) if decode else (lambda m, x: m.encode_moments(x))
+    run = (lambda m, x: m.decode_slices(x)) if decode else (lambda m, x: m.encode_slices(x))
     layers = trace_layers(lambda: fam.meta_model(for_split=True), run, shape)
     total = sum(l.flops for l in layers)
     out_elems = (3 * frames * h * w) if decode else (2 * z_dim * lat_frames * (h // f) * (w // f))

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from ..base import Progress
 from ..api import TurboVAE, moments_to_latents
 from ..loader import DeviceUnavailable, resolve_device
-from ..planning import DEFAULT_TILE_PX
+from ..input_rules import (DEFAULT_TILE_PX, MIN_TILE_LATENT, PassShape, TilingArgs, check_temporal_slice, check_tile,
+                           pass_shape)
 from ..tiling.exact import ExactPlan, supports_exact
-from ..tiling.retry import MIN_TILE_LATENT
 from .bands import BandPlan
 from .collectives import DistCollective, process_group_trusted, run_on_devices
 from .plan import RankBudget, ShardedPlan, plan_sharded
@@ -92,9 +92,9 @@ def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceLi
     what = "decode" if decode else "encode"
     if not supports_exact(vae.model, decode=decode):
         raise ValueError(f"a {vae.kind} VAE has no exact plan, so it cannot {what} in parallel; use decode_tiled")
-    if tile_px is not None and tile_px < 0:
-        raise ValueError(f"tile_px must be ≥ 0 px (0 = from the memory budget), got {tile_px}")
     f = vae.spatial_factor
+    check_tile(tile_px, MIN_TILE_LATENT * f, smaller_clamped=True)  # a smaller tile runs at the floor
+    check_temporal_slice(temporal_slice)
     in_scale = 1 if decode else f
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
     latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
@@ -134,11 +134,8 @@ def plan_parallel(vae: TurboVAE, shape: Sequence[int], *, decode: bool, devices:
     or pixels, 4-D images too; an encode's clip padded to 1 + 4n frames as it pads it) over `devices` or the ranks
     of `group` (every rank calls it): the band tile and temporal slice, and the peak predicted for each rank this
     process runs. BudgetTooSmall when none fits `vae.budget`."""
-    shape = tuple(int(d) for d in shape)
-    if len(shape) == 4:
-        shape = (shape[0], shape[1], 1, shape[2], shape[3])
-    if not decode:
-        shape = (*shape[:2], vae.latent_format.padded_frames(shape[2]), *shape[3:])
+    shape = pass_shape(shape, vae.latent_format, vae.kind, decode=decode, pad=True).dims
+    check_temporal_slice(temporal_slice)
     out_device = torch.device(output_device) if output_device is not None else vae.device
     comm, devs = _ranks(vae, devices, group)
     return _plan_bands(vae, shape, decode=decode, comm=comm, devices=devs, temporal_slice=temporal_slice,
@@ -195,7 +192,8 @@ def _slice_for_tile(vae: TurboVAE, tile_lat: int, h_lat: int, w_lat: int, latent
     fmt, f = vae.latent_format, vae.spatial_factor
     shape = (1, fmt.channels, latent_frames, h_lat, w_lat) if decode else \
         (1, fmt.image_channels, fmt.pixel_frames(latent_frames), h_lat * f, w_lat * f)
-    return vae.plan(shape, decode=decode, mode="exact", tile_px=tile_lat * f, allow_host=False).temporal_slice
+    plan = vae.plan_checked(PassShape(shape, decode), TilingArgs("exact", tile_lat * f), allow_host=False)
+    return plan.temporal_slice
 
 
 def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList = None, group=None,

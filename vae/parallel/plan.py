@@ -28,7 +28,7 @@ from ..memory.budget import BudgetTooSmall
 from ..planning.meta_pass import MetaPasses, PassPaths
 from ..planning.plan import MB
 from ..planning.search import PREDICTED_SHARE, temporal_slices
-from ..tiling.retry import MIN_TILE_LATENT
+from ..input_rules import MIN_TILE_LATENT
 from .bands import BandPlan
 from .predict import RankSetup, predict_rank_peak
 

@@ -3,9 +3,8 @@ memory), its predicted peak (the pass on meta tensors: `meta_pass`), its expecte
 plan."""
 
 from .execute import run_plan
-from .plan import MODES, PassPlan
+from .plan import PassPlan
 from .predict import predict_plan
-from .search import DEFAULT_OVERLAP_PX, DEFAULT_TILE_PX, PlanRequest, fastest_fitting_plan
+from .search import PlanRequest, fastest_fitting_plan
 
-__all__ = ["DEFAULT_OVERLAP_PX", "DEFAULT_TILE_PX", "MODES", "PassPlan", "PlanRequest", "fastest_fitting_plan",
-           "predict_plan", "run_plan"]
+__all__ = ["PassPlan", "PlanRequest", "fastest_fitting_plan", "predict_plan", "run_plan"]

@@ -82,6 +82,6 @@ def _run(model: VAEModel, x: torch.Tensor, plan: PassPlan, progress: Progress, o
         out_channels = fmt.image_channels if decode else 2 * fmt.channels
         geom = PassGeometry(in_scale, out_scale, out_channels, decode, fmt.temporal_factor)
         stream = model.decode_stream if decode else model.encode_stream
-        whole = whole or (model.decode_latents if decode else model.encode_moments)
+        whole = whole or (model.decode_slices if decode else model.encode_slices)
         return run_tiled(x, grid, geom, stream, whole, blend=plan.overlap_px // in_scale, temporal_slice=ts,
                          progress=progress, retry=retry, canvas=canvas, sample=sample)

@@ -23,7 +23,6 @@ import torch
 from ..memory.peak import PeakPrediction
 from ..tiling.grid import TileGrid
 
-MODES = ("auto", "fast", "exact")  # what a caller asks for, the default first (the nodes offer them in this order)
 MB = 2 ** 20
 
 

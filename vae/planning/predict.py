@@ -88,9 +88,9 @@ def step_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: t
 
     with torch.inference_mode(), predicting_for("cpu"), counter:
         if decode:
-            clone.decode_latents(x, temporal_slice=1, progress=snapshot)
+            clone.decode_slices(x, temporal_slice=1, progress=snapshot)
         else:
-            clone.encode_moments(x, temporal_slice=1, progress=snapshot)
+            clone.encode_slices(x, temporal_slice=1, progress=snapshot)
     return done or [PassWork(counter.flops, counter.io_bytes)]
 
 

@@ -28,18 +28,16 @@ from typing import Iterable, Optional
 import torch
 
 from ..base import VAEModel
+from ..input_rules import DEFAULT_TILE_PX, MIN_TILE_LATENT, default_overlap
 from ..tiling.exact import ExactPlan, partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
 from .meta_pass import MetaPasses, PassPaths
 from ..tiling.grid import TileGrid
-from ..tiling.retry import MIN_TILE_LATENT
 from .cost import estimate_s
-from .plan import MB, MODES, PassPlan
+from .plan import MB, PassPlan
 from .predict import PassWork, pass_work, predict_plan, step_work
 
-DEFAULT_TILE_PX = 512  # fast/exact tiles asked for without a size (ComfyUI's default too)
-DEFAULT_OVERLAP_PX = 64
 SLICE_LADDER = (16, 8, 4, 2, 1)  # temporal slices tried below the whole clip, in latent frames
 
 
@@ -73,8 +71,6 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
     if host_budget_bytes is not None and (isinstance(host_budget_bytes, bool) or not isinstance(host_budget_bytes, int)
                                           or host_budget_bytes <= 0):
         raise ValueError(f"host_budget_bytes={host_budget_bytes!r} must be a positive integer number of bytes")
-    if request.mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {request.mode!r}")
     shape = tuple(int(d) for d in shape)
     dtype = dtype or model.dtype
     copies = copies or MetaPasses(model)
@@ -412,11 +408,7 @@ def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
 
 
 def _overlap(request: PlanRequest) -> int:
-    if request.overlap_px is not None:
-        return request.overlap_px
-    if request.tile_px:
-        return min(DEFAULT_OVERLAP_PX, request.tile_px // 4)
-    return DEFAULT_OVERLAP_PX
+    return request.overlap_px if request.overlap_px is not None else default_overlap(request.tile_px)
 
 
 def temporal_slices(latents: int, decode: bool, device_type: str, fixed: Optional[int],

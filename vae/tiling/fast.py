@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..base import CausalStream, Progress, check_temporal_slice, split_slices
+from ..base import CausalStream, Progress, split_slices
 from ..memory.oom import OutOfMemory, attempt
 from ..memory.placement import OnDevice, Placement
 from .grid import TileGrid
@@ -46,7 +46,6 @@ class PassGeometry:
 
     def slices(self, in_frames: int, temporal_slice: Optional[int]) -> Sequence[tuple[int, int]]:
         """Input frame slices: whole clip, or (1+k, k, k, …) latents ≙ (1+4k, 4k, …) pixel frames."""
-        check_temporal_slice(temporal_slice)
         if temporal_slice is None:
             return [(0, in_frames)]
         step = temporal_slice if self.decode else temporal_slice * self.temporal_factor

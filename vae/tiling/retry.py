@@ -19,12 +19,12 @@ from typing import Optional
 import torch
 
 from ..base import Progress
+from ..input_rules import MIN_TILE_LATENT
 from ..memory.device import free_memory_bytes
 from ..memory.oom import OutOfMemory, RetriesExhausted, release_cached
 
 log = logging.getLogger(__name__)
 
-MIN_TILE_LATENT = 8  # 64 px at 8x: below this tiles are mostly halo/ramp
 
 
 class StepCounter:
