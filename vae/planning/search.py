@@ -180,32 +180,25 @@ class Budget:
                 "pass fewer frames or a smaller frame per call")
 
 
-# A candidate whose peak, estimated from the predictions of its kind, is over this many times the budget is not
-# predicted (the estimate only skips: what runs is always a plan's own prediction, within the budget).
-SKIP_OVER = 1.25
-
-
 def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, budget: Budget, held: int,
                       out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
     """The cheapest plan of `level` (by the cost estimate) whose prediction fits `budget`, or None: candidates are
     predicted in order of their estimate and the first that fits is taken, so the plan chosen is the one the
-    estimate ranks first among those that fit. Each kind's smallest and largest plans are predicted first; a
-    candidate is then skipped unpredicted where what it must hold on the device alone is over the budget, where a
-    plan of its kind with no larger tile and slice was already over, or where its peak estimated from its kind's
-    predictions (`PeakCurve`) is over `SKIP_OVER` times the budget, where the same plan with its output on the
-    device, less that output, was over (`_with_output_on_device`), or where a plan of its kind with no larger slice
-    was over the host budget (what a kind keeps in host memory is whole-frame: caches, the output, a step's
-    activations; it grows with the slice, not the tile). A peak is not strictly monotone in a tile or slice, so a
-    skip may cost speed (a smaller plan taken), never memory."""
+    estimate ranks first among those that fit. Each kind's smallest plan is predicted first; a candidate is then
+    skipped unpredicted where what it must hold on the device alone is over the budget, where a plan of its kind
+    with no larger tile and slice was already over, where the same plan with its output on the device, less that
+    output, was over (`_with_output_on_device`), or where a plan of its kind with no larger slice was over the host
+    budget (what a kind keeps in host memory is whole-frame: caches, the output, a step's activations; it grows
+    with the slice, not the tile). No candidate is skipped on an estimate of its peak: an estimate from a kind's
+    other predictions (a curve through them, used until issue 49's review) skipped plans that fit, so the plan
+    taken was slower than the one the predictions of every candidate choose (tests/test_plans_table.py)."""
     over: dict[tuple, list[PassPlan]] = {}
     host_over: dict[tuple, list[Optional[int]]] = {}  # per kind, the temporal slices over the host budget
-    curves: dict[tuple, PeakCurve] = {}
     limit = budget.device_bytes * PREDICTED_SHARE.get(level[0].device_type, 1.0)
 
     def ask(cand: PassPlan) -> PassPlan:
         plan = predicted(cand)
         tried.append(plan)
-        curves.setdefault(_kind(cand), PeakCurve()).add(step_volume(cand), budget.device_need(plan))
         if not budget.fits(plan):
             over.setdefault(_kind(cand), []).append(cand)
         if not budget.host_fits(plan):
@@ -218,11 +211,7 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
                 _with_output_on_device(least, tried, budget, out_bytes) > limit:
             over[_kind(least)] = [least]
             continue
-        if not budget.fits(ask(least)):
-            continue
-        most = max(group, key=lambda c: (step_volume(c), -cost(c)))
-        if most is not least:
-            ask(most)
+        ask(least)
     for cand in sorted(level, key=cost):
         if _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
             continue
@@ -234,9 +223,6 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
             continue
         if any(_size(s) <= _size(cand.temporal_slice) for s in host_over.get(kind, ())):
             continue  # what a kind keeps in host memory is whole-frame (caches, output, a step's activations)
-        curve = curves.get(kind)
-        if curve is not None and curve.estimate(step_volume(cand)) > SKIP_OVER * limit:
-            continue
         plan = ask(cand)
         if budget.fits(plan):
             return plan
@@ -264,34 +250,6 @@ def step_volume(plan: PassPlan) -> float:
     latents = plan.shape[2] if plan.decode else (plan.shape[2] - 1) // 4 + 1
     frames = 1 if plan.frame_stages else (latents if plan.temporal_slice is None else plan.temporal_slice + 1)
     return float(max(1, area) * frames)
-
-
-class PeakCurve:
-    """A kind's predicted peaks against `step_volume`, to estimate a candidate's peak before predicting it: linear
-    between the nearest predictions (a constant part, the weights' copies and latent-resolution work, and a part
-    proportional to the step), extended above them from the last two; below every prediction there is no
-    estimate (zero: such a candidate is predicted)."""
-
-    def __init__(self):
-        self.points: dict[float, float] = {}
-
-    def add(self, volume: float, peak: float) -> None:
-        self.points[volume] = peak
-
-    def estimate(self, volume: float) -> float:
-        pts = sorted(self.points.items())
-        if not pts:
-            return 0.0
-        if len(pts) == 1:
-            x, y = pts[0]
-            return y * volume / x if volume > x else 0.0  # proportional above it (an over-estimate of the rate)
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            if volume <= x1 or (x1, y1) == pts[-1]:
-                if volume < x0 and (x0, y0) == pts[0]:
-                    return 0.0  # below every prediction: no estimate (smaller plans are the thrifty ones)
-                slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
-                return y0 + slope * (volume - x0)
-        return 0.0
 
 
 def _kind(plan: PassPlan) -> tuple:
