@@ -9,8 +9,9 @@ card can spare after the weights and ComfyUI's reserve, and a 6 GB card), the un
 and the sizes upscalers use (4K and 16 MP images, 1440p and 4K clips in 6 GB, 1080p × 81 in 4 GB): the plan taken
 (or, when none fits, the smallest budget that works), its predicted device peak, the memory it holds in host
 memory (within the row's host budget, the RAM a machine for that job has), the expected time by the cost model,
-and how long planning took (a fresh process per row: the first plan of a process). CUDA bf16 paths as
-`python -m turbovae plan` takes them.
+and how long planning took: in a fresh process per row (the first plan of a process, torch's meta machinery
+imported by it) and as the first plan of its shape in a warm process (every row in one process, after a small
+plan of each family). CUDA bf16 paths as `python -m turbovae plan` takes them.
 """
 
 from __future__ import annotations
@@ -87,8 +88,39 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
 
 
 def compute() -> list[dict]:
-    """Every row, each planned in a fresh process (the first plan of a process: what a user waits for)."""
-    return [fresh_row(fam.key, decode, target) for fam in families() for decode in (True, False)
+    """Every row, each planned in a fresh process (the first plan of a process: what a user waits for), with the
+    time the same plan takes in a warm process (`warm_times`)."""
+    rows = [fresh_row(fam.key, decode, target) for fam in families() for decode in (True, False)
+            for target in TARGETS]
+    for row, seconds in zip(rows, warm_times()):
+        row["plan_warm_s"] = seconds
+    return rows
+
+
+WARM_UP_PIXELS = (1, 3, 1, 64, 64)  # one small image plan per family first: imports and meta copies made
+
+
+def warm_times() -> list[float]:
+    """Seconds each row's plan takes as the first plan of its shape in a warm process (what a ComfyUI server pays
+    for a new shape): every row in one process of its own, after a small image plan of each family, in `compute`'s
+    order."""
+    import subprocess
+    import sys
+
+    code = ("import json; from turbovae.bench import plans_table as p; "
+            "print(json.dumps(p.warm_times_here()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"warm planning times: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def warm_times_here() -> list[float]:
+    """`warm_times` in this process."""
+    for fam in families():
+        plan_pass(fam.key, WARM_UP_PIXELS, decode=True, dtype="bf16", device_type="cuda", budget_bytes=6 * GB,
+                  host_budget_bytes=24 * GB)
+    return [row_for(fam.key, decode, target)["plan_s"] for fam in families() for decode in (True, False)
             for target in TARGETS]
 
 

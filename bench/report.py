@@ -242,13 +242,16 @@ def budget_cells(row: Row) -> list[str]:
             _num(row.get("max_abs_err"), ".1e")]
 
 
-PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s", "planning s")
+PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s",
+                "planning s: fresh / warm")
 
 
 def plans_cells(row: Row) -> list[str]:
     """A planner row (bench/plans_table.py): the plan taken, or the smallest budget that works; how long planning
-    took (a fresh process: the first plan of a process)."""
+    took: the first plan of a fresh process, and the first plan of its shape in a warm process where recorded."""
     took = _num(row.get("plan_s"), ".1f")
+    if row.get("plan_warm_s") is not None:
+        took += f" / {_num(row.get('plan_warm_s'), '.1f')}"
     if not row.get("fits"):
         return [str(row["case"]), str(row["variant"]), f"none fits: needs {_num(row.get('floor_mb'), '.0f')} MB "
                 f"({row.get('floor_plan', '')})", "", "", "", took]
