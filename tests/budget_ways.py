@@ -16,8 +16,25 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
+
+import pytest
 
 PROBE = Path(__file__).parent / "budget_probe.py"
+
+# (how the budget is given, family, direction, the budget as a share of the untiled pass's predicted peak)
+API_WAYS = [
+    ("budget_bytes", "qwen_image", "decode", 0.3),
+    ("budget_bytes", "seedvr2", "encode", 0.75),
+    ("vae.budget", "wan2.2", "decode", 0.5),
+    ("vae.budget", "qwen_image", "encode", 0.5),
+]
+TILED_AND_NODE_WAYS = [
+    ("tiled_tile0", "seedvr2", "decode", 0.25),
+    ("tiled_exact", "qwen_image", "decode", 0.5),
+    ("core_vae_node", "qwen_image", "decode", 0.3),
+    ("core_vae_node", "seedvr2", "encode", 0.75),
+]
 
 
 def case_ids(cases: list[tuple[str, str, str, float]]) -> list[str]:
@@ -38,3 +55,13 @@ def check_within_budget(way: str, key: str, direction: str, fraction: float) -> 
     assert not r["refused"], r  # the budget is above the smallest that works: a plan runs
     assert r["finite"]
     assert r["allocator_peak"] <= r["budget"], r
+
+
+def budget_test(cases: list[tuple[str, str, str, float]]) -> Callable:
+    """The full tier's test of `cases` (a module binds it to a name starting with test_)."""
+    @pytest.mark.slow
+    @pytest.mark.parametrize("way,key,direction,fraction", cases, ids=case_ids(cases))
+    def test(way, key, direction, fraction):
+        check_within_budget(way, key, direction, fraction)
+
+    return test

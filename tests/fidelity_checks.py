@@ -73,3 +73,22 @@ def check_fast_paths_keep_the_plain_error(case: FidelityCase, models_of: Callabl
     assert r.default_vs_fp64 <= PATH_BAR * r.plain_vs_fp64, errors
     if default_no_worse:
         assert r.default_vs_fp64 <= r.plain_vs_fp64, errors
+
+
+def real_stats_test(cases: list[FidelityCase]) -> Callable:
+    """The full tier's `check_fp32_matches_float64` over `cases` (a module binds it to a name starting with test_)."""
+    @pytest.mark.slow
+    @pytest.mark.parametrize("case", cases, ids=case_id)
+    def test(case, models_of):
+        check_fp32_matches_float64(case, models_of)
+
+    return test
+
+
+def reference_weights_test(case: FidelityCase, *, default_no_worse: bool = False) -> Callable:
+    """The full tier's `check_fast_paths_keep_the_plain_error` on `case` (bound to a test_ name by the module)."""
+    @pytest.mark.slow
+    def test(models_of):
+        check_fast_paths_keep_the_plain_error(case, models_of, default_no_worse=default_no_worse)
+
+    return test

@@ -3,18 +3,6 @@ a fresh process (tests/budget_ways.py says how; the tiled API and core's nodes: 
 
 from __future__ import annotations
 
-import pytest
-from budget_ways import case_ids, check_within_budget
+from budget_ways import API_WAYS, budget_test
 
-CASES = [
-    ("budget_bytes", "qwen_image", "decode", 0.3),
-    ("budget_bytes", "seedvr2", "encode", 0.75),
-    ("vae.budget", "wan2.2", "decode", 0.5),
-    ("vae.budget", "qwen_image", "encode", 0.5),
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("way,key,direction,fraction", CASES, ids=case_ids(CASES))
-def test_a_budgeted_pass_stays_inside_its_budget_in_a_fresh_process(way, key, direction, fraction):
-    check_within_budget(way, key, direction, fraction)
+test_a_budgeted_pass_stays_inside_its_budget_in_a_fresh_process = budget_test(API_WAYS)

@@ -4,18 +4,6 @@ tests/test_budget_every_way.py)."""
 
 from __future__ import annotations
 
-import pytest
-from budget_ways import case_ids, check_within_budget
+from budget_ways import TILED_AND_NODE_WAYS, budget_test
 
-CASES = [
-    ("tiled_tile0", "seedvr2", "decode", 0.25),
-    ("tiled_exact", "qwen_image", "decode", 0.5),
-    ("core_vae_node", "qwen_image", "decode", 0.3),
-    ("core_vae_node", "seedvr2", "encode", 0.75),
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("way,key,direction,fraction", CASES, ids=case_ids(CASES))
-def test_a_budgeted_pass_stays_inside_its_budget_in_a_fresh_process(way, key, direction, fraction):
-    check_within_budget(way, key, direction, fraction)
+test_a_budgeted_pass_stays_inside_its_budget_in_a_fresh_process = budget_test(TILED_AND_NODE_WAYS)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-from fidelity_checks import case_id, check_fast_paths_keep_the_plain_error, check_fp32_matches_float64
+from fidelity_checks import real_stats_test, reference_weights_test
 from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 
 from turbovae.bench.cases import FidelityCase
@@ -16,18 +15,11 @@ CASES = [
     FidelityCase("encode", 1, 128, 128, family="seedvr2"),
 ]
 
+test_fp32_matches_float64_at_real_statistics = real_stats_test(CASES)
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_fp32_matches_float64_at_real_statistics(case, models_of):
-    check_fp32_matches_float64(case, models_of)
-
-
-@pytest.mark.slow
-def test_fast_paths_keep_the_plain_error_on_reference_weights(models_of):
-    """A photo encoded, then decoded, on the reference init; the issue-51 bar: the default no worse than plain. Small
-    frames keep it short: what it guards is each convolution kernel's rounding per output, the same at any frame
-    size (with channels-last forced on for fp32 on the CPU the default fails here as at the reviewer's size, which
-    bench/fidelity.py measures into docs/results)."""
-    check_fast_paths_keep_the_plain_error(FidelityCase("decode", 1, 96, 96, family="seedvr2"), models_of,
-                                          default_no_worse=True)
+# A photo encoded, then decoded, on the reference init; the issue-51 bar: the default no worse than plain. Small
+# frames keep it short: what it guards is each convolution kernel's rounding per output, the same at any frame size
+# (with channels-last forced on for fp32 on the CPU the default fails here as at the reviewer's size, which
+# bench/fidelity.py measures into docs/results).
+test_fast_paths_keep_the_plain_error_on_reference_weights = reference_weights_test(
+    FidelityCase("decode", 1, 96, 96, family="seedvr2"), default_no_worse=True)
