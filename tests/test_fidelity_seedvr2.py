@@ -7,8 +7,6 @@ from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 
 from turbovae.bench.cases import FidelityCase
 
-# 192² frames (a 24² latent): the norm statistics span tens of thousands of values per group, which is what a
-# cancelling norm needs to show; 256² took 4 of the full tier's minutes on one worker
 CASES = [
     FidelityCase("decode", 1, 192, 192, family="seedvr2"),
     FidelityCase("decode", 5, 64, 64, family="seedvr2"),
