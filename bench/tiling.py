@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..vae.dtypes import DTYPE_BY_NAME
-from ..vae.planning import DEFAULT_OVERLAP_PX
+from ..vae.input_rules import default_overlap
 from ..vae.registry import family
 from .common import BenchOptions, BenchRow
 from ..vae.measuring import max_abs, psnr
@@ -92,7 +92,7 @@ def run(opts: BenchOptions) -> list[BenchRow]:
             for variant in ("untiled", "fast", "exact"):
                 args = {"family": key, "checkpoint": ckpt, "dtype": str(dtype).split(".")[-1], "device": device,
                         "latents": str(zpath), "variant": variant, "tile": tile,
-                        "overlap": min(DEFAULT_OVERLAP_PX, tile // 4),  # the planner's default for a tile
+                        "overlap": default_overlap(tile),
                         "out": str(Path(tmp) / f"{variant}.pt"), "threads": torch.get_num_threads()}
                 if device == "cpu" and supported():
                     res = run_child("turbovae.bench.tiling", args)

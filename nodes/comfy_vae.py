@@ -24,7 +24,7 @@ import comfy.model_management as mm
 
 from ..vae.api import TurboVAE
 from ..vae.planning import PassPlan
-from ..vae.input_rules import MIN_TILE_LATENT, PassShape, TilingArgs, pass_shape, tiling_args
+from ..vae.input_rules import MIN_TILE_LATENT, PassShape, TilingArgs, tiling_args
 from ..vae.tiled import decode_tiled_checked, encode_tiled_checked
 from .core_contract import CoreLatents, core_overlap, frames_to_clips, image_frames, seedvr2_tiling_request
 from .device_memory import vae_patcher
@@ -203,15 +203,15 @@ class ComfyTurboVAE:
 
     def encode(self, pixel_samples: torch.Tensor) -> torch.Tensor:
         self.throw_exception_if_invalid()
-        clip = self._image_to_clip(pixel_samples)
-        plan = self._plan(item_shape(self.turbo, clip.shape, decode=False))
+        x = self.turbo.pad_frames(self.turbo.check_pixels(self._image_to_clip(pixel_samples)))  # checked once
+        plan = self._plan(PassShape.of(x, decode=False))
         self._load(plan.predicted.pass_bytes)
         bar = BatchProgress(1)  # the batch is one clip or one batch of images: progress per step
         mm.throw_exception_if_processing_interrupted()
 
         def whole() -> torch.Tensor:
             with reported(self.turbo, "encode", plan, self._keep):
-                return self.turbo.encode(clip, plan=plan, progress=bar.item(0), output_device=self.output_device)
+                return self.turbo.encode_checked(x, plan=plan, progress=bar.item(0), output_device=self.output_device)
 
         out = unless_out_of_memory(whole)
         if out is None:
@@ -255,20 +255,18 @@ class ComfyTurboVAE:
         """The plan of a tiled pass of ours over validated input `shape` (nodes/pass_budget.py `tiled_plan`)."""
         return tiled_plan(self.turbo, shape, self.device, tiling=tiling, output_device=self.output_device)
 
-    def load_for_parallel(self, shape, *, decode: bool, tile_px: Optional[int],
-                          temporal_slice: Optional[int]) -> PassPlan:
+    def load_for_parallel(self, shape: PassShape, tiling: TilingArgs) -> PassPlan:
         """Model management asked for what the single-device exact plan of these tiles needs (the multi-GPU nodes:
-        the first device runs its share of it); returns that plan."""
-        checked = pass_shape(shape, self.turbo.latent_format, self.kind, decode=decode, pad=True)
-        plan = self.tiled_plan(checked, self.tiling(tile_px, None, "exact", temporal_slice))
+        the first device runs its share of it) for checked input `shape` and `tiling`; returns that plan."""
+        plan = self.tiled_plan(shape, tiling)
         self._load(plan.predicted.pass_bytes)
         mm.throw_exception_if_processing_interrupted()
         return plan
 
     def latents_for_pass(self, samples: torch.Tensor) -> torch.Tensor:
-        """Raw latents for the multi-GPU passes (unchecked: their plan checks the shape, the pass the rest)."""
+        """Raw latents for the multi-GPU passes, checked (once: the plan and the pass take them as they are)."""
         self.throw_exception_if_invalid()
-        return self.core_latents.to_raw(samples)
+        return self._check_latents(samples)
 
     def clip_for_pass(self, pixels: torch.Tensor) -> torch.Tensor:
         """IMAGE -> the clip to encode, for a pass of ours that plans and loads itself."""

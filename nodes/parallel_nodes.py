@@ -8,12 +8,12 @@ import logging
 
 from comfy_api.latest import io
 
-from ..vae.input_rules import check_tile
-from ..vae.parallel import decode_parallel, encode_parallel, parse_devices
+from ..vae.input_rules import PassShape, TilingArgs
+from ..vae.parallel import decode_parallel_checked, encode_parallel_checked, parse_devices
 from .comfy_vae import is_turbovae
 from .progress import progress_callback, running_node_id
 from .schema import node_schema, pass_inputs, pass_output, temporal_slice_input, tile_size_input
-from .tiled_nodes import MIN_TILE
+from .tiled_nodes import MIN_TILE, node_tiling
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,17 @@ def _inputs(default_tile: int) -> list:
     ]
 
 
-def _prepare(vae, devices: str, tile_size: int, temporal_slice: int):
+def _prepare(vae, devices: str, tile_size: int, temporal_slice: int) -> tuple[list, TilingArgs]:
+    """The devices and the settings as checked tiling arguments (vae/input_rules.py, once, as the tiled nodes check
+    theirs)."""
     if not is_turbovae(vae):
         raise ValueError("Multi-GPU decode/encode needs a VAE from the TurboVAE Loader (it splits our exact pass "
                          "across GPUs); use Optimized Tiled Decode/Encode for other VAEs")
-    check_tile(tile_size, MIN_TILE, "tile_size")  # the rule of a tile side (vae/input_rules.py)
-    if temporal_slice < 0:
-        raise ValueError("temporal_slice must be 0 or more")
+    tiling = node_tiling(tile_size, None, temporal_slice, "exact")
     devs = parse_devices(devices)
     if len(devs) == 1:
         log.warning("TurboVAE Multi-GPU: only one device (%s) available or listed; running on it alone", devs[0])
-    return devs, tile_size, (temporal_slice or None)
+    return devs, tiling
 
 
 class TurboVAEMultiGPUDecode(io.ComfyNode):
@@ -58,11 +58,11 @@ class TurboVAEMultiGPUDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, devices: str = "all", tile_size: int = 512,
                 temporal_slice: int = 0) -> io.NodeOutput:
-        devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        z = vae.latents_for_pass(samples["samples"])
-        vae.load_for_parallel(z.shape, decode=True, tile_px=tile_px, temporal_slice=slice_)
-        out = decode_parallel(vae.turbo, z, devices=devs, tile_px=tile_px, temporal_slice=slice_,
-                              progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
+        devs, tiling = _prepare(vae, devices, tile_size, temporal_slice)
+        z = vae.latents_for_pass(samples["samples"])  # checked once
+        vae.load_for_parallel(PassShape.of(z, decode=True), tiling)
+        out = decode_parallel_checked(vae.turbo, z, tiling=tiling, devices=devs,
+                                      progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
         images = vae.clip_to_image(out, samples["samples"].ndim == 4)
         if images.ndim == 5:  # [B, T, H, W, C] -> frames as the batch, as core VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
@@ -82,11 +82,12 @@ class TurboVAEMultiGPUEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, devices: str = "all", tile_size: int = 1024,
                 temporal_slice: int = 0) -> io.NodeOutput:
-        devs, tile_px, slice_ = _prepare(vae, devices, tile_size, temporal_slice)
-        clip = vae.clip_for_pass(pixels)
-        vae.load_for_parallel(clip.shape, decode=False, tile_px=tile_px, temporal_slice=slice_)
-        latents = encode_parallel(vae.turbo, clip, devices=devs, tile_px=tile_px, temporal_slice=slice_,
-                                  progress=progress_callback(running_node_id(cls)), output_device=vae.output_device)
+        devs, tiling = _prepare(vae, devices, tile_size, temporal_slice)
+        x = vae.turbo.pad_frames(vae.turbo.check_pixels(vae.clip_for_pass(pixels)))  # checked once
+        vae.load_for_parallel(PassShape.of(x, decode=False), tiling)
+        latents = encode_parallel_checked(vae.turbo, x, tiling=tiling, devices=devs,
+                                          progress=progress_callback(running_node_id(cls)),
+                                          output_device=vae.output_device)
         return io.NodeOutput({"samples": vae.to_comfy_latents(latents.float())})
 
 

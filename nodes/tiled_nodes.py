@@ -46,9 +46,11 @@ def _min_tile(vae) -> int:
     return MIN_TILE_LATENT * vae.turbo.spatial_factor if is_turbovae(vae) else MIN_TILE
 
 
-def _check(tile_size: int, overlap: int, temporal_slice: int, mode: str, min_tile: int = MIN_TILE) -> TilingArgs:
-    """The node's settings as checked tiling arguments (vae/input_rules.py, once; named as the widgets are): tile_size
-    0 = sized from the memory budget, temporal_slice 0 = chosen."""
+def node_tiling(tile_size: int, overlap: Optional[int], temporal_slice: int, mode: str,
+                min_tile: int = MIN_TILE) -> TilingArgs:
+    """A node's settings as checked tiling arguments (vae/input_rules.py, once; named as the widgets are): tile_size
+    0 = sized from the memory budget, overlap None = the default, temporal_slice 0 = chosen (the tiled and the
+    multi-GPU nodes)."""
     if temporal_slice < 0:
         raise ValueError(f"temporal_slice={temporal_slice} must be 0 (automatic) or more")
     return tiling_args(mode, tile_size, overlap, temporal_slice or None, spatial_factor=min_tile // MIN_TILE_LATENT,
@@ -72,7 +74,7 @@ class TurboVAETiledDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, vae, tile_size: int = 512, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tiling = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tiling = node_tiling(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         z = samples["samples"]
         if is_turbovae(vae):
             images = vae.decode_tiled_px(z, tiling, node_id=running_node_id(cls))
@@ -100,7 +102,7 @@ class TurboVAETiledEncode(io.ComfyNode):
     @classmethod
     def execute(cls, pixels, vae, tile_size: int = 1024, overlap: int = 64, temporal_slice: int = 0,
                 mode: str = "auto") -> io.NodeOutput:
-        tiling = _check(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
+        tiling = node_tiling(tile_size, overlap, temporal_slice, mode, _min_tile(vae))
         tile_px, overlap, slice_ = tiling.tile_px, tiling.overlap_px, tiling.temporal_slice
         if is_turbovae(vae):
             latents = vae.encode_tiled_px(pixels, tiling, node_id=running_node_id(cls))

@@ -128,6 +128,47 @@ def test_a_tiled_node_decode_checks_each_argument_once():
                          "check_tile": 1, "check_overlap": 1, "check_temporal_slice": 1}, mode
 
 
+def test_core_vae_decode_and_encode_check_their_input_once():
+    """Core's VAE Decode and VAE Encode with our VAE: the latents, and the clip an IMAGE makes, checked once (the
+    encode checked its shape while planning, then the tensor again inside `TurboVAE.encode`)."""
+    import node_helpers
+
+    node_helpers.use_comfy_stubs()
+    from turbovae.nodes.comfy_vae import ComfyTurboVAE
+
+    node_helpers.hide_comfy_stubs()
+    vae = ComfyTurboVAE(_tiny_turbo())
+    with _CountedRules() as calls:
+        vae.decode(torch.randn(1, vae.latent_channels, 3, 8, 12))
+    assert calls == {**dict.fromkeys(RULES, 0), "pass_tensor": 1, "check_channels": 1}
+    with _CountedRules() as calls:
+        vae.encode(torch.rand(5, 64, 96, 3))
+    assert calls == {**dict.fromkeys(RULES, 0), "pass_tensor": 1, "check_channels": 1, "check_spatial": 1}
+
+
+def test_a_multi_gpu_node_decode_and_encode_check_each_argument_once():
+    """The multi-GPU nodes check their settings and input once; the plan that loads the model and the sharded pass
+    trust them (they checked the tile and the temporal slice three times, the latents twice)."""
+    import node_helpers
+
+    node_helpers.use_comfy_stubs()
+    from turbovae.nodes.comfy_vae import ComfyTurboVAE
+    from turbovae.nodes.parallel_nodes import TurboVAEMultiGPUDecode, TurboVAEMultiGPUEncode
+
+    node_helpers.hide_comfy_stubs()
+    vae = ComfyTurboVAE(_tiny_turbo())
+    z = torch.randn(1, vae.latent_channels, 3, 8, 12)
+    settings = {**dict.fromkeys(RULES, 0), "pass_tensor": 1, "check_channels": 1, "check_mode": 1, "check_tile": 1,
+                "check_overlap": 1, "check_temporal_slice": 1}
+    with _CountedRules() as calls:
+        TurboVAEMultiGPUDecode.execute(samples={"samples": z}, vae=vae, devices="cpu,cpu", tile_size=64,
+                                       temporal_slice=1)
+    assert calls == settings
+    with _CountedRules() as calls:
+        TurboVAEMultiGPUEncode.execute(pixels=torch.rand(5, 64, 96, 3), vae=vae, devices="cpu,cpu", tile_size=64)
+    assert calls == {**settings, "check_spatial": 1}
+
+
 def test_a_tiled_api_decode_checks_each_argument_once():
     from turbovae.vae.tiled import decode_tiled
 

@@ -647,7 +647,7 @@ def test_tile_minimum_follows_the_architecture():
 
     assert tiled_nodes._min_tile(Wan22Like()) == 128 and tiled_nodes._min_tile(_vae(VAE_NAMES[0])) == 64
     with pytest.raises(ValueError, match="at least 128 pixels"):
-        tiled_nodes._check(96, 16, 0, "auto", tiled_nodes._min_tile(Wan22Like()))
+        tiled_nodes.node_tiling(96, 16, 0, "auto", tiled_nodes._min_tile(Wan22Like()))
 
 
 def test_tiled_api_defaults_to_auto_like_the_nodes():

@@ -288,7 +288,18 @@ class TurboVAE:
         off the device as it is made). `progress(done, total)` runs after each step; raising from it stops the
         pass (a cancel). `plan`: a `plan(...)` made for this input, run as it is."""
         check_temporal_slice(temporal_slice)
-        x = self.pad_frames(self.check_pixels(pixels))
+        return self._encode_checked(self.pad_frames(self.check_pixels(pixels)), plan, progress, output_device,
+                                    temporal_slice, budget_bytes)
+
+    def encode_checked(self, x: torch.Tensor, *, plan: PassPlan, progress: Progress = None,
+                       output_device: Union[None, str, torch.device] = None) -> torch.Tensor:
+        """`encode` (the posterior mean) of a 5-D clip that `check_pixels` has already passed and `pad_frames`
+        padded, run as `plan` (made for `x`'s shape): for a caller that checks its input once before planning (the
+        ComfyUI VAE, nodes/comfy_vae.py), so no pixel is checked twice."""
+        return moments_to_latents(self._encode_checked(x, plan, progress, output_device, None, None))
+
+    def _encode_checked(self, x: torch.Tensor, plan: Optional[PassPlan], progress: Progress, output_device,
+                        temporal_slice: Optional[int], budget_bytes: Optional[int]) -> torch.Tensor:
         x = self._prepare(x)
         plan = self._given_or_new(plan, PassShape.of(x, decode=False), temporal_slice, output_device, budget_bytes)
         with torch.inference_mode():

@@ -89,12 +89,20 @@ def _ranks(vae: TurboVAE, devices: DeviceList, group) -> tuple[Optional[DistColl
 def _parallel(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceList, group,
               tile_px: Optional[int], temporal_slice: Optional[int], progress: Progress,
               output_device: Optional[torch.device]) -> torch.Tensor:
+    check_tile(tile_px, MIN_TILE_LATENT * vae.spatial_factor, smaller_clamped=True)  # a smaller one runs at the floor
+    check_temporal_slice(temporal_slice)
+    return _parallel_checked(vae, x, decode=decode, devices=devices, group=group, tile_px=tile_px,
+                             temporal_slice=temporal_slice, progress=progress, output_device=output_device)
+
+
+def _parallel_checked(vae: TurboVAE, x: torch.Tensor, *, decode: bool, devices: DeviceList, group,
+                      tile_px: Optional[int], temporal_slice: Optional[int], progress: Progress,
+                      output_device: Optional[torch.device]) -> torch.Tensor:
+    """`_parallel` of checked input and arguments."""
     what = "decode" if decode else "encode"
     if not supports_exact(vae.model, decode=decode):
         raise ValueError(f"a {vae.kind} VAE has no exact plan, so it cannot {what} in parallel; use decode_tiled")
     f = vae.spatial_factor
-    check_tile(tile_px, MIN_TILE_LATENT * f, smaller_clamped=True)  # a smaller tile runs at the floor
-    check_temporal_slice(temporal_slice)
     in_scale = 1 if decode else f
     h_lat, w_lat = x.shape[-2] // in_scale, x.shape[-1] // in_scale
     latent_frames = x.shape[2] if decode else vae.latent_format.latent_frames(x.shape[2])
@@ -215,6 +223,25 @@ def decode_parallel(vae: TurboVAE, latents: torch.Tensor, *, devices: DeviceList
     out = _parallel(vae, z, decode=True, devices=devices, group=group, tile_px=tile_px,
                     temporal_slice=temporal_slice, progress=progress, output_device=output_device)
     return out.squeeze(2) if squeeze and out.shape[2] == 1 else out
+
+
+def decode_parallel_checked(vae: TurboVAE, z: torch.Tensor, *, tiling: TilingArgs, devices: DeviceList = None,
+                            progress: Progress = None, output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """`decode_parallel` of 5-D latents that `check_latents` has passed, with `tiling` (its tile and temporal slice)
+    checked by the input rules: for a caller that checks its input and settings once (the multi-GPU nodes)."""
+    return _parallel_checked(vae, z.to(device=vae.device, dtype=vae.dtype), decode=True, devices=devices, group=None,
+                             tile_px=tiling.tile_px, temporal_slice=tiling.temporal_slice, progress=progress,
+                             output_device=output_device)
+
+
+def encode_parallel_checked(vae: TurboVAE, x: torch.Tensor, *, tiling: TilingArgs, devices: DeviceList = None,
+                            progress: Progress = None, output_device: Optional[torch.device] = None) -> torch.Tensor:
+    """`encode_parallel` (the posterior mean) of a 5-D clip that `check_pixels` has passed and `pad_frames` padded,
+    with `tiling` checked: as `decode_parallel_checked`."""
+    moments = _parallel_checked(vae, x.to(device=vae.device, dtype=vae.dtype), decode=False, devices=devices,
+                                group=None, tile_px=tiling.tile_px, temporal_slice=tiling.temporal_slice,
+                                progress=progress, output_device=output_device)
+    return moments_to_latents(moments)
 
 
 def encode_parallel(vae: TurboVAE, pixels: torch.Tensor, *, devices: DeviceList = None, group=None,
