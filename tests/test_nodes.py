@@ -139,7 +139,7 @@ def test_core_decode_encode_retry_tiled_on_out_of_memory(name, error, monkeypatc
         raise error
 
     monkeypatch.setattr(vae.turbo, "decode_checked", oom)
-    monkeypatch.setattr(vae.turbo, "encode", oom)
+    monkeypatch.setattr(vae.turbo, "encode_checked", oom)
     with caplog.at_level("WARNING"):
         images, latents = vae.decode(z), vae.encode(frames)
     assert "out of memory decoding without tiles" in caplog.text and "out of memory encoding" in caplog.text
