@@ -175,7 +175,8 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
              repeat: int = 0, seed: int = 0, init: str = "fan_in",
              models: Optional[tuple[torch.nn.Module, torch.nn.Module]] = None) -> FidelityResult:
     """The case in float64 (default paths), fp32 default, fp32 plain and fp32 with each fast path alone
-    (`paths`: those of the architecture by default); `repeat` > 0 also times the default path against itself
+    (`paths`: those of the architecture by default; a path the pass does not take on this device and dtype is the
+    plain path's run, not run again); `repeat` > 0 also times the default path against itself
     with PyTorch's channels-last GroupNorm statistics, and the plain path, alternating `repeat` rounds.
     `models`: the pair `build_models(case.family, bias_shift, seed, init)` returns, when the caller already has it
     (`init` is then only recorded)."""
@@ -207,8 +208,12 @@ def run_case(case: FidelityCase, *, bias_shift: float = 20.0, paths: Optional[Se
         result = FidelityResult(case.name, bias_shift, probe.max_ratio, scale, _error(default, truth, scale),
                                 _error(plain, truth, scale), init=init)
         plain64 = plain.double()
+        m32.fast = FastPaths.plain()
+        runs_plain = m32.active_fast()
         for name in (paths if paths is not None else m32.fast_fields):
-            out = with_paths(FastPaths(**{f: f == name for f in FastPaths.names()}))
+            m32.fast = FastPaths(**{f: f == name for f in FastPaths.names()})
+            # a path this pass does not take here (channels-last in an fp32 pass on the CPU) runs the plain path
+            out = plain if m32.active_fast() == runs_plain else with_paths(m32.fast)
             result.alone_vs_plain[name] = _error(out, plain64, scale)
             result.alone_vs_fp64[name] = _error(out, truth, scale)
         if repeat > 0:

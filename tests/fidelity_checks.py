@@ -2,8 +2,8 @@
 test_fidelity_wan.py): every architecture at its real config and realistic sizes, with activations that have a real
 mean, against float64 (bench/fidelity.py runs the same cases at larger sizes into docs/results). One file per
 architecture so that the full tier's workers share them (they were one file: 12 minutes on one worker). Images
-are 192² (a 24² latent, 12² for Wan 2.2): each group norm then reduces over tens of thousands of values, what a
-cancelling norm needs to show; 256² took a third of the full tier's 15 minutes.
+are 160² (a 20² latent, 10² for Wan 2.2): each group norm of the full-resolution stages still reduces over tens of
+thousands of values, what a cancelling norm needs to show; 256² took a third of the full tier's 15 minutes.
 
 The convolution biases are shifted so norm inputs carry |mean| ≥ 10·std (asserted: the check is void without it).
 fp32 default and plain paths are held to 3e-5 of the output range against float64 (the project's fp32 bar is 1e-4;

@@ -9,7 +9,7 @@ from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 from turbovae.bench.cases import FidelityCase
 
 CASES = [
-    FidelityCase("decode", 1, 192, 192, label="qwen", family="qwen_image"),
+    FidelityCase("decode", 1, 160, 160, label="qwen", family="qwen_image"),
     FidelityCase("decode", 5, 64, 64, label="qwen", family="qwen_image"),
 ]
 

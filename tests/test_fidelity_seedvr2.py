@@ -8,7 +8,7 @@ from fidelity_checks import models_of  # noqa: F401  (the module's fixture)
 from turbovae.bench.cases import FidelityCase
 
 CASES = [
-    FidelityCase("decode", 1, 192, 192, family="seedvr2"),
+    FidelityCase("decode", 1, 160, 160, family="seedvr2"),
     FidelityCase("decode", 5, 64, 64, family="seedvr2"),
     FidelityCase("encode", 1, 128, 128, family="seedvr2"),
 ]
