@@ -90,11 +90,15 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
 def compute() -> list[dict]:
     """Every row, each planned in a fresh process (the first plan of a process: what a user waits for), with the
     time the same plan takes in a warm process (`warm_times`)."""
-    rows = [fresh_row(fam.key, decode, target) for fam in families() for decode in (True, False)
-            for target in TARGETS]
+    rows = [fresh_row(key, decode, target) for key, decode, target in row_keys()]
     for row, seconds in zip(rows, warm_times()):
         row["plan_warm_s"] = seconds
     return rows
+
+
+def row_keys() -> list[tuple[str, bool, Target]]:
+    """(family key, decode, target) of every row, in the table's order (`compute` and `warm_times_here` both)."""
+    return [(fam.key, decode, target) for fam in families() for decode in (True, False) for target in TARGETS]
 
 
 WARM_UP_PIXELS = (1, 3, 1, 64, 64)  # one small image plan per family first: imports and meta copies made
@@ -120,8 +124,7 @@ def warm_times_here() -> list[float]:
     for fam in families():
         plan_pass(fam.key, WARM_UP_PIXELS, decode=True, dtype="bf16", device_type="cuda", budget_bytes=6 * GB,
                   host_budget_bytes=24 * GB)
-    return [row_for(fam.key, decode, target)["plan_s"] for fam in families() for decode in (True, False)
-            for target in TARGETS]
+    return [row_for(key, decode, target)["plan_s"] for key, decode, target in row_keys()]
 
 
 def fresh_row(key: str, decode: bool, target: Target) -> dict:
