@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakIdKeyDictionary
 
 
 class OpMemory(Protocol):
@@ -54,16 +53,33 @@ class LiveBytes(TorchDispatchMode):
         self.host_peak = 0
         self.op_memory = op_memory
         self._window = 0
-        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # storages seen, by the address of their StorageImpl (a plain dict: a pass runs thousands of ops, and each
+        # looks its outputs up here); a finalizer removes a storage's entry when it is freed, so an address reused
+        # by a later storage is never taken for it
+        self._seen: dict[int, bool] = {}
         for t in exclude:
-            self._seen[t.untyped_storage()] = True
+            self._see(t.untyped_storage())
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs inside a count: its ops skip PyTorch's per-call Dynamo guard."""
+        return False
+
+    def _see(self, storage) -> bool:
+        """Mark `storage` seen; whether it was new."""
+        key = storage._cdata
+        if key in self._seen:
+            return False
+        self._seen[key] = True
+        weakref.finalize(storage, self._seen.pop, key, None)
+        return True
 
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
-        if storage in self._seen:
+        if storage._cdata in self._seen:
             return
         nbytes = storage.nbytes()
-        self._seen[storage] = True
+        self._see(storage)
         self.live += nbytes
         self.peak = max(self.peak, self.live)
         self._window = max(self._window, self.live)
@@ -76,9 +92,8 @@ class LiveBytes(TorchDispatchMode):
         """`t`'s storage lives in host memory: out of the device count (now, if it was counted), into the host's."""
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
-        if storage in self._seen:
+        if not self._see(storage):
             raise ValueError("hold_on_host takes a storage the pass has not used yet (a fresh host buffer)")
-        self._seen[storage] = True
         self.host_live += nbytes
         self.host_peak = max(self.host_peak, self.host_live)
         weakref.finalize(storage, self._free_host, nbytes)
@@ -89,10 +104,8 @@ class LiveBytes(TorchDispatchMode):
     def elsewhere(self, t: torch.Tensor) -> None:
         """`t`'s storage is memory of another device's (a stand-in collective's copy of another rank's band,
         vae/parallel/predict.py): never counted, nor any view of it."""
-        storage = t.untyped_storage()
-        if storage in self._seen:
+        if not self._see(t.untyped_storage()):
             raise ValueError("elsewhere takes a storage the pass has not used yet (made outside the count)")
-        self._seen[storage] = True
 
     def window_peak(self) -> int:
         """The most alive at once since the last call (or the start); the next window starts from what is
@@ -107,9 +120,12 @@ class LiveBytes(TorchDispatchMode):
         if self.op_memory is not None:
             out = self.op_memory.real_output(func, args, kwargs, out)
             extra = self.op_memory.transient_bytes(func, args, kwargs, out)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._track(t)
+        if isinstance(out, torch.Tensor):
+            self._track(out)
+        elif isinstance(out, (tuple, list)):
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._track(t)
         if extra:
             self.peak = max(self.peak, self.live + extra)
             self._window = max(self._window, self.live + extra)

@@ -126,6 +126,11 @@ class WorkCounter(torch.utils._python_dispatch.TorchDispatchMode):
         self.flops = 0.0
         self.io_bytes = 0.0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile runs inside a count: its ops skip PyTorch's per-call Dynamo guard."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func in _CONVS:
