@@ -402,3 +402,41 @@ def test_the_largest_fitting_tile_is_found_by_bisection_not_by_predicting_every_
     assert len(order) <= len(slices) + 2 * math.ceil(math.log2(len(tiles))) + 4, \
         [(c.tile_latent, c.temporal_slice) for c in order]
     assert len(order) < linear / 2, (len(order), linear)
+
+
+def test_a_layerwise_slice_over_at_its_smallest_tile_is_ruled_out_by_that_one_prediction(models, monkeypatch):
+    """A layer-wise kind's peak (SeedVR2's exact tiles) follows its slice's whole-frame tensors more than its tile:
+    before another tile of such a kind is predicted at a slice, its smallest tile at that slice is, and where that is
+    over the whole slice is ruled out (SeedVR2 1080p x 81 encode in 6 GB: 35 predictions before, 15 after, the
+    same plan). With predictions where a layer-wise plan needs its output canvas and caches plus 100 MB per latent
+    frame of its step whatever its tile (slice 1 alone fits), every slice over is predicted at one tile (the
+    cheapest at the whole clip, before the kind had a plan over; the smallest at every other; before, two at each),
+    and the plan taken is slice 1 at the largest tile."""
+    model = models["seedvr2"]
+    shape = (1, model.latent_format.channels, 21, 90, 160)
+    held_mb = (search_module.output_bytes(model, shape, decode=True, dtype=torch.bfloat16) +  # output, caches
+               search_module.cache_bytes(model, shape, decode=True, dtype=torch.bfloat16)) // MB
+    budget = int((held_mb + 250) * MB / search_module.PREDICTED_SHARE["cuda"])
+    order: list[PassPlan] = []
+
+    def need_mb(cand) -> int:
+        frames = cand.shape[2] if cand.temporal_slice is None else cand.temporal_slice + 1
+        return held_mb + 100 * frames if cand.mode == "exact" and not cand.frame_stages else 100_000
+
+    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
+        order.append(cand)
+        return replace(cand, predicted=PeakPrediction(need_mb(cand) * MB, 0, 0, cand.temporal_slice),
+                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
+                                                                                 cache_bytes=held))
+
+    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    plan = fastest_fitting_plan(model, shape, decode=True, budget_bytes=budget,
+                                paths=PassPaths.for_device_type(model, "cuda", torch.bfloat16), dtype=torch.bfloat16,
+                                request=PlanRequest(host_is_separate=True, allow_host=False), copies=MetaPasses(model))
+    tiles = sorted({c.tile_latent for c in order if c.mode == "exact"})
+    assert (plan.mode, plan.temporal_slice, plan.tile_latent) == ("exact", 1, tiles[-1]), plan.describe()
+    per_slice: dict = {}
+    for c in order:
+        if c.mode == "exact" and not c.frame_stages and c.temporal_slice != 1:
+            per_slice.setdefault(c.temporal_slice, []).append(c.tile_latent)
+    assert per_slice and all(len(t) == 1 for t in per_slice.values()), per_slice

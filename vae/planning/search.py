@@ -201,7 +201,8 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
     frontier = _Frontier(level, budget, predicted, tried,
                          lambda c: _held_on_device(model, c, held, out_bytes) > budget.device_bytes or
                          _with_output_on_device(c, tried, budget, out_bytes) >
-                         budget.device_bytes * PREDICTED_SHARE.get(c.device_type, 1.0))
+                         budget.device_bytes * PREDICTED_SHARE.get(c.device_type, 1.0),
+                         layerwise=not isinstance(model.exact_plan(decode=level[0].decode), ExactPlan))
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
         frontier.settle(_thriftiest(group), thriftiest=True)
     for cand in sorted(level, key=cost):
@@ -216,8 +217,10 @@ class _Frontier:
     """What the search knows of one host level: each settled candidate's verdict (fits or over: predicted, or over
     by a lower bound of its peak), and the rules that rule a candidate out from its kind's verdicts."""
 
-    def __init__(self, level: list[PassPlan], budget: Budget, predicted, tried: list[PassPlan], over_by_bound):
+    def __init__(self, level: list[PassPlan], budget: Budget, predicted, tried: list[PassPlan], over_by_bound,
+                 layerwise: bool = False):
         self.budget, self.predicted, self.tried, self.over_by_bound = budget, predicted, tried, over_by_bound
+        self.layerwise = layerwise
         self.kinds: dict[tuple, list[PassPlan]] = {}
         for c in level:
             self.kinds.setdefault(_kind(c), []).append(c)
@@ -271,8 +274,15 @@ class _Frontier:
         slices are predicted one by one in order of their estimate, as a slice can need more than a larger one
         (one more step of another shape) and a bisection over slices would stop below the larger one that fits.
         (Bisecting the tiles at the candidate's own slice too was tried: more predictions over the plans table's
-        rows, 593 against 552, as most probes there fit.)"""
+        rows, 593 against 552, as most probes there fit.) A layer-wise kind (`layerwise`: SeedVR2, whose peak
+        follows its slice's whole-frame tensors more than its tile) first settles its smallest tile at `cand`'s slice:
+        where that slice is over at every tile, one prediction rules the slice out (552 -> 504 predictions)."""
         group = self.kinds[_kind(cand)]
+        if self.layerwise and cand.mode == "exact":
+            at_slice = [c for c in group if c.temporal_slice == cand.temporal_slice]
+            smallest = min(at_slice, key=lambda c: _size(c.tile_latent))
+            if smallest is not cand:
+                self.settle(smallest)
         smallest_slice = min(_size(c.temporal_slice) for c in group)
         line = sorted((c for c in group if _size(c.temporal_slice) == smallest_slice
                        and _size(c.tile_latent) <= _size(cand.tile_latent)), key=lambda c: _size(c.tile_latent))
