@@ -16,8 +16,9 @@ by one prediction over instead of each predicted). Nothing that does not fit is 
 Why the taken plan's own prediction, never a neighbour's: a pass's peak is not monotone in its slice or tile (a
 slice that splits the clip into one more step can need less than a smaller one). A candidate is skipped only where
 a plan of its kind with no larger tile and slice was over the budget (the bisection's probes included), so a
-non-monotone step may cost speed (a smaller tile than possible), never memory; and before refusing, each kind's next smallest plans are predicted as
-well (`NEAR_THRIFTIEST`), so a budget is not refused where a plan one rung above a kind's smallest fits.
+non-monotone step may cost speed (a smaller tile than possible), never memory; and before refusing, each kind's
+next smallest plans are predicted as well (`NEAR_THRIFTIEST`), so a budget is not refused where a plan one rung
+above a kind's smallest fits.
 """
 
 from __future__ import annotations
@@ -192,12 +193,13 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
     caches, the output, a step's activations; it grows with the slice, not the tile).
 
     Once a kind has a plan over the budget, before another of its candidates is predicted the tiles of its kind
-    below it are probed by bisection at the kind's smallest slice (`_Frontier.bisect_below`).
-    A probe that is over rules out every plan of its kind with no smaller tile and slice, so the search finds the
-    largest tile of a kind that fits in a few predictions instead of predicting, from the cheapest down, every tile
-    and slice above it (Wan 2.2's 4K clip decode in 6 GB: 68 predictions before, 11 after). No candidate is ruled out on an estimate of its peak: an estimate from a kind's
-    other predictions (a curve through them, used until issue 49's review) skipped plans that fit, so the plan
-    taken was slower than the one the predictions of every candidate choose (tests/test_plans_table.py)."""
+    below it are probed by bisection at the kind's smallest slice (`_Frontier.bisect_below`). A probe that is over
+    rules out every plan of its kind with no smaller tile and slice, so the search finds the largest tile of a kind
+    that fits in a few predictions instead of predicting, from the cheapest down, every tile and slice above it
+    (Wan 2.2's 4K clip decode in 6 GB: 68 predictions before, 11 after). No candidate is ruled out on an estimate
+    of its peak: an estimate from a kind's other predictions (a curve through them, used until issue 49's review)
+    skipped plans that fit, so the plan taken was slower than the one the predictions of every candidate choose
+    (tests/test_plans_table.py)."""
     frontier = _Frontier(level, budget, predicted, tried,
                          lambda c: _held_on_device(model, c, held, out_bytes) > budget.device_bytes or
                          _with_output_on_device(c, tried, budget, out_bytes) >
