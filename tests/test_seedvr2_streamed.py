@@ -16,6 +16,8 @@ from turbovae.vae.plan_pass import plan_pass as plan_for
 from turbovae.vae.planning import PassPlan, run_plan
 from turbovae.vae.planning.predict import predict_plan
 from turbovae.vae.registry import family
+from turbovae.vae.seedvr2.layerwise import bands_to_run
+from turbovae.vae.tiling.exact import partition
 
 MB = 2**20
 
@@ -73,6 +75,22 @@ def test_bands_hold_their_rows_only(tiny):
                 with held_in(frames):
                     out = plan.run(x, tile, 1, None, canvas=OnDevice(torch.device("cpu")), frames=frames)
                 assert (out - ref).abs().max().item() <= 1e-5, (tile, frames)
+
+
+def test_a_prediction_runs_one_band_of_each_size_and_border_position():
+    """A predicted pass runs one band of each (size, first, last) of a layer's bands, found without listing them
+    all (`bands_to_run`): the same bands, in order, as picking them from the full partition; a real pass runs
+    every band."""
+    for length in range(1, 300):
+        for band in range(1, 40):
+            every = [(k, r0, r1) for k, (r0, r1) in enumerate(partition(length, band))]
+            seen, one_of_each = set(), []
+            for k, r0, r1 in every:
+                if (r1 - r0, r0 == 0, r1 == length) not in seen:
+                    seen.add((r1 - r0, r0 == 0, r1 == length))
+                    one_of_each.append((k, r0, r1))
+            assert bands_to_run(length, band, meta=True) == (len(every), one_of_each), (length, band)
+            assert bands_to_run(length, band, meta=False) == (len(every), every)
 
 
 def _peak_at(model, decode: bool, hw: tuple[int, int], tile: int, copies: MetaPasses) -> tuple[int, int]:

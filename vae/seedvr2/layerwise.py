@@ -393,24 +393,35 @@ def norm_silu_pre(norm: nn.GroupNorm, x: Tensor, policy: SplitPolicy,
 # ------------------------------------------------------------------------------------------------
 # Causal conv, band by band
 # ------------------------------------------------------------------------------------------------
-class RepresentativeBands:
-    """On meta tensors (a predicted pass, vae/planning/meta_pass.py), bands of a shape and border position already run are
-    skipped: a band's temporaries are freed before the next band and its output goes into a buffer made before the
-    loop, so bands of one shape allocate alike, and the peak is the same with one of each (a 4K frame has hundreds
-    of bands per layer; a meta op costs Python time). Real tensors run every band."""
+def bands_to_run(length: int, band: int, meta: bool) -> tuple[int, list[tuple[int, int, int]]]:
+    """The bands of `length` rows of at most `band` rows each (`partition`'s), as (index, first row, end row), and
+    how many there are. Real tensors run every band. On meta tensors (a predicted pass, vae/planning/meta_pass.py)
+    only one band of each size and border position runs: a band's temporaries are freed before the next band and
+    its output goes into a buffer made before the loop, so bands of one shape allocate alike, and the peak is the
+    same with one of each. They are found without listing the rest: a 4K frame in one-row bands has thousands of
+    bands per layer, and each meta op, and each band looked at, costs Python time."""
+    n = max(1, math.ceil(length / band))
+    if not meta or n <= 3:
+        return n, [(k, r0, r1) for k, (r0, r1) in enumerate(partition(length, band))]
 
-    def __init__(self, device: torch.device, rows: tuple[int, int]):
-        self._seen: Optional[set] = set() if device.type == "meta" else None
-        self._rows = rows
+    def edge(i: int) -> int:  # partition's bounds, computed alike
+        return round(i * length / n)
 
-    def skip(self, r0: int, r1: int) -> bool:
-        if self._seen is None:
-            return False
-        key = (r1 - r0, r0 == self._rows[0], r1 == self._rows[1])
-        if key in self._seen:
-            return True
-        self._seen.add(key)
-        return False
+    # band sizes are q or q + 1 (r bands of q + 1): the interior holds a size unless the border bands take them all
+    q, r = divmod(length, n)
+    first, last = edge(1), length - edge(n - 1)
+    wanted = {size for size, count in ((q, n - r), (q + 1, r))
+              if count - (first == size) - (last == size) > 0}
+    picked = [(0, 0, edge(1))]
+    for i in range(1, n - 1):  # the first interior band of each size
+        if not wanted:
+            break
+        r0, r1 = edge(i), edge(i + 1)
+        if r1 - r0 in wanted:
+            wanted.discard(r1 - r0)
+            picked.append((i, r0, r1))
+    picked.append((n - 1, edge(n - 1), length))
+    return n, picked
 
 
 def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre = None,
@@ -457,12 +468,9 @@ def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre
     sums = torch.zeros(2, b, conv.out_channels, t_out, dtype=torch.float64, device=src.device)
     band = policy.band_rows(max(cin, conv.out_channels), head + t, w)
     n_out = out_hi - out_lo
-    edges = partition(n_out, band)
-    bands = RepresentativeBands(src.device, (0, n_out))
     meta = _meta(sums)
-    for k, (o0, o1) in enumerate(edges):
-        if bands.skip(o0, o1):
-            continue
+    n_bands, bands = bands_to_run(n_out, band, meta)
+    for k, o0, o1 in bands:
         a = (out_lo + o0) * sh - ph  # first input row the band reads (frame rows)
         a_end = (out_lo + o1 - 1) * sh - ph + kh
         buf = _padded_band(src, hist, pre, head, a, a_end, pw, e, fmt, image)
@@ -487,7 +495,7 @@ def causal_conv(conv, x: Union[Tensor, Rows], ctx, policy: SplitPolicy, pre: Pre
             # the first and last bands keep the rows their buffer holds: a band of a split frame may hold more
             # halo rows than its conv reads (an upsampler's doubled low-resolution halo), never read from the cache
             c0 = max(src.row0, a) if k == 0 else (out_lo + o0) * sh - ph
-            c1 = min(src.row0 + cache_rows, a_end) if k == len(edges) - 1 else (out_lo + o1) * sh - ph
+            c1 = min(src.row0 + cache_rows, a_end) if k == n_bands - 1 else (out_lo + o1) * sh - ph
             _keep_rows(held, buf, ctx.placement, c0 - src.row0, c1 - src.row0, c0 - a, pw, w + e, image, mf)
         del buf
     if held is not None:
@@ -646,13 +654,10 @@ def attention(att, x: Tensor, ctx, policy: SplitPolicy) -> Tensor:
     sums = torch.zeros(2, b, c, t, dtype=torch.float64, device=src.device)
     q_rows = max(1, min(h, rows // 2))
     chunk_rows = max(1, policy.budget_elems // (2 * b * t * q_rows * w * w))  # scores: about half the budget
-    edges = partition(h, q_rows)
-    bands = RepresentativeBands(src.device, (0, h))
+    _n, bands = bands_to_run(h, q_rows, _meta(sums))
     k_all = _tokens(k_rows.read(0, h)) if whole else None
     v_all = _tokens(v_rows.read(0, h)) if whole else None
-    for r0, r1 in edges:
-        if bands.skip(r0, r1):
-            continue
+    for _k, r0, r1 in bands:
         raw = src.read(r0, r1)
         q = att.to_q(_tokens(pre(raw)))
         if whole:
