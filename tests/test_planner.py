@@ -440,3 +440,30 @@ def test_a_layerwise_slice_over_at_its_smallest_tile_is_ruled_out_by_that_one_pr
         if c.mode == "exact" and not c.frame_stages and c.temporal_slice != 1:
             per_slice.setdefault(c.temporal_slice, []).append(c.tile_latent)
     assert per_slice and all(len(t) == 1 for t in per_slice.values()), per_slice
+
+
+def test_a_repeated_plan_comes_from_the_cache(models, monkeypatch):
+    """A `TurboVAE` keeps its meta copies and predictions: the same shape planned again (a ComfyUI server's next
+    run of that shape) runs no meta pass and gives the same plan; at a smaller budget only plans not yet predicted
+    are."""
+    from turbovae.vae.planning import predict as predict_module
+
+    vae = TurboVAE(models["qwen_image"])
+    shape = (1, vae.latent_format.channels, 5, 16, 24)
+    runs: list = []
+    real = predict_module._predict_plan
+    monkeypatch.setattr(predict_module, "_predict_plan", lambda *a: runs.append(a[1]) or real(*a))
+    first = vae.plan(shape, decode=True, budget_bytes=2**40, device="cpu")
+    assert runs, "the first plan predicted nothing"
+    made = len(runs)
+    again = vae.plan(shape, decode=True, budget_bytes=2**40, device="cpu")
+    assert len(runs) == made and again == first
+    tighter = vae.plan(shape, decode=True, budget_bytes=first.predicted.pass_bytes // 2, device="cpu")
+    assert tighter.predicted.pass_bytes <= first.predicted.pass_bytes // 2
+
+
+    def key(p):
+        return replace(p, predicted=None, budget_bytes=None, cost_s=None, requested="auto")
+
+    before = {key(p) for p in runs[:made]}
+    assert runs[made:] and not any(key(p) in before for p in runs[made:])  # what was predicted is not again
