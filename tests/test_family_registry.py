@@ -275,3 +275,22 @@ def test_a_family_name_is_found_however_it_is_spelled():
     assert meta_model("wan22").kind == "wan2.2"
     with pytest.raises(registry.UnknownFamily):
         registry.family("wan2.3")
+
+
+def test_each_exact_plan_declares_what_it_holds_as_its_runner_sees_it():
+    """The planner prices and bounds an exact plan by its declared `holds_whole_frames` (vae/base.py `ExactTiling`),
+    not by testing its type: for every family and direction it matches the runner method the plan calls (a staged
+    plan carries per-tile state, a layer-wise one whole frames)."""
+
+    class Which:
+        def staged(self, plan):
+            return False
+
+        def layerwise(self, plan):
+            return True
+
+    for fam in registry.families():
+        for decode in (True, False):
+            plan = fam.exact_plan(decode=decode)
+            if plan is not None:
+                assert plan.holds_whole_frames is plan.run_with(Which()), (fam.key, decode)

@@ -105,11 +105,20 @@ class ExactTiling(ABC, Generic[R]):
     Two implementations (vae/tiling/exact.py): `ExactPlan` (local stages per tile, one global part; Wan 2.1/2.2,
     Qwen-Image) and `LayerwisePlan` (the whole forward layer by layer with tile-bounded working memory; SeedVR2,
     whose every GroupNorm spans the frame). Callers never test which one they hold: they pass a runner with a
-    method for each, and the plan calls its own (`run_with`)."""
+    method for each, and the plan calls its own (`run_with`); what a planner needs to know to price and bound a
+    plan it reads off `holds_whole_frames`."""
 
     @abstractmethod
     def run_with(self, runner: "ExactTilingRunner[R]") -> R:
         """`runner.staged(self)` or `runner.layerwise(self)`, whichever this plan is."""
+
+    @property
+    @abstractmethod
+    def holds_whole_frames(self) -> bool:
+        """Whether the pass keeps whole-frame tensors while its tiles run — the activations between layers and, in
+        a temporally sliced pass, the causal caches (a layer-wise plan) — rather than each tile carrying its own
+        state (a staged plan): what its peak follows (the slice more than the tile) and what a planner bounds it
+        by (vae/planning)."""
 
 
 class PassContext(CausalCache):

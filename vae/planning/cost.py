@@ -103,7 +103,7 @@ def breakdown(model: VAEModel, plan: PassPlan, work: PassWork, *, cache_bytes: i
 
 
 def _layerwise(model: VAEModel, plan: PassPlan) -> bool:
-    return plan.mode == "exact" and not isinstance(model.exact_plan(decode=plan.decode), ExactPlan)
+    return plan.mode == "exact" and model.exact_plan(decode=plan.decode).holds_whole_frames
 
 
 def layerwise_bands(plan: PassPlan, work: PassWork) -> float:
@@ -136,7 +136,7 @@ def work_factor(model: VAEModel, plan: PassPlan) -> float:
         covered = sum(r.size * c.size for _i, _j, r, c in grid)
         return covered / (h * w)
     exact = model.exact_plan(decode=plan.decode)
-    if not isinstance(exact, ExactPlan):
+    if exact.holds_whole_frames:
         return speed(plan.device_type).layerwise_factor
     return halo_factor(exact, h, w, tile, plan.decode, model.latent_format.spatial_factor)
 

@@ -31,7 +31,7 @@ import torch
 
 from ..base import VAEModel
 from ..input_rules import DEFAULT_TILE_PX, MIN_TILE_LATENT, default_overlap
-from ..tiling.exact import ExactPlan, partition
+from ..tiling.exact import partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
 from .meta_pass import MetaPasses, PassPaths
@@ -80,6 +80,8 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
     budget = Budget(budget_bytes, host_budget_bytes if separate else None, separate)
     cands = candidates(model, shape, decode=decode, dtype=dtype, device_type=paths.device_type, request=request,
                        host_is_separate=separate)
+    tiling = model.exact_plan(decode=decode)
+    layerwise = tiling is not None and tiling.holds_whole_frames  # read once per search
     if not cands:
         raise ValueError(f"no {request.mode} plan exists for a {model.kind} "
                          f"{'decode' if decode else 'encode'} of {shape}")
@@ -103,12 +105,12 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
     out_bytes = output_bytes(model, shape, decode=decode, dtype=dtype)
     tried = [fastest]
     for level in _host_levels(cands):  # host memory only where the device alone cannot hold a plan
-        found = _cheapest_fitting(model, level, cost, predicted, budget, held, out_bytes, tried)
+        found = _cheapest_fitting(level, cost, predicted, budget, held, out_bytes, tried, layerwise)
         if found is not None:
             return found
     # nothing fits by the search, which skips a kind whose thriftiest plan is over: a peak is not monotone in a tile
     # or slice, so before refusing each kind's next smallest plans are predicted too (the refusal path alone pays)
-    found = _near_thriftiest_fitting(model, cands, cost, predicted, budget, held, out_bytes, tried)
+    found = _near_thriftiest_fitting(cands, cost, predicted, budget, held, out_bytes, tried, layerwise)
     if found is not None:
         return found
     raise BudgetTooSmall(budget.too_small(tried))
@@ -120,8 +122,8 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
 NEAR_THRIFTIEST = 3
 
 
-def _near_thriftiest_fitting(model: VAEModel, cands: list[PassPlan], cost, predicted, budget: "Budget", held: int,
-                             out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
+def _near_thriftiest_fitting(cands: list[PassPlan], cost, predicted, budget: "Budget", held: int, out_bytes: int,
+                             tried: list[PassPlan], layerwise: bool) -> Optional[PassPlan]:
     """The cheapest fitting plan among each kind's `NEAR_THRIFTIEST` smallest plans (its thriftiest first, which
     also gives `tried` every kind's floor for the refusal's message), host level by host level; None if none fits."""
     for level in _host_levels(cands):
@@ -130,7 +132,7 @@ def _near_thriftiest_fitting(model: VAEModel, cands: list[PassPlan], cost, predi
             smallest = sorted(group, key=lambda c: (step_volume(c), _size(c.tile_latent), _size(c.temporal_slice)))
             least = _thriftiest(group)
             for cand in [least] + [c for c in smallest if c is not least][:NEAR_THRIFTIEST - 1]:
-                if cand is not least and _held_on_device(model, cand, held, out_bytes) > budget.device_bytes:
+                if cand is not least and _held_on_device(cand, held, out_bytes, layerwise) > budget.device_bytes:
                     continue
                 plan = predicted(cand)
                 tried.append(plan)
@@ -182,8 +184,8 @@ class Budget:
                 "pass fewer frames or a smaller frame per call")
 
 
-def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, budget: Budget, held: int,
-                      out_bytes: int, tried: list[PassPlan]) -> Optional[PassPlan]:
+def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, held: int, out_bytes: int,
+                      tried: list[PassPlan], layerwise: bool) -> Optional[PassPlan]:
     """The cheapest plan of `level` (by the cost estimate) whose prediction fits `budget`, or None: candidates are
     taken in order of their estimate and the first whose own prediction fits is taken, so the plan chosen is the
     one the estimate ranks first among those that fit. A candidate is ruled out unpredicted where what it must hold
@@ -201,10 +203,10 @@ def _cheapest_fitting(model: VAEModel, level: list[PassPlan], cost, predicted, b
     skipped plans that fit, so the plan taken was slower than the one the predictions of every candidate choose
     (tests/test_plans_table.py)."""
     frontier = _Frontier(level, budget, predicted, tried,
-                         lambda c: _held_on_device(model, c, held, out_bytes) > budget.device_bytes or
+                         lambda c: _held_on_device(c, held, out_bytes, layerwise) > budget.device_bytes or
                          _with_output_on_device(c, tried, budget, out_bytes) >
                          budget.device_bytes * PREDICTED_SHARE.get(c.device_type, 1.0),
-                         layerwise=not isinstance(model.exact_plan(decode=level[0].decode), ExactPlan))
+                         layerwise=layerwise)
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
         frontier.settle(_thriftiest(group), thriftiest=True)
     for cand in sorted(level, key=cost):
@@ -330,13 +332,13 @@ def _thriftiest(group: list[PassPlan]) -> PassPlan:
     return min(group, key=lambda c: (_size(c.tile_latent), _size(c.temporal_slice)))
 
 
-def _held_on_device(model: VAEModel, plan: PassPlan, caches: int, output: int) -> int:
+def _held_on_device(plan: PassPlan, caches: int, output: int, layerwise: bool) -> int:
     """Bytes a plan holds on the device whatever its tile and slice (a lower bound of its peak): the output canvas
-    unless in host memory, and the whole-frame causal caches of an untiled or layer-wise pass unless in host
-    memory (exact staged tiles hold their tile's caches only)."""
+    unless in host memory, and the whole-frame causal caches of an untiled or layer-wise pass (`layerwise`: the
+    model's exact plan `holds_whole_frames`) unless in host memory (exact staged tiles hold their tile's caches
+    only)."""
     held = 0 if plan.output_on_host else output
-    whole_frame_caches = plan.mode == "untiled" or (plan.mode == "exact" and
-                                                    not isinstance(model.exact_plan(decode=plan.decode), ExactPlan))
+    whole_frame_caches = plan.mode == "untiled" or plan.mode == "exact" and layerwise
     if whole_frame_caches and not plan.cache_on_host and plan.temporal_slice is not None or \
             whole_frame_caches and plan.frame_stages and not plan.cache_on_host:
         held += caches
@@ -389,7 +391,7 @@ def candidates(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: 
     h_lat, w_lat = (shape[-2], shape[-1]) if decode else (shape[-2] // f, shape[-1] // f)
     latents = shape[2] if decode else fmt.latent_frames(shape[2])
     exact = model.exact_plan(decode=decode)
-    staged = isinstance(exact, ExactPlan)
+    staged = exact is not None and not exact.holds_whole_frames
     has_stages = model.frame_stages(decode=decode) is not None
     overlap = _overlap(request)
     base = dict(decode=decode, shape=shape, dtype=dtype, device_type=device_type, requested=request.mode,

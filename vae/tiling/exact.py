@@ -71,6 +71,7 @@ class ExactPlan(ExactTiling):
     open_local: Callable[[], Sequence[CausalStream]]
     open_global: Callable[[], CausalStream]
     global_channels: int  # channels of the latent-resolution tensor between the two parts
+    holds_whole_frames = False  # each tile carries its own causal state; only the global part sees the frame
 
     def run_with(self, runner: ExactTilingRunner[R]) -> R:
         return runner.staged(self)
@@ -85,6 +86,7 @@ class LayerwisePlan(ExactTiling):
     result is that band's rows of the output."""
 
     run: Callable[..., torch.Tensor]
+    holds_whole_frames = True  # whole-frame activations between layers, whole-frame caches between slices
 
     def run_with(self, runner: ExactTilingRunner[R]) -> R:
         return runner.layerwise(self)
