@@ -352,6 +352,18 @@ def test_a_plan_with_its_output_in_host_memory_is_not_predicted_where_its_twin_l
     assert not any(c.output_on_host for c in order), [c.layout() for c in order if c.output_on_host]
 
 
+def _predicting(need_mb, order: list):
+    """A stand-in for `search._predicted` (its signature) whose prediction of a candidate is `need_mb(candidate)` MB
+    on the device, recording each candidate predicted in `order`."""
+    def predicted(model_, cand, copies, paths, budget_bytes, work, held):
+        order.append(cand)
+        return replace(cand, predicted=PeakPrediction(need_mb(cand) * MB, 0, 0, cand.temporal_slice),
+                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
+                                                                                 cache_bytes=held))
+
+    return predicted
+
+
 def test_the_largest_fitting_tile_is_found_by_bisection_not_by_predicting_every_larger_one(models, monkeypatch):
     """Where a kind stops fitting at some tile, the search bisects the kind's tiles (at its smallest slice) rather
     than predicting, from the cheapest candidate down, every tile and slice above that line: Wan 2.2's 4K clip
@@ -373,13 +385,7 @@ def test_the_largest_fitting_tile_is_found_by_bisection_not_by_predicting_every_
         frames = cand.shape[2] if cand.temporal_slice is None else cand.temporal_slice + 1
         return out_mb + 3 * cand.tile_latent + 5 * frames
 
-    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
-        order.append(cand)
-        return replace(cand, predicted=PeakPrediction(need_mb(cand) * MB, 0, 0, cand.temporal_slice),
-                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
-                                                                                 cache_bytes=held))
-
-    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    monkeypatch.setattr(search_module, "_predicted", _predicting(need_mb, order))  # noqa: the one prediction
     request = PlanRequest(host_is_separate=True, allow_host=False)
     copies = MetaPasses(model)
     plan = fastest_fitting_plan(model, shape, decode=True, budget_bytes=budget,
@@ -423,13 +429,7 @@ def test_a_layerwise_slice_over_at_its_smallest_tile_is_ruled_out_by_that_one_pr
         frames = cand.shape[2] if cand.temporal_slice is None else cand.temporal_slice + 1
         return held_mb + 100 * frames if cand.mode == "exact" and not cand.frame_stages else 100_000
 
-    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
-        order.append(cand)
-        return replace(cand, predicted=PeakPrediction(need_mb(cand) * MB, 0, 0, cand.temporal_slice),
-                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
-                                                                                 cache_bytes=held))
-
-    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    monkeypatch.setattr(search_module, "_predicted", _predicting(need_mb, order))  # noqa: the one prediction
     plan = fastest_fitting_plan(model, shape, decode=True, budget_bytes=budget,
                                 paths=PassPaths.for_device_type(model, "cuda", torch.bfloat16), dtype=torch.bfloat16,
                                 request=PlanRequest(host_is_separate=True, allow_host=False), copies=MetaPasses(model))
