@@ -9,7 +9,7 @@ from turbovae.bench.cases import FidelityCase
 
 CASES = [
     FidelityCase("decode", 1, 160, 160, family="seedvr2"),
-    FidelityCase("decode", 5, 64, 64, family="seedvr2"),
+    FidelityCase("decode", 5, 48, 48, family="seedvr2"),
     FidelityCase("encode", 1, 128, 128, family="seedvr2"),
 ]
 
