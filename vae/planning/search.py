@@ -251,11 +251,14 @@ class _Frontier:
         differ between slices (a whole-clip pass keeps no causal caches), so elsewhere it rules out itself alone."""
         if id(cand) in self.fits:
             return self.fits[id(cand)]
-        if self.ruled_out(cand) or thriftiest and self.over_by_bound(cand):
+        if self.ruled_out(cand):
             self._mark_over(cand)
             return False
         if self.over_by_bound(cand):
-            self.fits[id(cand)] = False
+            if thriftiest:
+                self._mark_over(cand)
+            else:
+                self.fits[id(cand)] = False
             return False
         plan = self.plans[id(cand)] = self.predicted(cand)
         self.tried.append(plan)

@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..accel.kernels.conv_guard import conv3d as guarded_conv3d
-from ..tiling.exact import partition
+from ..tiling.exact import partition, partition_bound, partition_count
 from ..memory.placement import Placement
 
 Tensor = torch.Tensor
@@ -400,12 +400,12 @@ def bands_to_run(length: int, band: int, meta: bool) -> tuple[int, list[tuple[in
     its output goes into a buffer made before the loop, so bands of one shape allocate alike, and the peak is the
     same with one of each. They are found without listing the rest: a 4K frame in one-row bands has thousands of
     bands per layer, and each meta op, and each band looked at, costs Python time."""
-    n = max(1, math.ceil(length / band))
+    n = partition_count(length, band)
     if not meta or n <= 3:
         return n, [(k, r0, r1) for k, (r0, r1) in enumerate(partition(length, band))]
 
-    def edge(i: int) -> int:  # partition's bounds, computed alike
-        return round(i * length / n)
+    def edge(i: int) -> int:
+        return partition_bound(length, n, i)
 
     # band sizes are q or q + 1 (r bands of q + 1): the interior holds a size unless the border bands take them all
     q, r = divmod(length, n)

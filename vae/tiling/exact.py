@@ -34,8 +34,8 @@ from .fast import PassGeometry
 from .grid import TileGrid
 from .retry import StepCounter, TileRetry
 
-__all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "supports_exact", "run_exact", "run_global",
-           "run_tiles", "stage_halos", "stage_resolutions"]
+__all__ = ["ExactPlan", "LayerwisePlan", "LocalStage", "partition", "partition_bound", "partition_count",
+           "supports_exact", "run_exact", "run_global", "run_tiles", "stage_halos", "stage_resolutions"]
 
 
 # -- the two exact plans (what `VAEModel.exact_plan(decode=...)` returns) ------------------------
@@ -99,9 +99,19 @@ def supports_exact(model, *, decode: bool) -> bool:
 
 def partition(length: int, tile: int) -> list[tuple[int, int]]:
     """Non-overlapping cores of at most `tile` covering [0, length), evenly sized."""
-    n = max(1, math.ceil(length / tile))
-    bounds = [round(i * length / n) for i in range(n + 1)]
+    n = partition_count(length, tile)
+    bounds = [partition_bound(length, n, i) for i in range(n + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def partition_count(length: int, tile: int) -> int:
+    """How many cores `partition(length, tile)` makes."""
+    return max(1, math.ceil(length / tile))
+
+
+def partition_bound(length: int, n: int, i: int) -> int:
+    """The start of core `i` of `n` (i == n: `length`) of `partition`: one core's bounds without listing the rest."""
+    return round(i * length / n)
 
 
 # -- the tiler ----------------------------------------------------------------------------------
