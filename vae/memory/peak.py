@@ -22,6 +22,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .meta_ops import run_op
+
 
 class OpMemory(Protocol):
     """What the real kernels of one device type do that their meta kernels do not show (vae/memory/op_rules.py): memory
@@ -115,7 +117,7 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = run_op(func, args, kwargs)
         extra = 0
         if self.op_memory is not None:
             out = self.op_memory.real_output(func, args, kwargs, out)

@@ -20,6 +20,7 @@ import torch
 
 from ..base import VAEModel
 from ..memory.meta_device import predicting_for
+from ..memory.meta_ops import run_op
 from ..memory.op_rules import op_memory_for
 from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
 from .execute import run_plan
@@ -132,7 +133,7 @@ class WorkCounter(torch.utils._python_dispatch.TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = run_op(func, args, kwargs or {})
         if func in _CONVS:
             w = args[1]  # [out, in / groups, *kernel]: each output element reads in/groups × kernel inputs
             self.flops += 2.0 * out.numel() * math.prod(w.shape[1:])
