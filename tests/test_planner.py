@@ -453,6 +453,83 @@ def test_a_layerwise_slice_over_at_its_smallest_tile_is_ruled_out_by_that_one_pr
     assert per_slice and all(len(t) == 1 for t in per_slice.values()), per_slice
 
 
+def test_a_kind_over_the_host_budget_alone_starts_no_bisection_of_its_tiles(models, monkeypatch):
+    """Host memory follows a plan's slice, not its tile: a plan over the host budget alone says nothing of where its
+    kind's tiles stop fitting the device, so it starts no bisection below it (SeedVR2 1440p x 81 decode in 6 GB on 64
+    GB of RAM predicted four tiles below the plan it took, each fitting, before predicting that plan). With
+    predictions where every layer-wise plan keeping its caches in host memory fits the device (the rest are over)
+    and needs 10 MB of host memory per latent frame of its step, the plan taken is slice 1 at the largest tile, and
+    no tile of that kind between its smallest (its floor, predicted first) and the plan's is predicted."""
+    model = models["seedvr2"]
+    x = _input(model, True, 9, (32, 48))
+    order: list[PassPlan] = []
+
+    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
+        frames = cand.temporal_slice or cand.shape[2]
+        device = 100 if cand.cache_on_host and cand.mode == "exact" else 200
+        order.append(cand)
+        return replace(cand, predicted=PeakPrediction(device * MB, 0, 0, cand.temporal_slice,
+                                                      host_bytes=10 * frames * MB if cand.cache_on_host else 0),
+                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
+                                                                                 cache_bytes=held))
+
+    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
+    plan = fastest_fitting_plan(model, tuple(x.shape), decode=True, budget_bytes=150 * MB,
+                                paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
+                                request=PlanRequest(host_is_separate=True), copies=MetaPasses(model),
+                                host_budget_bytes=15 * MB)
+    kind = search_module._kind(plan)
+    tiles = sorted({c.tile_latent for c in search_module.candidates(
+        model, tuple(x.shape), decode=True, dtype=torch.float32, device_type="cpu", request=PlanRequest(),
+        host_is_separate=True) if search_module._kind(c) == kind})
+    assert plan.mode == "exact" and plan.temporal_slice == 1 and plan.tile_latent == tiles[-1], plan.describe()
+    assert len(tiles) > 2  # tiles exist between the floor and the plan's
+    between = [c for c in order if search_module._kind(c) == kind and tiles[0] < c.tile_latent < tiles[-1]]
+    assert not between, [(c.tile_latent, c.temporal_slice) for c in between]
+
+
+def test_the_tile_where_a_kind_stops_fitting_is_probed_where_its_predictions_say(models, monkeypatch):
+    """Once a kind has a plan over the device budget, its tiles are probed near where a line through its
+    predictions (need against step volume, `search.step_volume`) crosses the budget rather than at the middle of the
+    open tiles: where the need is that line, the plan taken (the one predicting every candidate takes) is found in
+    fewer predictions than the bisection alone takes (over the plans table's 48 rows, counted in one process on the
+    CPU VM on 2026-11-29: 504 predictions with the bisection, 454 with the probe, the same plans)."""
+    model = models["qwen_image"]
+    shape = (1, model.latent_format.channels, 21, 270, 480)  # a 4K clip's latents, planned for CUDA (no slice cap)
+    out_mb = search_module.output_bytes(model, shape, decode=True, dtype=torch.bfloat16) // MB
+    share = search_module.PREDICTED_SHARE["cuda"]
+    budget = int((out_mb + 100) * MB / share)  # at this budget: 19 predictions with the probe, 21 without
+    request = PlanRequest(host_is_separate=True, allow_host=False)
+    cands = search_module.candidates(model, shape, decode=True, dtype=torch.bfloat16, device_type="cuda",
+                                     request=request, host_is_separate=True)
+    copies = MetaPasses(model)
+    work = search_module.whole_pass_work(model, shape, decode=True, dtype=torch.bfloat16, copies=copies)
+    held = search_module.cache_bytes(model, shape, decode=True, dtype=torch.bfloat16)
+
+    def need_mb(cand) -> float:
+        return out_mb + int(search_module.step_volume(cand)) // 200 if cand.mode == "exact" else 100_000
+
+    def cost(c) -> float:
+        return search_module.estimate_s(model, c, work, cache_bytes=held)
+
+    def plan_with(probe: bool) -> tuple[PassPlan, int]:
+        order: list[PassPlan] = []
+        monkeypatch.setattr(search_module, "_predicted", _predicting(need_mb, order))  # noqa: the one prediction
+        if not probe:  # the bisection alone: no estimate to probe by
+            monkeypatch.setattr(search_module._Frontier, "_estimated_need", lambda *a: None)
+        plan = fastest_fitting_plan(model, shape, decode=True, budget_bytes=budget,
+                                    paths=PassPaths.for_device_type(model, "cuda", torch.bfloat16),
+                                    dtype=torch.bfloat16, request=request, copies=MetaPasses(model))
+        return plan, len(order)
+
+    best = min((c for c in cands if need_mb(c) * MB <= budget * share), key=cost)
+    probed, n_probed = plan_with(True)
+    bisected, n_bisected = plan_with(False)
+    for plan in (probed, bisected):
+        assert (plan.mode, plan.tile_latent, plan.temporal_slice) == (best.mode, best.tile_latent, best.temporal_slice)
+    assert n_probed < n_bisected, (n_probed, n_bisected, best.tile_latent, best.temporal_slice)
+
+
 def test_a_repeated_plan_comes_from_the_cache(models, monkeypatch):
     """A `TurboVAE` keeps its meta copies and predictions: the same shape planned again (a ComfyUI server's next
     run of that shape) runs no meta pass and gives the same plan; at a smaller budget only plans not yet predicted

@@ -160,9 +160,11 @@ class Budget:
     def host_fits(self, plan: PassPlan) -> bool:
         return self.host_bytes is None or plan.predicted.host_bytes <= self.host_bytes
 
+    def device_fits(self, plan: PassPlan) -> bool:
+        return self.device_need(plan) <= self.device_bytes * _share(plan)
+
     def fits(self, plan: PassPlan) -> bool:
-        share = PREDICTED_SHARE.get(plan.device_type, 1.0)
-        return self.device_need(plan) <= self.device_bytes * share and self.host_fits(plan)
+        return self.device_fits(plan) and self.host_fits(plan)
 
     def too_small(self, tried: list[PassPlan]) -> str:
         """BudgetTooSmall's message: the plan needing the least device memory among those within the host budget
@@ -194,8 +196,8 @@ def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, he
     plan of its kind with no larger slice was over the host budget (what a kind keeps in host memory is whole-frame:
     caches, the output, a step's activations; it grows with the slice, not the tile).
 
-    Once a kind has a plan over the budget, before another of its candidates is predicted the tiles of its kind
-    below it are probed by bisection at the kind's smallest slice (`_Frontier.bisect_below`). A probe that is over
+    Once a kind has a plan over the device budget, before another of its candidates is predicted the tiles of its
+    kind below it are probed by bisection at the kind's smallest slice (`_Frontier.bisect_below`). A probe that is over
     rules out every plan of its kind with no smaller tile and slice, so the search finds the largest tile of a kind
     that fits in a few predictions instead of predicting, from the cheapest down, every tile and slice above it
     (Wan 2.2's 4K clip decode in 6 GB: 68 predictions before, 11 after). No candidate is ruled out on an estimate
@@ -210,7 +212,7 @@ def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, he
     for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
         frontier.settle(_thriftiest(group), thriftiest=True)
     for cand in sorted(level, key=cost):
-        if frontier.over.get(_kind(cand)):  # the kind stops fitting somewhere: find where before predicting more
+        if _kind(cand) in frontier.device_over:  # the kind stops fitting somewhere: find where before predicting more
             frontier.bisect_below(cand)
         if frontier.settle(cand):
             return frontier.plans[id(cand)]
@@ -232,6 +234,10 @@ class _Frontier:
         self.plans: dict[int, PassPlan] = {}  # id(candidate) -> its prediction
         self.over: dict[tuple, list[PassPlan]] = {}  # per kind, the candidates over the budget
         self.host_over: dict[tuple, list[Optional[int]]] = {}  # per kind, the temporal slices over the host budget
+        # the kinds with a plan over the device budget (predicted, or by a bound): where a kind's tiles stop fitting
+        # is worth a bisection; a plan over the host budget alone says nothing of its tile (host memory follows the
+        # slice), so it starts none
+        self.device_over: set[tuple] = set()
 
     def ruled_out(self, cand: PassPlan) -> bool:
         """Over without its own prediction: by a plan of its kind with no larger tile and slice that was over, or a
@@ -255,6 +261,7 @@ class _Frontier:
             self._mark_over(cand)
             return False
         if self.over_by_bound(cand):
+            self.device_over.add(_kind(cand))
             if thriftiest:
                 self._mark_over(cand)
             else:
@@ -267,6 +274,8 @@ class _Frontier:
         fits = self.fits[id(cand)] = self.budget.fits(plan)
         if not fits:
             self.over.setdefault(_kind(cand), []).append(cand)
+        if not self.budget.device_fits(plan):
+            self.device_over.add(_kind(cand))
         return fits
 
     def _mark_over(self, cand: PassPlan) -> None:
@@ -283,7 +292,14 @@ class _Frontier:
         (Bisecting the tiles at the candidate's own slice too was tried: more predictions over the plans table's
         rows, 593 against 552, as most probes there fit.) A layer-wise kind (`layerwise`: SeedVR2, whose peak
         follows its slice's whole-frame tensors more than its tile) first settles its smallest tile at `cand`'s slice:
-        where that slice is over at every tile, one prediction rules the slice out (552 -> 504 predictions)."""
+        where that slice is over at every tile, one prediction rules the slice out (552 -> 504 predictions).
+
+        Where the kind has a prediction over the device budget, the probe is not the middle open tile but the first
+        one that a line through the kind's predictions (`_estimated_need`) puts over the budget, and where the line
+        puts every open tile within it, `cand`'s own prediction (or, at a larger slice, its tile's at the smallest)
+        settles it; a probe that fits where the line said over is followed by one at the middle. The verdicts are
+        the predictions' as before, so the plan taken is the same (504 -> 454 predictions over the plans table's
+        rows, counted on the CPU VM on 2026-11-29)."""
         group = self.kinds[_kind(cand)]
         if self.layerwise and cand.mode == "exact":
             at_slice = [c for c in group if c.temporal_slice == cand.temporal_slice]
@@ -293,6 +309,7 @@ class _Frontier:
         smallest_slice = min(_size(c.temporal_slice) for c in group)
         line = sorted((c for c in group if _size(c.temporal_slice) == smallest_slice
                        and _size(c.tile_latent) <= _size(cand.tile_latent)), key=lambda c: _size(c.tile_latent))
+        missed = False  # the last interpolated probe fitted where its estimate said over: bisect once instead
         while not self.ruled_out(cand):
             fitting = [i for i, c in enumerate(line) if self.fits.get(id(c))]
             if not fitting:
@@ -300,7 +317,32 @@ class _Frontier:
             open_ = [c for c in line[fitting[-1] + 1:] if id(c) not in self.fits and c is not cand]
             if not open_:
                 return  # every tile between a fitting one and `cand`'s is settled
-            self.settle(open_[(len(open_) - 1) // 2])
+            estimate = None if missed else self._estimated_need(line[fitting[-1]], group)
+            if estimate is None:
+                probe = open_[(len(open_) - 1) // 2]
+            else:
+                probe = next((c for c in open_ if estimate(c) > self.budget.device_bytes * _share(c)), None)
+                if probe is None and _size(cand.temporal_slice) == smallest_slice:
+                    return  # every tile up to `cand`'s is estimated to fit: `cand`'s own prediction settles it
+                if probe is None:  # the line's largest open tile: where it is over, `cand` is, at every slice
+                    probe = open_[-1]
+            fits = self.settle(probe)
+            missed = estimate is not None and fits
+
+    def _estimated_need(self, fitting: PassPlan, group: list[PassPlan]):
+        """A guess of a plan's device need, linear in its step volume (`step_volume`) between `fitting`'s prediction
+        and the smallest-volume prediction of its kind that was over the device budget (any slice); None where the
+        kind has no such prediction. It only picks where a bisection probes next (near where the kind stops
+        fitting, rather than at the middle of the open tiles): every verdict still comes from a prediction."""
+        low = self.plans[id(fitting)]
+        v_low = step_volume(fitting)
+        over = [c for c in group if id(c) in self.plans and not self.budget.device_fits(self.plans[id(c)])
+                and step_volume(c) > v_low]
+        if not over:
+            return None
+        high = self.plans[id(min(over, key=step_volume))]
+        n_low, n_high, v_high = self.budget.device_need(low), self.budget.device_need(high), step_volume(high)
+        return lambda c: n_low + (step_volume(c) - v_low) * (n_high - n_low) / (v_high - v_low)
 
 
 def _with_output_on_device(cand: PassPlan, tried: list[PassPlan], budget: Budget, out_bytes: int) -> int:
@@ -324,6 +366,10 @@ def step_volume(plan: PassPlan) -> float:
     latents = plan.shape[2] if plan.decode else (plan.shape[2] - 1) // 4 + 1
     frames = 1 if plan.frame_stages else (latents if plan.temporal_slice is None else plan.temporal_slice + 1)
     return float(max(1, area) * frames)
+
+
+def _share(plan: PassPlan) -> float:
+    return PREDICTED_SHARE.get(plan.device_type, 1.0)
 
 
 def _kind(plan: PassPlan) -> tuple:
