@@ -65,6 +65,24 @@ def test_linear_on_meta_tensors_is_answered_as_its_kernel_answers(x_shape, w_sha
     assert ours.untyped_storage().nbytes() == theirs.untyped_storage().nbytes()
 
 
+@pytest.mark.parametrize("x_cl,w_cl,stride,padding", [(False, False, [1, 1, 1], [0, 0, 0]),
+                                                       (True, True, [1, 2, 2], [0, 1, 1]),
+                                                       (False, True, [1, 1, 1], [0, 1, 1]),
+                                                       (True, False, [2, 2, 2], [1, 1, 1])])
+def test_a_conv_on_meta_tensors_is_answered_as_its_kernel_answers_first_and_remembered(x_cl, w_cl, stride, padding):
+    x, w, b = _meta(1, 16, 3, 20, 24, channels_last=x_cl), _meta(8, 16, 3, 3, 3, channels_last=w_cl), _meta(8)
+    meta_ops._CONV_OUTPUTS.clear()
+    args = (x, w, b, stride, padding)
+    theirs = aten.conv3d.default(x, w, b, stride, padding)
+    for _ in range(2):  # the kernel's own answer, then the remembered one
+        ours = meta_ops.run_op(aten.conv3d.default, args, {})
+        assert (ours.shape, ours.stride(), ours.dtype) == (theirs.shape, theirs.stride(), theirs.dtype)
+    assert len(meta_ops._CONV_OUTPUTS) == 1
+    frames = _meta(3, 16, 20, 24, channels_last=x_cl)  # the same sizes as a 2-D conv: another entry
+    flat = meta_ops.run_op(aten.conv2d.default, (frames, _meta(8, 16, 3, 3), None, [1, 1], [1, 1]), {})
+    assert flat.shape == (3, 8, 20, 24) and len(meta_ops._CONV_OUTPUTS) == 2
+
+
 def test_real_tensors_run_the_real_op():
     x = torch.ones(3)
     assert meta_ops.run_op(aten.add_.Tensor, (x, torch.ones(3)), {}) is x

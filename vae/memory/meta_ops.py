@@ -9,46 +9,78 @@ hundreds to thousands of times. What the mode needs from them is known without r
 - an in-place op (aten's `name_` ops that are not in-place *views*) writes into its first argument and returns it:
   nothing is allocated and no metadata changes;
 - `linear` returns a new contiguous tensor of the input's leading dimensions and the weight's rows (every real
-  kernel returns it so: a matrix product's row-major output, viewed back to the input's leading dimensions).
+  kernel returns it so: a matrix product's row-major output, viewed back to the input's leading dimensions);
+- `conv2d` / `conv3d` (their meta kernel works out the output's size and layout in Python, about 30 µs) return what
+  their meta kernel returned for the same input and weight metadata and parameters, remembered (a pass calls each
+  conv at a few band shapes, hundreds of times).
 Everything else runs its meta kernel. Only meta tensors take these answers (a measurement on real tensors runs the
 real op); `tests/test_meta_ops.py` checks each answer against the meta kernel's own result.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 aten = torch.ops.aten
 
-_PLAIN_IN_PLACE: dict = {}  # op -> whether it is an in-place op that only writes its first argument's values
+_IN_PLACE, _LINEAR, _CONV = "in place", "linear", "conv"
+_ANSWERS: dict = {}  # op -> how a meta call of it is answered: _IN_PLACE, _LINEAR, or None (its own kernel)
 
 
 def plain_in_place(func) -> bool:
     """Whether `func` is an in-place op that writes its first argument's values and returns it (`add_`, `clamp_`,
     `copy_`, `zero_`): aten's in-place naming and schema (first argument and only return written), and not an
     in-place view op (`unsqueeze_`, `as_strided_`, `resize_`, `set_`: those change metadata or storage)."""
-    known = _PLAIN_IN_PLACE.get(func)
-    if known is None:
-        schema = func._schema
-        first = schema.arguments[0].alias_info if schema.arguments else None
-        ret = schema.returns[0].alias_info if len(schema.returns) == 1 else None
-        known = _PLAIN_IN_PLACE[func] = bool(
-            schema.name.endswith("_") and not schema.name.endswith("__") and first is not None and first.is_write
-            and ret is not None and ret.is_write and torch.Tag.inplace_view not in func.tags)
-    return known
+    schema = func._schema
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    ret = schema.returns[0].alias_info if len(schema.returns) == 1 else None
+    return bool(schema.name.endswith("_") and not schema.name.endswith("__") and first is not None
+                and first.is_write and ret is not None and ret.is_write and torch.Tag.inplace_view not in func.tags)
 
 
-def _meta_tensor(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == "meta"
+def _answer(func) -> Optional[str]:
+    if func is aten.linear.default:
+        return _LINEAR
+    if func in (aten.conv2d.default, aten.conv3d.default):
+        return _CONV
+    return _IN_PLACE if plain_in_place(func) else None
+
+
+# (op, input's and weight's shapes, strides and dtype, the conv's parameters) -> the meta kernel's output
+# (shape, strides): a pass calls each conv at a few band shapes, hundreds of times
+_CONV_OUTPUTS: dict = {}
+CONV_OUTPUTS_KEPT = 4096
+
+
+def _conv_output(func, args: tuple, kwargs: dict) -> torch.Tensor:
+    x, w = args[0], args[1]
+    key = (func, x.shape, x.stride(), x.dtype, w.shape, w.stride(),
+           *(tuple(a) if isinstance(a, list) else a for a in args[3:]), *sorted(kwargs.items()))
+    found = _CONV_OUTPUTS.get(key)
+    if found is None:
+        out = func(*args, **kwargs)
+        if len(_CONV_OUTPUTS) >= CONV_OUTPUTS_KEPT:  # a long-lived server plans many shapes: start again
+            _CONV_OUTPUTS.clear()
+        _CONV_OUTPUTS[key] = (out.shape, out.stride())
+        return out
+    return torch.empty_strided(found[0], found[1], dtype=x.dtype, device=x.device)
 
 
 def run_op(func, args: tuple, kwargs: dict):
-    """`func(*args, **kwargs)`, answered without the meta kernel where module docstring's rules say what it
+    """`func(*args, **kwargs)`, answered without the meta kernel where the module docstring's rules say what it
     returns and its arguments are meta tensors."""
-    if args and _meta_tensor(args[0]):
-        if plain_in_place(func):
+    try:
+        how = _ANSWERS[func]
+    except KeyError:
+        how = _ANSWERS[func] = _answer(func)
+    if how is not None and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+        if how is _IN_PLACE:
             return args[0]
-        if func is aten.linear.default and _meta_tensor(args[1]):
-            x, w = args[0], args[1]
+        if how is _CONV:
+            return _conv_output(func, args, kwargs)
+        x, w = args[0], args[1]
+        if isinstance(w, torch.Tensor) and w.device.type == "meta":
             return torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
     return func(*args, **kwargs)

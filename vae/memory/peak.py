@@ -67,41 +67,41 @@ class LiveBytes(TorchDispatchMode):
         """No torch.compile runs inside a count: its ops skip PyTorch's per-call Dynamo guard."""
         return False
 
-    def _see(self, storage) -> bool:
-        """Mark `storage` seen; whether it was new."""
+    def _see(self, storage, device_bytes: int = 0, host_bytes: int = 0) -> bool:
+        """Mark `storage` seen, counted as `device_bytes` and `host_bytes` alive until it is freed (one finalizer
+        forgets it and uncounts them: a pass makes thousands of storages); whether it was new."""
         key = storage._cdata
         if key in self._seen:
             return False
         self._seen[key] = True
-        weakref.finalize(storage, self._seen.pop, key, None)
+        weakref.finalize(storage, self._forget, key, device_bytes, host_bytes)
         return True
+
+    def _forget(self, key: int, device_bytes: int, host_bytes: int) -> None:
+        self._seen.pop(key, None)
+        self.live -= device_bytes
+        self.host_live -= host_bytes
 
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         if storage._cdata in self._seen:
             return
         nbytes = storage.nbytes()
-        self._see(storage)
+        self._see(storage, device_bytes=nbytes)
         self.live += nbytes
-        self.peak = max(self.peak, self.live)
-        self._window = max(self._window, self.live)
-        weakref.finalize(storage, self._free, nbytes)
-
-    def _free(self, nbytes: int) -> None:
-        self.live -= nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+        if self.live > self._window:
+            self._window = self.live
 
     def hold_on_host(self, t: torch.Tensor) -> None:
         """`t`'s storage lives in host memory: out of the device count (now, if it was counted), into the host's."""
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
-        if not self._see(storage):
+        if not self._see(storage, host_bytes=nbytes):
             raise ValueError("hold_on_host takes a storage the pass has not used yet (a fresh host buffer)")
         self.host_live += nbytes
         self.host_peak = max(self.host_peak, self.host_live)
-        weakref.finalize(storage, self._free_host, nbytes)
-
-    def _free_host(self, nbytes: int) -> None:
-        self.host_live -= nbytes
 
     def elsewhere(self, t: torch.Tensor) -> None:
         """`t`'s storage is memory of another device's (a stand-in collective's copy of another rank's band,
