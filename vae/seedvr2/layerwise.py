@@ -187,8 +187,11 @@ def fetch_rows(placement: Optional[Placement], view: Tensor, device: torch.devic
     if b == 1 and t == 1:
         return placement.fetch(view)
     out = torch.empty(view.shape, dtype=view.dtype, device=device, memory_format=torch.channels_last_3d)
+    if _meta(out):  # a prediction: each transfer stages a copy of one frame's rows, freed before the next
+        torch.empty((view.shape[1], *view.shape[3:]), dtype=view.dtype, device=device)
+        return out
     for i in range(b):
-        for j in representative(range(t), out):
+        for j in range(t):
             out[i, :, j].copy_(placement.fetch(view[i, :, j]))
     return out
 
@@ -367,10 +370,11 @@ def norm_silu_pre(norm: nn.GroupNorm, x: Tensor, policy: SplitPolicy,
 
     def apply(rows: Tensor, t0: int = 0, out: Optional[Tensor] = None) -> Tensor:
         if _meta(rows):  # a prediction: the fp32 temporary (and the cast) alone; in-place ops allocate nothing
+            if out is not None:  # the temporary's bytes, freed at once (`torch.empty`: empty_like's meta is slow)
+                torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
+                return out
             y = torch.empty_like(rows, dtype=torch.float32)
-            if out is None:
-                return y if rows.dtype == torch.float32 else torch.empty_like(rows)
-            return out
+            return y if rows.dtype == torch.float32 else torch.empty_like(rows)
         b, c, t = rows.shape[:3]
         m = mean[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)
         r = rstd[:, :, t0:t0 + t].view(b, g, 1, t, 1, 1)

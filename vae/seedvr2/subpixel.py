@@ -83,17 +83,24 @@ def composed_atoms(conv_weight: torch.Tensor, upscale_weight: torch.Tensor, zr: 
     for x in (0, 1):
         for y in (0, 1):  # one input sub-pixel at a time: the products' buffer stays a quarter of the atoms
             prods = matmul(taps, up[x, y].permute(1, 0, 2).reshape(m, zr * i)).view(3, 3, o, kt, zr, i)
-            for a in (0, 1):
-                for dy, (p, xa) in enumerate(_TAPS[a]):
-                    if xa != x:
-                        continue
-                    for b in (0, 1):
-                        for dx, (q, yb) in enumerate(_TAPS[b]):
-                            if yb == y:
-                                composed[a, b, p, q].add_(prods[dy, dx])
+            if composed.device.type != "meta":  # a prediction counts the products; adding them allocates nothing
+                _add_products(composed, prods, x, y)
             del prods
     # (a, b, p, q, o, k, z, i) -> (k, z, (a, b, o), i, p, q)
     return composed.permute(5, 6, 0, 1, 4, 7, 2, 3).reshape(kt, zr, 4 * o, i, 2, 2)
+
+
+def _add_products(composed: torch.Tensor, prods: torch.Tensor, x: int, y: int) -> None:
+    """Add the products of input sub-pixel (x, y) [3, 3, O, k_t, z_r, I] (by full-resolution tap dy, dx) to the
+    atoms [2, 2, 2, 2, O, k_t, z_r, I] (output phase a, b; low-resolution tap p, q) each belongs to."""
+    for a in (0, 1):
+        for dy, (p, xa) in enumerate(_TAPS[a]):
+            if xa != x:
+                continue
+            for b in (0, 1):
+                for dx, (q, yb) in enumerate(_TAPS[b]):
+                    if yb == y:
+                        composed[a, b, p, q].add_(prods[dy, dx])
 
 
 def bias_patterns(conv_weight: torch.Tensor, upscale_bias: torch.Tensor, zr: int) -> torch.Tensor:
