@@ -209,9 +209,13 @@ def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, he
                          _with_output_on_device(c, tried, budget, out_bytes) >
                          budget.device_bytes * PREDICTED_SHARE.get(c.device_type, 1.0),
                          layerwise=layerwise)
-    for group in _groups(level, cost):  # a kind whose smallest tile and slice is over is over at every size
-        frontier.settle(_thriftiest(group), thriftiest=True)
+    # a kind whose smallest tile and slice is over is over at every size: that plan (its floor) is settled before
+    # any other of its kind, when the search first reaches the kind (a kind dearer than the plan taken is never)
+    floors = {_kind(group[0]): _thriftiest(group) for group in _groups(level, cost)}
     for cand in sorted(level, key=cost):
+        floor = floors.pop(_kind(cand), None)
+        if floor is not None:
+            frontier.settle(floor, thriftiest=True)
         if _kind(cand) in frontier.device_over:  # the kind stops fitting somewhere: find where before predicting more
             frontier.bisect_below(cand)
         if frontier.settle(cand):
@@ -318,6 +322,8 @@ class _Frontier:
             if not open_:
                 return  # every tile between a fitting one and `cand`'s is settled
             estimate = None if missed else self._estimated_need(line[fitting[-1]], group)
+            if estimate is None and self.layerwise and cand.mode == "exact" and not missed:
+                return  # nothing over at the smallest slice: `cand`'s own prediction settles it (see the docstring)
             if estimate is None:
                 probe = open_[(len(open_) - 1) // 2]
             else:
@@ -337,7 +343,7 @@ class _Frontier:
         low = self.plans[id(fitting)]
         v_low = step_volume(fitting)
         over = [c for c in group if id(c) in self.plans and not self.budget.device_fits(self.plans[id(c)])
-                and step_volume(c) > v_low]
+                and step_volume(c) > v_low and (not self.layerwise or c.temporal_slice == fitting.temporal_slice)]
         if not over:
             return None
         high = self.plans[id(min(over, key=step_volume))]
