@@ -200,7 +200,8 @@ def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, he
     kind below it are probed by bisection at the kind's smallest slice (`_Frontier.bisect_below`). A probe that is over
     rules out every plan of its kind with no smaller tile and slice, so the search finds the largest tile of a kind
     that fits in a few predictions instead of predicting, from the cheapest down, every tile and slice above it
-    (Wan 2.2's 4K clip decode in 6 GB: 68 predictions before, 11 after). No candidate is ruled out on an estimate
+    (Wan 2.2's 4K clip decode in 6 GB: 68 predictions before, 11 after). A kind's floor (its smallest tile and
+    slice) is predicted when the search first reaches the kind. No candidate is ruled out on an estimate
     of its peak: an estimate from a kind's other predictions (a curve through them, used until issue 49's review)
     skipped plans that fit, so the plan taken was slower than the one the predictions of every candidate choose
     (tests/test_plans_table.py)."""
@@ -301,9 +302,11 @@ class _Frontier:
         Where the kind has a prediction over the device budget, the probe is not the middle open tile but the first
         one that a line through the kind's predictions (`_estimated_need`) puts over the budget, and where the line
         puts every open tile within it, `cand`'s own prediction (or, at a larger slice, its tile's at the smallest)
-        settles it; a probe that fits where the line said over is followed by one at the middle. The verdicts are
-        the predictions' as before, so the plan taken is the same (504 -> 454 predictions over the plans table's
-        rows, counted on the CPU VM on 2026-11-29)."""
+        settles it; a probe that fits where the line said over is followed by one at the middle. A layer-wise kind's
+        line reads only its predictions at the smallest slice (its need follows the slice, so a plan over at a
+        larger slice says little of a tile), and where none there is over, `cand`'s own prediction settles it.
+        The verdicts are the predictions' as before, so the plan taken is the same (504 -> 431 predictions over the
+        plans table's rows with these probes and the floors taken lazily, counted on the CPU VM on 2026-11-29)."""
         group = self.kinds[_kind(cand)]
         if self.layerwise and cand.mode == "exact":
             at_slice = [c for c in group if c.temporal_slice == cand.temporal_slice]
@@ -323,7 +326,7 @@ class _Frontier:
                 return  # every tile between a fitting one and `cand`'s is settled
             estimate = None if missed else self._estimated_need(line[fitting[-1]], group)
             if estimate is None and self.layerwise and cand.mode == "exact" and not missed:
-                return  # nothing over at the smallest slice: `cand`'s own prediction settles it (see the docstring)
+                return  # nothing over at the smallest slice: `cand`'s own prediction settles it
             if estimate is None:
                 probe = open_[(len(open_) - 1) // 2]
             else:
@@ -337,8 +340,8 @@ class _Frontier:
 
     def _estimated_need(self, fitting: PassPlan, group: list[PassPlan]):
         """A guess of a plan's device need, linear in its step volume (`step_volume`) between `fitting`'s prediction
-        and the smallest-volume prediction of its kind that was over the device budget (any slice); None where the
-        kind has no such prediction. It only picks where a bisection probes next (near where the kind stops
+        and the smallest-volume prediction of its kind that was over the device budget (at any slice; a layer-wise
+        kind's at `fitting`'s); None where the kind has no such prediction. It only picks where a bisection probes next (near where the kind stops
         fitting, rather than at the middle of the open tiles): every verdict still comes from a prediction."""
         low = self.plans[id(fitting)]
         v_low = step_volume(fitting)
