@@ -341,8 +341,9 @@ class _Frontier:
     def _estimated_need(self, fitting: PassPlan, group: list[PassPlan]):
         """A guess of a plan's device need, linear in its step volume (`step_volume`) between `fitting`'s prediction
         and the smallest-volume prediction of its kind that was over the device budget (at any slice; a layer-wise
-        kind's at `fitting`'s); None where the kind has no such prediction. It only picks where a bisection probes next (near where the kind stops
-        fitting, rather than at the middle of the open tiles): every verdict still comes from a prediction."""
+        kind's at `fitting`'s); None where the kind has no such prediction. It only picks where a bisection probes
+        next (near where the kind stops fitting, rather than at the middle of the open tiles): every verdict still
+        comes from a prediction."""
         low = self.plans[id(fitting)]
         v_low = step_volume(fitting)
         over = [c for c in group if id(c) in self.plans and not self.budget.device_fits(self.plans[id(c)])
