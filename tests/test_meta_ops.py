@@ -77,6 +77,7 @@ def test_a_conv_on_meta_tensors_is_answered_as_its_kernel_answers_first_and_reme
     for _ in range(2):  # the kernel's own answer, then the remembered one
         ours = meta_ops.run_op(aten.conv3d.default, args, {})
         assert (ours.shape, ours.stride(), ours.dtype) == (theirs.shape, theirs.stride(), theirs.dtype)
+        assert ours.untyped_storage().nbytes() == theirs.untyped_storage().nbytes()
     assert len(meta_ops._CONV_OUTPUTS) == 1
     frames = _meta(3, 16, 20, 24, channels_last=x_cl)  # the same sizes as a 2-D conv: another entry
     flat = meta_ops.run_op(aten.conv2d.default, (frames, _meta(8, 16, 3, 3), None, [1, 1], [1, 1]), {})

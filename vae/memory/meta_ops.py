@@ -26,7 +26,7 @@ import torch
 aten = torch.ops.aten
 
 _IN_PLACE, _LINEAR, _CONV = "in place", "linear", "conv"
-_ANSWERS: dict = {}  # op -> how a meta call of it is answered: _IN_PLACE, _LINEAR, or None (its own kernel)
+_ANSWERS: dict = {}  # op -> how a meta call of it is answered: _IN_PLACE, _LINEAR, _CONV, or None (its kernel)
 
 
 def plain_in_place(func) -> bool:
@@ -54,10 +54,14 @@ _CONV_OUTPUTS: dict = {}
 CONV_OUTPUTS_KEPT = 4096
 
 
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
 def _conv_output(func, args: tuple, kwargs: dict) -> torch.Tensor:
     x, w = args[0], args[1]
-    key = (func, x.shape, x.stride(), x.dtype, w.shape, w.stride(),
-           *(tuple(a) if isinstance(a, list) else a for a in args[3:]), *sorted(kwargs.items()))
+    key = (func, x.shape, x.stride(), x.dtype, w.shape, w.stride(), *map(_hashable, args[3:]),
+           *((k, _hashable(v)) for k, v in sorted(kwargs.items())))
     found = _CONV_OUTPUTS.get(key)
     if found is None:
         out = func(*args, **kwargs)

@@ -43,12 +43,13 @@ class DeviceSpeed:
 
 
 # One H100/H200 in bf16 (docs/results: ~100-400 TFLOP/s on the VAE passes; pageable copies ~25 GB/s, pinned 55) and
-# this project's 2-core CPU in fp32 (docs/results, `plan_costs` section).
+# this project's 2-core CPU in fp32, idle (docs/BENCHMARKS.md, "Where a plan's time goes": the untiled passes' rate,
+# and the layer-wise bands' convolutions against the untiled pass's for the same arithmetic).
 SPEEDS = {
     "cuda": DeviceSpeed(flops_per_s=250e12, step_s=0.004, band_s=0.0004, host_bytes_per_s=25e9, fetch_copies=True,
                         layerwise_factor=1.3),
-    "cpu": DeviceSpeed(flops_per_s=0.15e12, step_s=0.02, band_s=0.002, host_bytes_per_s=8e9, fetch_copies=False,
-                       layerwise_factor=1.2),
+    "cpu": DeviceSpeed(flops_per_s=0.35e12, step_s=0.02, band_s=0.002, host_bytes_per_s=8e9, fetch_copies=False,
+                       layerwise_factor=2.5),
 }
 
 
