@@ -54,6 +54,11 @@ def _round_up(n: int, block: int) -> int:
     return -(-n // block) * block
 
 
+def is_conv(func) -> bool:
+    """Whether `func` is one of the conv ops `conv_params` reads."""
+    return func in _CONVS
+
+
 def conv_params(func, args: tuple, kwargs: dict) -> Optional[dict]:
     """The convolution's input, weight and parameters from any of the conv ops a dispatch mode sees
     (`aten.conv3d` under inference mode, `aten.convolution` outside it), or None for another op."""

@@ -53,6 +53,9 @@ def _first_tensor(out) -> Optional[torch.Tensor]:
 class CudaOpMemory:
     """The CUDA kernels' memory inside ops (module docstring: the measurement)."""
 
+    def applies(self, func) -> bool:
+        return func in _CONVS or func in _ATTENTION
+
     def real_output(self, func, args: tuple, kwargs: dict, out):
         return out
 
@@ -71,6 +74,9 @@ class CudaOpMemory:
 
 class CpuOpMemory:
     """The CPU kernels' memory inside ops and their output layouts (module docstring: the rules)."""
+
+    def applies(self, func) -> bool:
+        return cpu_conv_memory.is_conv(func) or func == aten.group_norm.default
 
     def real_output(self, func, args: tuple, kwargs: dict, out):
         conv = cpu_conv_memory.conv_params(func, args, kwargs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterable, Optional, Protocol
 
 import torch
@@ -29,6 +30,10 @@ class OpMemory(Protocol):
     """What the real kernels of one device type do that their meta kernels do not show (vae/memory/op_rules.py): memory
     alive only inside an op (workspaces, layout copies, im2col buffers) and outputs laid out otherwise than the
     meta kernel lays them out (which changes the copies the code after them makes)."""
+
+    def applies(self, func) -> bool:
+        """Whether `func` is an op this model has a rule for (the others are passed by without a call: a pass runs
+        thousands of ops)."""
 
     def real_output(self, func, args: tuple, kwargs: dict, out):
         """`out` (a meta op's result) as the real kernel would lay it out: itself, or a restrided meta tensor."""
@@ -54,11 +59,12 @@ class LiveBytes(TorchDispatchMode):
         self.host_live = 0
         self.host_peak = 0
         self.op_memory = op_memory
+        self._ruled: dict[int, bool] = {}  # id(op) -> whether `op_memory` has a rule for it (ops live for good)
         self._window = 0
         # storages seen, by the address of their StorageImpl (a plain dict: a pass runs thousands of ops, and each
-        # looks its outputs up here); a finalizer removes a storage's entry when it is freed, so an address reused
-        # by a later storage is never taken for it
-        self._seen: dict[int, bool] = {}
+        # looks its outputs up here), each with a weak reference whose callback removes the entry when the storage
+        # is freed, so an address reused by a later storage is never taken for it
+        self._seen: dict[int, weakref.ref] = {}
         for t in exclude:
             self._see(t.untyped_storage())
 
@@ -68,16 +74,16 @@ class LiveBytes(TorchDispatchMode):
         return False
 
     def _see(self, storage, device_bytes: int = 0, host_bytes: int = 0) -> bool:
-        """Mark `storage` seen, counted as `device_bytes` and `host_bytes` alive until it is freed (one finalizer
-        forgets it and uncounts them: a pass makes thousands of storages); whether it was new."""
+        """Mark `storage` seen, counted as `device_bytes` and `host_bytes` alive until it is freed (its weak
+        reference's callback forgets it and uncounts them; one plain weak reference, lighter than
+        `weakref.finalize`: a pass makes thousands of storages); whether it was new."""
         key = storage._cdata
         if key in self._seen:
             return False
-        self._seen[key] = True
-        weakref.finalize(storage, self._forget, key, device_bytes, host_bytes)
+        self._seen[key] = weakref.ref(storage, partial(self._forget, key, device_bytes, host_bytes))
         return True
 
-    def _forget(self, key: int, device_bytes: int, host_bytes: int) -> None:
+    def _forget(self, key: int, device_bytes: int, host_bytes: int, _ref=None) -> None:
         self._seen.pop(key, None)
         self.live -= device_bytes
         self.host_live -= host_bytes
@@ -120,8 +126,12 @@ class LiveBytes(TorchDispatchMode):
         out = run_op(func, args, kwargs)
         extra = 0
         if self.op_memory is not None:
-            out = self.op_memory.real_output(func, args, kwargs, out)
-            extra = self.op_memory.transient_bytes(func, args, kwargs, out)
+            ruled = self._ruled.get(id(func))
+            if ruled is None:
+                ruled = self._ruled[id(func)] = bool(self.op_memory.applies(func))
+            if ruled:
+                out = self.op_memory.real_output(func, args, kwargs, out)
+                extra = self.op_memory.transient_bytes(func, args, kwargs, out)
         if isinstance(out, torch.Tensor):
             self._track(out)
         elif isinstance(out, (tuple, list)):
