@@ -84,6 +84,28 @@ def test_a_conv_on_meta_tensors_is_answered_as_its_kernel_answers_first_and_reme
     assert flat.shape == (3, 8, 20, 24) and len(meta_ops._CONV_OUTPUTS) == 2
 
 
+@pytest.mark.parametrize("func", [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor])
+@pytest.mark.parametrize("make", [
+    lambda: (_meta(2, 3, 4), _meta(2, 3, 4)),
+    lambda: (_meta(1, 8, 2, 6, 5, channels_last=True), _meta(1, 8, 2, 6, 5, channels_last=True)),
+    lambda: (_meta(1, 1, 2, 6, 5, channels_last=True), _meta(1, 1, 2, 6, 5)),  # one channel: both layouts at once
+    lambda: (_meta(1, 8, 2, 6, 5)[:1], _meta(1, 8, 1, 6, 5, channels_last=True)[:, :, :1].expand(1, 8, 2, 6, 5)),
+    lambda: (_meta(4, 6).t(), _meta(4, 6).t()),  # dense, transposed: the kernel answers
+    lambda: (_meta(4, 6)[:, :3], _meta(4, 6)[:, :3]),  # not dense: the kernel answers
+    lambda: (_meta(1, 8, 2, 6, 5), _meta(1, 8, 2, 6, 5, channels_last=True)),  # two layouts: the kernel answers
+    lambda: (_meta(2, 1, 4), _meta(2, 3, 4)),  # broadcast: the kernel answers
+    lambda: (_meta(3, 3, dtype=torch.int32), _meta(3, 3, dtype=torch.int32)),  # integer division promotes
+], ids=["contiguous", "channels-last", "one-channel", "expanded", "transposed", "gappy", "mixed", "broadcast", "int"])
+def test_an_elementwise_op_of_alike_tensors_is_answered_as_its_kernel_answers(func, make):
+    args = make()
+    ours = meta_ops.run_op(func, args, {})
+    theirs = func(*make())
+    assert (ours.shape, ours.stride(), ours.dtype) == (theirs.shape, theirs.stride(), theirs.dtype)
+    assert ours.untyped_storage().nbytes() == theirs.untyped_storage().nbytes()
+    assert meta_ops.run_op(func, args, {"alpha": 2}).shape == theirs.shape if func in (aten.add.Tensor,
+                                                                                       aten.sub.Tensor) else True
+
+
 def test_real_tensors_run_the_real_op():
     x = torch.ones(3)
     assert meta_ops.run_op(aten.add_.Tensor, (x, torch.ones(3)), {}) is x
