@@ -555,3 +555,45 @@ def test_a_repeated_plan_comes_from_the_cache(models, monkeypatch):
 
     before = {key(p) for p in runs[:made]}
     assert runs[made:] and not any(key(p) in before for p in runs[made:])  # what was predicted is not again
+
+
+@pytest.mark.parametrize("key", FAMILIES)
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "encode"])
+def test_cache_bytes_are_the_cache_layouts_bytes_though_the_norms_run_as_their_stand_in(key, decode):
+    """The search sizes the causal caches with the norms run as the fused kernels' one-output stand-in (half that
+    meta pass's time): the bytes equal those of the model's own cache layout, whose norms run their reference
+    arithmetic, for every family and direction at a non-square size."""
+    from turbovae.vae.plan_pass import meta_model
+
+    model = meta_model(key)
+    fmt = model.latent_format
+    h, w = 18, 26
+    shape = (1, fmt.channels, 5, h, w) if decode else \
+        (1, fmt.image_channels, fmt.pixel_frames(5), h * fmt.spatial_factor, w * fmt.spatial_factor)
+    first = 2 if decode else 1 + fmt.temporal_factor
+    layout = model.cache_layout(decode=decode, batch=1, height=shape[-2], width=shape[-1], first_frames=first)
+    expected = sum(math.prod(s) for _name, s in layout) * 2
+    assert search_module.cache_bytes(model, shape, decode=decode, dtype=torch.bfloat16) == expected > 0
+
+
+@pytest.mark.parametrize("key", FAMILIES)
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "encode"])
+def test_pass_work_is_counted_the_same_with_the_norms_as_their_stand_in(key, decode):
+    """`step_work` runs the norms as the fused kernels' stand-in (their reference arithmetic was most of that meta
+    pass's time, and norms are not counted): every step's FLOPs and conv bytes equal a count of the model's own pass
+    with reference norms."""
+    from turbovae.vae.memory.meta_device import predicting_for
+    from turbovae.vae.plan_pass import meta_model
+    from turbovae.vae.planning.predict import WorkCounter, step_work
+
+    model = meta_model(key)
+    fmt = model.latent_format
+    shape = (1, fmt.channels, 3, 18, 26) if decode else \
+        (1, fmt.image_channels, fmt.pixel_frames(3), 18 * fmt.spatial_factor, 26 * fmt.spatial_factor)
+    counted = step_work(model, shape, decode=decode, dtype=torch.bfloat16)
+    clone, counter, done = model.meta_copy().to(torch.bfloat16), WorkCounter(), []
+    x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    with torch.inference_mode(), predicting_for("cpu"), counter:
+        run = clone.decode_slices if decode else clone.encode_slices
+        run(x, temporal_slice=1, progress=lambda *_: done.append((counter.flops, counter.io_bytes)))
+    assert [(w.flops, w.io_bytes) for w in counted] == done and len(done) == 2 and done[-1][0] > 0
