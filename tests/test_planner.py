@@ -300,16 +300,10 @@ def test_a_kind_whose_smallest_plan_is_over_is_tried_one_rung_up_before_refusing
     assert _plan(model, x, True, need_mb * MB).predicted.pass_bytes == 100 * MB  # the budget it names is enough
 
 
-def test_a_kind_over_the_host_budget_at_a_slice_is_not_predicted_again_at_any_tile_of_that_slice(models,
-                                                                                                 monkeypatch):
-    """What a plan keeps in host memory (whole-frame caches, a step's activations, the output) grows with its
-    temporal slice, not its tile: once a kind's plan at a slice is over the host budget, its plans at that slice or
-    a larger one are not predicted (SeedVR2 1440p x 81 in 6 GB on 56 GB of RAM: 51 predictions, 33 of them over the
-    host budget, before; 18 after). With predictions where every plan keeping its caches in host memory fits the
-    device when layer-wise (the rest are over) and needs 10 MB of host memory per latent frame of its step, the
-    plan taken is layer-wise at slice 1 (a 15 MB host budget), and no candidate is predicted after one of its kind
-    with no larger slice was over the host budget."""
-    model = models["seedvr2"]
+def _planned_with_host_per_frame(model, monkeypatch) -> tuple[PassPlan, list[PassPlan]]:
+    """The plan for 9 latent frames of 32×48 under 150 MB on the device and 15 MB of host memory, with predictions
+    where every layer-wise plan keeping its caches in host memory fits the device (the rest are over) and needs 10 MB
+    of host memory per latent frame of its step; and the candidates predicted, in order."""
     x = _input(model, True, 9, (32, 48))
     order: list[PassPlan] = []
 
@@ -327,6 +321,19 @@ def test_a_kind_over_the_host_budget_at_a_slice_is_not_predicted_again_at_any_ti
                                 paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
                                 request=PlanRequest(host_is_separate=True), copies=MetaPasses(model),
                                 host_budget_bytes=15 * MB)
+    return plan, order
+
+
+def test_a_kind_over_the_host_budget_at_a_slice_is_not_predicted_again_at_any_tile_of_that_slice(models,
+                                                                                                 monkeypatch):
+    """What a plan keeps in host memory (whole-frame caches, a step's activations, the output) grows with its
+    temporal slice, not its tile: once a kind's plan at a slice is over the host budget, its plans at that slice or
+    a larger one are not predicted (SeedVR2 1440p x 81 in 6 GB on 56 GB of RAM: 51 predictions, 33 of them over the
+    host budget, before; 18 after). With predictions where every plan keeping its caches in host memory fits the
+    device when layer-wise (the rest are over) and needs 10 MB of host memory per latent frame of its step, the
+    plan taken is layer-wise at slice 1 (a 15 MB host budget), and no candidate is predicted after one of its kind
+    with no larger slice was over the host budget."""
+    plan, order = _planned_with_host_per_frame(models["seedvr2"], monkeypatch)
     assert plan.mode == "exact" and plan.cache_on_host and plan.temporal_slice == 1, plan.describe()
     over_host: dict[tuple, list] = {}
     for cand in order:
@@ -460,27 +467,10 @@ def test_a_kind_over_the_host_budget_alone_starts_no_bisection_of_its_tiles(mode
     predictions where every layer-wise plan keeping its caches in host memory fits the device (the rest are over)
     and needs 10 MB of host memory per latent frame of its step, the plan taken is slice 1 at the largest tile, and
     no tile of that kind between its smallest (its floor, predicted first) and the plan's is predicted."""
-    model = models["seedvr2"]
-    x = _input(model, True, 9, (32, 48))
-    order: list[PassPlan] = []
-
-    def predicted(model_, cand, copies, paths, budget_bytes, work, held):  # search._predicted's signature
-        frames = cand.temporal_slice or cand.shape[2]
-        device = 100 if cand.cache_on_host and cand.mode == "exact" else 200
-        order.append(cand)
-        return replace(cand, predicted=PeakPrediction(device * MB, 0, 0, cand.temporal_slice,
-                                                      host_bytes=10 * frames * MB if cand.cache_on_host else 0),
-                       budget_bytes=budget_bytes, cost_s=search_module.estimate_s(model_, cand, work,
-                                                                                 cache_bytes=held))
-
-    monkeypatch.setattr(search_module, "_predicted", predicted)  # noqa: the one prediction of a candidate
-    plan = fastest_fitting_plan(model, tuple(x.shape), decode=True, budget_bytes=150 * MB,
-                                paths=PassPaths.of(model, "cpu", torch.float32), dtype=torch.float32,
-                                request=PlanRequest(host_is_separate=True), copies=MetaPasses(model),
-                                host_budget_bytes=15 * MB)
+    plan, order = _planned_with_host_per_frame(models["seedvr2"], monkeypatch)
     kind = search_module._kind(plan)
     tiles = sorted({c.tile_latent for c in search_module.candidates(
-        model, tuple(x.shape), decode=True, dtype=torch.float32, device_type="cpu", request=PlanRequest(),
+        models["seedvr2"], plan.shape, decode=True, dtype=torch.float32, device_type="cpu", request=PlanRequest(),
         host_is_separate=True) if search_module._kind(c) == kind})
     assert plan.mode == "exact" and plan.temporal_slice == 1 and plan.tile_latent == tiles[-1], plan.describe()
     assert len(tiles) > 2  # tiles exist between the floor and the plan's
