@@ -220,3 +220,41 @@ def test_the_cuda_conv_rule_holds_under_inference_mode():
         with mode(), tracker:
             torch.nn.functional.conv3d(cl, w, padding=1)
         assert tracker.peak == out, "channels-last convs hold nothing measurable"
+
+
+def _frame_stage_peaks(key: str, shape: tuple, decode: bool, layerwise: bool) -> tuple[int, int]:
+    """(sampled, every step) device peaks of a frame-stage plan of the family's real config, CUDA bf16 paths, on
+    meta tensors: the untiled pass in frame stages, or (`layerwise`) exact tiles in frame stages."""
+    from turbovae.vae.memory.op_rules import op_memory_for
+    from turbovae.vae.memory.peak import LiveBytes
+    from turbovae.vae.plan_pass import meta_model
+    from turbovae.vae.planning import PlanRequest, run_plan, search
+    from turbovae.vae.planning.meta_pass import meta_pass_for
+
+    model = meta_model(key)
+    paths = PassPaths.for_device_type(model, "cuda", torch.bfloat16)
+    plan = next(c for c in search.candidates(model, shape, decode=decode, dtype=torch.bfloat16, device_type="cuda",
+                                             request=PlanRequest(), host_is_separate=True)
+                if c.frame_stages and not c.cache_on_host and (c.mode == "exact") == layerwise)
+    peaks = []
+    for sample in (True, False):
+        clone = MetaPasses(model).copy(torch.bfloat16, paths.fast)
+        x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+        tracker = LiveBytes(exclude=[x, *clone.parameters(), *clone.buffers()], op_memory=op_memory_for("cuda"))
+        with torch.inference_mode(), meta_pass_for("cuda", paths.fused_norms), tracker:
+            out = run_plan(clone, x, plan, sample=sample, meta_tracker=tracker)
+        del out
+        peaks.append(tracker.peak)
+    return peaks[0], peaks[1]
+
+
+@pytest.mark.parametrize("decode,shape", [(True, (1, 16, 11, 24, 40)), (False, (1, 3, 41, 192, 320))],
+                         ids=["decode", "encode"])
+@pytest.mark.parametrize("layerwise", [False, True], ids=["untiled", "layerwise"])
+def test_a_frame_stage_prediction_samples_until_every_stage_has_repeated_its_step(decode, shape, layerwise):
+    """A frame-stage plan is predicted from the first input steps only (vae/tiling/frame_stages.py), fed until every
+    stage has run its first step and a repeating one: the peak equals running every step. (Three input steps had
+    been the rule: a SeedVR2 encode's later stages take two frames a step and had not repeated by then, so its
+    1080p x 81 encode in 4 GB was predicted at 2665 MB where every step needs 2791 MB.)"""
+    sampled, every = _frame_stage_peaks("seedvr2", shape, decode, layerwise)
+    assert sampled == every, (sampled, every)

@@ -28,8 +28,10 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
                      sample: bool = False) -> torch.Tensor:
     """`x` [B, C, T, H, W] through every stage, frame chunk by frame chunk; returns the output canvas of `out_frames`
     frames (allocated by `canvas`, default where the output is made). `progress(done, total)` after each input
-    chunk; `tick` after each layer-wise conv (`split`). `sample` (meta predictions, vae/planning): only the first
-    three input chunks, by which every stage has run its first and its repeating steps."""
+    chunk; `tick` after each layer-wise conv (`split`). `sample` (meta predictions, vae/planning): only the input
+    chunks it takes until every stage has run its first step and a repeating one (SeedVR2: two for a decode, whose
+    stages step a frame at a time; five for an encode, whose later stages take two frames a step): later steps
+    repeat those on caches and canvas of the same shapes, so the peak is that of every step."""
     chain = list(stages.stages)
     ctxs = []
     for _ in chain:
@@ -37,6 +39,7 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
         ctx.tick = tick
         ctxs.append(ctx)
     pending: list[Optional[torch.Tensor]] = [None] * len(chain)
+    runs = [0] * len(chain)  # steps each stage has run (`sample` stops once every stage has run two)
     canvas_t: list[Optional[torch.Tensor]] = [None]
     at = [0]
 
@@ -62,6 +65,7 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
             pending[i] = pending[i][:, :, need:] if have > need else None
             out = stage.run(chunk, ctx)
             ctx.advance()
+            runs[i] += 1
             del chunk
             if i == len(chain) - 1:
                 emit(out)
@@ -73,12 +77,12 @@ def run_frame_stages(stages: FrameStages, x: torch.Tensor, *, out_frames: int,
     bounds = [(0, min(first, x.shape[2]))]
     while bounds[-1][1] < x.shape[2]:
         bounds.append((bounds[-1][1], min(bounds[-1][1] + rest, x.shape[2])))
-    if sample:
-        bounds = bounds[:3]
     for n, (a, b) in enumerate(bounds):
         feed(0, x[:, :, a:b])
         if progress is not None:
             progress(n + 1, len(bounds))
+        if sample and min(runs) >= 2:
+            break
     leftover = [i for i, p in enumerate(pending) if p is not None]
     if leftover and not sample:
         raise ValueError(f"frames left in stage(s) {', '.join(chain[i].name for i in leftover)}: the input's "
