@@ -83,6 +83,10 @@ def _conv_output(func, args: tuple, kwargs: dict) -> torch.Tensor:
     return torch.empty_strided(found[0], found[1], dtype=x.dtype, device=x.device)
 
 
+# the channels-last format by rank (vae/accel/tensor_layout.py has the same rule, but sits above this package)
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
 def _alike_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """The result of an elementwise op of two meta tensors of one shape and floating dtype, both contiguous or both
     channels-last (and not contiguous), with no other argument than `alpha=1`: a new tensor of that shape, dtype and
@@ -102,8 +106,6 @@ def _alike_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return None
 
 
-_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
-
 
 def run_op(func, args: tuple, kwargs: dict):
     """`func(*args, **kwargs)`, answered without the meta kernel where the module docstring's rules say what it
@@ -119,8 +121,10 @@ def run_op(func, args: tuple, kwargs: dict):
             return _conv_output(func, args, kwargs)
         if how is _ALIKE:
             out = _alike_output(args, kwargs)
-            return out if out is not None else func(*args, **kwargs)
-        x, w = args[0], args[1]
-        if isinstance(w, torch.Tensor) and w.device.type == "meta":
-            return torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
+            if out is not None:
+                return out
+        elif how is _LINEAR:
+            x, w = args[0], args[1]
+            if isinstance(w, torch.Tensor) and w.device.type == "meta":
+                return torch.empty((*x.shape[:-1], w.shape[0]), dtype=x.dtype, device=x.device)
     return func(*args, **kwargs)

@@ -19,13 +19,11 @@ from typing import Optional
 import torch
 
 from ..base import VAEModel
-from ..memory.meta_device import predicting_for
 from ..memory.meta_ops import run_op
 from ..memory.op_rules import op_memory_for
 from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
 from .execute import run_plan
-from .. import norms
-from .meta_pass import MetaFusedNorms, MetaPasses, PassPaths, meta_pass_for
+from .meta_pass import MetaPasses, PassPaths, meta_pass_for
 from .plan import PassPlan
 
 
@@ -88,9 +86,9 @@ def step_work(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype: t
     def snapshot(_i: int, _n: int) -> None:
         done.append(PassWork(counter.flops, counter.io_bytes))
 
-    # the norms' arithmetic is not counted: they run as the fused kernels' one-output stand-in (their reference
-    # arithmetic on meta tensors is most of this pass's time)
-    with torch.inference_mode(), predicting_for("cpu"), norms.meta_fused_norms(MetaFusedNorms()), counter:
+    # the CPU's paths, and the norms (not counted) as the fused kernels' one-output stand-in: their reference
+    # arithmetic on meta tensors is most of this pass's time
+    with torch.inference_mode(), meta_pass_for("cpu", fused_norms=True), counter:
         if decode:
             clone.decode_slices(x, temporal_slice=1, progress=snapshot)
         else:

@@ -208,8 +208,7 @@ def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, he
     (tests/test_plans_table.py)."""
     frontier = _Frontier(level, budget, predicted, tried,
                          lambda c: _held_on_device(c, held, out_bytes, layerwise) > budget.device_bytes or
-                         _with_output_on_device(c, tried, budget, out_bytes) >
-                         budget.device_bytes * PREDICTED_SHARE.get(c.device_type, 1.0),
+                         _with_output_on_device(c, tried, budget, out_bytes) > budget.device_bytes * _share(c),
                          layerwise=layerwise)
     # a kind whose smallest tile and slice is over is over at every size: that plan (its floor) is settled before
     # any other of its kind, when the search first reaches the kind (a kind dearer than the plan taken is never)
@@ -309,7 +308,8 @@ class _Frontier:
         The verdicts are the predictions' as before, so the plan taken is the same (504 -> 431 predictions over the
         plans table's rows with these probes and the floors taken lazily, counted on the CPU VM on 2026-11-29)."""
         group = self.kinds[_kind(cand)]
-        if self.layerwise and cand.mode == "exact":
+        layerwise = self.layerwise and cand.mode == "exact"
+        if layerwise:
             at_slice = [c for c in group if c.temporal_slice == cand.temporal_slice]
             smallest = min(at_slice, key=lambda c: _size(c.tile_latent))
             if smallest is not cand:
@@ -326,7 +326,7 @@ class _Frontier:
             if not open_:
                 return  # every tile between a fitting one and `cand`'s is settled
             estimate = None if missed else self._estimated_need(line[fitting[-1]], group)
-            if estimate is None and self.layerwise and cand.mode == "exact" and not missed:
+            if estimate is None and layerwise and not missed:
                 return  # nothing over at the smallest slice: `cand`'s own prediction settles it
             if estimate is None:
                 probe = open_[(len(open_) - 1) // 2]
