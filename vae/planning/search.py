@@ -34,6 +34,7 @@ from ..input_rules import DEFAULT_TILE_PX, MIN_TILE_LATENT, default_overlap
 from ..tiling.exact import partition
 from ..memory.device import FASTEST_SLICE
 from ..memory.budget import BudgetTooSmall
+from ..memory.meta_ops import MetaAnswers
 from .. import norms
 from .meta_pass import MetaFusedNorms, MetaPasses, PassPaths
 from ..tiling.grid import TileGrid
@@ -571,8 +572,9 @@ def cache_bytes(model: VAEModel, shape: tuple[int, ...], *, decode: bool, dtype:
     h, w = shape[-2], shape[-1]
     first = 2 if decode else 1 + fmt.temporal_factor
     # the caches hold conv inputs, whatever computes the norms before them: the norms run as the fused kernels'
-    # stand-in (one output each), not as their reference arithmetic on meta tensors (half this pass's time)
-    with norms.meta_fused_norms(MetaFusedNorms()):
+    # stand-in (one output each), not as their reference arithmetic on meta tensors (half this pass's time); ops
+    # take the answers predictions take (`MetaAnswers`), not PyTorch's Python meta kernels
+    with norms.meta_fused_norms(MetaFusedNorms()), torch.inference_mode(), MetaAnswers():
         layout = model.cache_layout(decode=decode, batch=shape[0], height=h, width=w, first_frames=first)
     esize = torch.empty((), dtype=dtype).element_size()
     return sum(math.prod(s) for _name, s in layout) * esize
