@@ -10,8 +10,9 @@ and the sizes upscalers use (4K and 16 MP images, 1440p and 4K clips in 6 GB, 10
 (or, when none fits, the smallest budget that works), its predicted device peak, the memory it holds in host
 memory (within the row's host budget, the RAM a machine for that job has), the expected time by the cost model,
 and how long planning took: in a fresh process per row (the first plan of a process, torch's meta machinery
-imported by it) and as the first plan of its shape in a warm process (every row in one process, after a small
-plan of each family). CUDA bf16 paths as `python -m turbovae plan` takes them.
+imported by it), as `python -m turbovae plan` at the shell (start-up included), and as the first plan of its shape
+in a warm process (every row in one process, after a small plan of each family). CUDA bf16 paths as
+`python -m turbovae plan` takes them.
 """
 
 from __future__ import annotations
@@ -89,11 +90,39 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
 
 def compute() -> list[dict]:
     """Every row, each planned in a fresh process (the first plan of a process: what a user waits for), with the
-    time the same plan takes in a warm process (`warm_times`)."""
+    time `python -m turbovae plan` takes for it (`command_seconds`) and the time the same plan takes in a warm
+    process (`warm_times`)."""
     rows = [fresh_row(key, decode, target) for key, decode, target in row_keys()]
+    for row, (key, decode, target) in zip(rows, row_keys()):
+        row["plan_command_s"] = command_seconds(key, decode, target)
     for row, seconds in zip(rows, warm_times()):
         row["plan_warm_s"] = seconds
     return rows
+
+
+def command_args(key: str, decode: bool, target: Target) -> list[str]:
+    """The row as `python -m turbovae plan` arguments: its family, pixels, budget and host budget."""
+    budget = int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
+    return ["plan", key, "--shape", "x".join(map(str, pixel_shape(key, target))), "--budget-mb",
+            str(budget // 2**20), "--host-budget-mb", str(int(target.host_gb * 1024)),
+            *([] if decode else ["--encode"])]
+
+
+def command_seconds(key: str, decode: bool, target: Target) -> float:
+    """Wall-clock seconds of `python -m turbovae plan` for the row in a fresh process: what a user waits for at
+    the shell, the interpreter's start-up and `import torch` included. The command prints the plan (exit 0) or
+    the smallest budget that works (exit 2)."""
+    import subprocess
+    import sys
+
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "turbovae", *command_args(key, decode, target)],
+                          capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - t
+    if done.returncode not in (0, 2):
+        raise RuntimeError(f"python -m turbovae {' '.join(command_args(key, decode, target))}: "
+                           f"{done.stderr[-2000:]}")
+    return round(seconds, 2)
 
 
 def row_keys() -> list[tuple[str, bool, Target]]:

@@ -243,20 +243,22 @@ def budget_cells(row: Row) -> list[str]:
 
 
 PLANS_HEADER = ("pass", "clip and budget", "plan (CUDA bf16)", "device peak MB", "host MB", "expected s",
-                "planning s: fresh / warm")
+                "planning s: fresh / warm", "`plan` command s")
 
 
 def plans_cells(row: Row) -> list[str]:
     """A planner row (bench/plans_table.py): the plan taken, or the smallest budget that works; how long planning
-    took: the first plan of a fresh process, and the first plan of its shape in a warm process where recorded."""
+    took: the first plan of a fresh process, and the first plan of its shape in a warm process where recorded; and
+    `python -m turbovae plan` at the shell, start-up included, where recorded."""
     took = _num(row.get("plan_s"), ".1f")
     if row.get("plan_warm_s") is not None:
         took += f" / {_num(row.get('plan_warm_s'), '.1f')}"
+    command = _num(row.get("plan_command_s"), ".1f")
     if not row.get("fits"):
         return [str(row["case"]), str(row["variant"]), f"none fits: needs {_num(row.get('floor_mb'), '.0f')} MB "
-                f"({row.get('floor_plan', '')})", "", "", "", took]
+                f"({row.get('floor_plan', '')})", "", "", "", took, command]
     return [str(row["case"]), str(row["variant"]), str(row.get("plan", "")), _num(row.get("pass_mb"), ".0f"),
-            _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f"), took]
+            _num(row.get("host_mb"), ".0f"), _num(row.get("expected_s"), ".1f"), took, command]
 
 
 PROOF_HEADER = ("case", "dtype", "process limit GB", "budget MB", "plan", "time", "predicted MB",

@@ -98,3 +98,18 @@ def test_the_search_takes_the_plan_that_predicting_every_candidate_takes(key, de
     every = _every_candidate_predicted(key, decode, target)
     assert every is not None
     assert found.layout() == every.layout() and found.predicted == every.predicted, (found.layout(), every.layout())
+
+
+def test_the_timed_command_is_the_rows_plan():
+    """`command_seconds` times `python -m turbovae plan` with `command_args`: those arguments plan what the row
+    plans (the same pixels, budget, host budget and direction), so the table's command time is that row's."""
+    key, decode, target = "wan2.2", False, plans_table.TARGETS[1]  # Wan 2.2 720p x 81 encode in 4 GB
+    committed = _committed(f"{key} encode", target.name)
+    args = plans_table.command_args(key, decode, target)
+    done = subprocess.run([sys.executable, "-m", "turbovae", *args, "--json"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(done.stdout)
+    assert (plan["layout"], plan["pass_mb"], plan["host_mb"]) == \
+        (committed["plan"], committed["pass_mb"], committed["host_mb"])
+    assert committed["plan_command_s"] > committed["plan_s"]  # the command adds start-up to the fresh plan
