@@ -131,6 +131,8 @@ CONVS = [
     ((1, 64, 3, 128, 32), (64, 64, 3, 3, 3), 1, 0, None, None),   # oneDNN plain: reorders
     ((1, 64, 3, 128, 32), (128, 64, 1, 3, 3), 1, (0, 1, 1), None, None),  # oneDNN plain: blocked output
     ((1, 64, 3, 128, 32), (12, 64, 3, 3, 3), 1, 0, None, None),   # oneDNN plain: output channels padded
+    ((1, 8, 8, 512, 4), (256, 8, 3, 3, 3), 1, 0, None, None),    # oneDNN plain, 8 input channels: not padded
+    ((1, 8, 8, 512, 4), (256, 8, 3, 3, 3), 1, 0, CL, CL),        # oneDNN channels-last, likewise
     ((1, 64, 3, 128, 32), (64, 64, 3, 3, 3), 1, 0, CL, CL),       # oneDNN channels-last: weight reorder
     ((1, 64, 3, 128, 32), (64, 64, 3, 3, 3), 1, 0, CL, None),     # + the weight's channels-last copy
     ((1, 64, 128, 128), (64, 64, 3, 3), 2, 0, None, None),        # oneDNN 2-D plain, strided

@@ -23,7 +23,8 @@ parameters and the thread count, never the data, so nothing is allocated), and s
   0.422 MiB weight; 6.0 MiB (the blocked output) for a 1×3×3 conv doubling 64 channels on 3 MiB.
   Channels are rounded up to 16 (AVX-512's block; AVX2's is 8, so there this is an upper bound), except that an
   input of fewer than 16 channels is read as it is (oneDNN's "first convolution" kernels: 8 → 8 channels on
-  256×256 holds 4.0 MiB, the padded output alone). A channels-last call also holds 12 KiB more (12,336 B at 64
+  256×256 holds 4.0 MiB, the padded output alone), and so are the weight's input channels (8 → 256 channels
+  3×3×3: 256·8·27 weights blocked, not 256·16·27). A channels-last call also holds 12 KiB more (12,336 B at 64
   and 256 channels, 2-D and 3-D; nothing like it in plain calls).
 
 Not modelled (no model here runs them): transposed and grouped convolutions, other backends (NNPACK, XNNPACK).
@@ -134,7 +135,9 @@ def transient_bytes(p: dict, out: torch.Tensor) -> int:
             x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(out.shape[2:]) * esize
         return copies + columns
     if backend == B.Mkldnn:
-        c_out, c_in = _round_up(w.shape[0], _ONEDNN_BLOCK), _round_up(w.shape[1], _ONEDNN_BLOCK)
+        # an input of fewer channels than a block is read as it is, and the weight's input channels likewise
+        c_out = _round_up(w.shape[0], _ONEDNN_BLOCK)
+        c_in = w.shape[1] if w.shape[1] < _ONEDNN_BLOCK else _round_up(w.shape[1], _ONEDNN_BLOCK)
         w_blocked = c_out * c_in * math.prod(w.shape[2:]) * esize
         if fmt != torch.contiguous_format:
             return copies + w_blocked + _ONEDNN_EXTRA
