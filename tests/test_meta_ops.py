@@ -134,7 +134,8 @@ def _random_tensor(rng: random.Random, shape: list[int], dtype: torch.dtype) -> 
     if kind == "sliced" and shape:
         d = rng.randrange(len(shape))
         bigger = _meta(*shape[:d], 2 * shape[d], *shape[d + 1:], dtype=dtype)
-        return bigger.narrow(d, 0, shape[d]) if rng.random() < 0.5 else bigger[(slice(None),) * d + (slice(None, None, 2),)]
+        every_other = bigger[(slice(None),) * d + (slice(None, None, 2),)]
+        return bigger.narrow(d, 0, shape[d]) if rng.random() < 0.5 else every_other
     if kind == "expanded" and shape:
         d = rng.randrange(len(shape))
         return _meta(*shape[:d], 1, *shape[d + 1:], dtype=dtype).expand(shape)
@@ -180,10 +181,12 @@ def _random_calls(seed: int, count: int):
         yield "mean", aten.mean.dim, (_random_tensor(rng, shape, dtype), dims, rng.random() < 0.5)
         m, k, n = (rng.randint(1, 6) for _ in range(3))
         bias = _random_tensor(rng, rng.choice([[n], [1, n], [m, n], [m, 1], [1]]), dtype)
-        yield "addmm", aten.addmm.default, (bias, _random_tensor(rng, [m, k], dtype), _random_tensor(rng, [k, n], dtype))
+        m1, m2 = _random_tensor(rng, [m, k], dtype), _random_tensor(rng, [k, n], dtype)
+        yield "addmm", aten.addmm.default, (bias, m1, m2)
         x = _random_tensor(rng, [rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 9), rng.randint(1, 9)], dtype)
-        yield "im2col", aten.im2col.default, (x, [rng.randint(1, 3), rng.randint(1, 3)], [rng.randint(1, 2)] * 2,
-                                             [rng.randint(0, 1), rng.randint(0, 2)], [rng.randint(1, 2), rng.randint(1, 3)])
+        kernel, dilation = [rng.randint(1, 3), rng.randint(1, 3)], [rng.randint(1, 2)] * 2
+        padding, stride = [rng.randint(0, 1), rng.randint(0, 2)], [rng.randint(1, 2), rng.randint(1, 3)]
+        yield "im2col", aten.im2col.default, (x, kernel, dilation, padding, stride)
         rank = rng.randint(2, 5)
         shape, groups = _random_shape(rng, rank), rng.choice([1, 2])
         shape[1] = groups * rng.randint(1, 3)

@@ -184,6 +184,8 @@ def _mean_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
             or not dims or not all(isinstance(d, int) and -x.dim() <= d < x.dim() for d in dims):
         return None
     gone = {d % x.dim() for d in dims}
+    if len(gone) != len(dims):  # a dimension named twice: the kernel's error
+        return None
     shape = tuple(s for i, s in enumerate(x.shape) if i not in gone)
     strides = layout.contiguous_strides(shape)
     if not keep:
@@ -262,7 +264,8 @@ def _group_norm_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return _new(x.shape, layout.contiguous_strides(x.shape), x.dtype)
 
 
-_OUTPUTS = {_GROUP_NORM: _group_norm_output, _CAT: _cat_output, _MEAN: _mean_output, _ADDMM: _addmm_output, _IM2COL: _im2col_output}
+_OUTPUTS = {_GROUP_NORM: _group_norm_output, _CAT: _cat_output, _MEAN: _mean_output, _ADDMM: _addmm_output,
+            _IM2COL: _im2col_output}
 
 
 def run_op(func, args: tuple, kwargs: dict):
