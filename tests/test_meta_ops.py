@@ -281,3 +281,14 @@ def test_planning_a_gpu_pass_imports_no_dynamo():
     done = subprocess.run([sys.executable, "-c", _PLANS_WITHOUT_DYNAMO], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torch._dynamo imported: False" in done.stdout, done.stdout[-2000:]
+
+
+def test_calls_the_kernel_refuses_are_refused_not_answered():
+    """Where an op's arguments are wrong (a dimension named twice, shapes that do not broadcast or concatenate), the
+    kernel's error reaches the caller: no rule answers for it."""
+    x = _meta(2, 3, 4, dtype=torch.float32)
+    for func, args in [(aten.mean.dim, (x, [1, -2])), (aten.add.Tensor, (x, _meta(5, 4, dtype=torch.float32))),
+                       (aten.cat.default, ([x, _meta(2, 5, 5, dtype=torch.float32)], 1)),
+                       (aten.neg.default, (x, x))]:
+        with pytest.raises((RuntimeError, TypeError)):
+            meta_ops.run_op(func, args, {})
