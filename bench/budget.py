@@ -111,7 +111,7 @@ def _case(vae: TurboVAE, case: str, decode: bool, size: Size, device: torch.devi
         except BudgetTooSmall as e:
             rows.append(BudgetRow(SECTION, case, f"budget {_fraction(frac)}", 0.0, budget_mb=budget / MB,
                                   plan="none fits", shape=tuple(x.shape),
-                                  note=str(e).split("; ", 1)[-1].split(". ", 1)[0]))
+                                  note=e.needs()))
             break
         if untiled_bytes is None:
             untiled_bytes = plan.predicted.pass_bytes

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +75,10 @@ def row_for(key: str, decode: bool, target: Target) -> dict:
         plan = plan_pass(key, shape, decode=decode, dtype="bf16", device_type="cuda", budget_bytes=budget,
                          host_budget_bytes=int(target.host_gb * GB))
     except BudgetTooSmall as e:
-        need = re.search(r"the smallest needs (\d+) MB(?: on the device and (\d+) MB of host memory)? \(([^)]*)\)",
-                         str(e))
-        row.update(fits=False, plan="none fits", floor_mb=float(need.group(1)) if need else None,
-                   floor_host_mb=float(need.group(2)) if need and need.group(2) else None,
-                   floor_plan=need.group(3) if need else "")
+        row.update(fits=False, plan="none fits",
+                   floor_mb=float(math.ceil(e.need_bytes / 2**20)) if e.need_bytes is not None else None,
+                   floor_host_mb=float(math.ceil(e.need_host_bytes / 2**20)) if e.need_host_bytes else None,
+                   floor_plan=e.floor or "")
     else:
         d = plan_dict(plan)
         row.update(fits=True, plan=d["layout"], exact=d["exact"], pass_mb=d["pass_mb"], host_mb=d["host_mb"],

@@ -190,6 +190,7 @@ def test_tile_px_0_below_every_plan_names_the_smallest_budget_that_works():
         decode_parallel(vae, z, devices=["cpu", "cpu"], tile_px=0)
     need = int(re.search(r"the smallest needs (\d+) MB", str(err.value)).group(1))
     assert "shared by 2 bands" in str(err.value) and "MemoryBudget" in str(err.value)
+    assert -(-err.value.need_bytes // 2**20) == need and err.value.floor in str(err.value)  # carried for code
     vae.budget = MemoryBudget(pass_bytes=need * 2**20)
     plan = plan_parallel(vae, z.shape, decode=True, devices=["cpu", "cpu"])  # the budget it names is enough
     assert all(p <= need * 2**20 // 2 for p in plan.peaks)

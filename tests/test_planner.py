@@ -132,6 +132,11 @@ def test_budget_too_small_is_a_typed_error_that_names_the_fix(models):
     assert "no plan fits the budget of 0 MB; the smallest needs" in text
     assert "MemoryBudget" in text and "fewer frames" in text
     assert "tiled_decode" not in text  # the old message named functions that do not exist (review item)
+    # what it names is carried for code to read: the budget that works, in bytes, and the plan that needs it
+    e = err.value
+    assert e.needs() in text and e.floor and f"({e.floor})" in text
+    assert f"the smallest needs {-(-e.need_bytes // MB)} MB" in text
+    assert _plan(model, x, True, e.need_bytes).predicted.pass_bytes <= e.need_bytes
     with pytest.raises(ValueError, match="positive"):
         _plan(model, x, True, 0)
 

@@ -16,6 +16,7 @@ margin (`host_margin_bytes`).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -41,7 +42,27 @@ HOST_MARGIN_FRACTION = 0.1
 
 class BudgetTooSmall(ValueError):
     """No plan of a pass fits the memory budget (vae/planning); the message names the smallest budget that works
-    and what to do."""
+    and what to do, and the exception carries it for code (benches, nodes) to read rather than parse:
+    `need_bytes`, the device budget that works; `need_host_bytes`, the host memory that plan keeps (0: none, or
+    not apart from the device's); `floor`, that plan as `PassPlan.layout()` says it. None where not known."""
+
+    def __init__(self, message: str, need_bytes: Optional[int] = None, need_host_bytes: Optional[int] = None,
+                 floor: Optional[str] = None):
+        super().__init__(message)
+        self.need_bytes, self.need_host_bytes, self.floor = need_bytes, need_host_bytes, floor
+
+    def needs(self) -> str:
+        """The message's own words for it: `needs_text`."""
+        return needs_text(self.need_bytes, self.need_host_bytes, self.floor)
+
+
+def needs_text(need_bytes: Optional[int], need_host_bytes: Optional[int], floor: Optional[str]) -> str:
+    """'the smallest needs N MB[ on the device and H MB of host memory] (plan)': how a refusal names the budget
+    that works (MB rounded up)."""
+    need = f"{math.ceil(need_bytes / 2**20)} MB" if need_bytes is not None else "more"
+    if need_host_bytes:
+        need += f" on the device and {math.ceil(need_host_bytes / 2**20)} MB of host memory"
+    return f"the smallest needs {need}" + (f" ({floor})" if floor else "")
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def plan_sharded(copies: MetaPasses, shape: Sequence[int], *, decode: bool, dtyp
                 break
             i = first_fit(cands, fits, i + 1)
     if i >= len(cands):
-        raise BudgetTooSmall(_too_small(cands[-1], peaks(cands[-1]), ranks, shape, decode, dtype, spatial_factor))
+        raise _too_small(cands[-1], peaks(cands[-1]), ranks, shape, decode, dtype, spatial_factor)
     tile, ts = cands[i]
     plan = ShardedPlan(decode, shape, tile, ts, spatial_factor, tuple(ranks), tuple(peaks(cands[i])))
     log.info("TurboVAE: %s", plan.describe())
@@ -160,17 +160,19 @@ def plan_sharded(copies: MetaPasses, shape: Sequence[int], *, decode: bool, dtyp
 
 
 def _too_small(thriftiest: Candidate, need: Sequence[int], ranks: Sequence[RankBudget], shape: tuple[int, ...],
-               decode: bool, dtype: torch.dtype, f: int) -> str:
+               decode: bool, dtype: torch.dtype, f: int) -> BudgetTooSmall:
     worst = max(range(len(ranks)), key=lambda k: need[k] / max(1, ranks[k].limit))
     r = ranks[worst]
-    device_need = math.ceil(need[worst] * r.shared_by / PREDICTED_SHARE.get(r.device.type, 1.0) / MB)
+    need_bytes = math.ceil(need[worst] * r.shared_by / PREDICTED_SHARE.get(r.device.type, 1.0))
+    device_need = math.ceil(need_bytes / MB)
     shared = f" (shared by {r.shared_by} bands)" if r.shared_by > 1 else ""
     tile, ts = thriftiest
     what = "decode" if decode else "encode"
     slice_ = "whole clip" if ts is None else f"temporal slice {ts}"
-    return (f"parallel {what} {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} over "
-            f"{r.setup.size} bands: no tile fits the budget of {r.budget_bytes / MB:.0f} MB on {r.device}{shared}; "
-            f"the smallest needs {device_need} MB there (tiles {tile * f} px, {slice_}: rank {r.setup.rank} "
-            f"predicted at {math.ceil(need[worst] / MB)} MB). Free memory on the device, give the pass a budget of "
-            "at least that (vae.budget = turbovae.MemoryBudget(bytes)), split the frame over more devices, or pass "
-            "fewer frames or a smaller frame per call")
+    floor = f"tiles {tile * f} px, {slice_}"
+    return BudgetTooSmall(
+        f"parallel {what} {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')} over {r.setup.size} "
+        f"bands: no tile fits the budget of {r.budget_bytes / MB:.0f} MB on {r.device}{shared}; the smallest needs "
+        f"{device_need} MB there ({floor}: rank {r.setup.rank} predicted at {math.ceil(need[worst] / MB)} MB). Free "
+        "memory on the device, give the pass a budget of at least that (vae.budget = turbovae.MemoryBudget(bytes)), "
+        "split the frame over more devices, or pass fewer frames or a smaller frame per call", need_bytes, 0, floor)

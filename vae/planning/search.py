@@ -33,7 +33,7 @@ from ..base import VAEModel
 from ..input_rules import DEFAULT_TILE_PX, MIN_TILE_LATENT, default_overlap
 from ..tiling.exact import partition
 from ..memory.device import FASTEST_SLICE
-from ..memory.budget import BudgetTooSmall
+from ..memory.budget import BudgetTooSmall, needs_text
 from ..memory.meta_ops import MetaAnswers
 from .. import norms
 from .meta_pass import MetaFusedNorms, MetaPasses, PassPaths
@@ -115,7 +115,7 @@ def fastest_fitting_plan(model: VAEModel, shape: Iterable[int], *, decode: bool,
     found = _near_thriftiest_fitting(cands, cost, predicted, budget, held, out_bytes, tried, layerwise)
     if found is not None:
         return found
-    raise BudgetTooSmall(budget.too_small(tried))
+    raise budget.too_small(tried)
 
 
 # Before refusing, the plans of each kind tried beside its thriftiest: the next smallest by step volume (a tile or
@@ -168,9 +168,9 @@ class Budget:
     def fits(self, plan: PassPlan) -> bool:
         return self.device_fits(plan) and self.host_fits(plan)
 
-    def too_small(self, tried: list[PassPlan]) -> str:
-        """BudgetTooSmall's message: the plan needing the least device memory among those within the host budget
-        (else the one needing the least host memory), and what to do."""
+    def too_small(self, tried: list[PassPlan]) -> BudgetTooSmall:
+        """The refusal: the plan needing the least device memory among those within the host budget (else the one
+        needing the least host memory), the budget it needs, and what to do."""
         within = [p for p in tried if self.host_fits(p)]
         floor = min(within, key=self.device_need) if within else min(tried, key=lambda p: p.predicted.host_bytes)
         what = "decode" if floor.decode else "encode"
@@ -178,14 +178,14 @@ class Budget:
         if self.host_bytes is not None:
             budget += f" on the device and {self.host_bytes / MB:.0f} MB of host memory"
         # the budget that works: the plan's need over the share of a budget a prediction may use
-        need = f"{math.ceil(self.device_need(floor) / PREDICTED_SHARE.get(floor.device_type, 1.0) / MB)} MB"
-        if self.separate and floor.predicted.host_bytes:
-            need += f" on the device and {math.ceil(floor.predicted.host_bytes / MB)} MB of host memory"
-        return (f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits "
-                f"{budget}; the smallest needs {need} ({floor.layout()}). Free memory on the device (unload other "
-                "models) or in RAM, give the pass a budget of at least that (vae.budget = "
-                "turbovae.MemoryBudget(bytes, host_bytes), budget_bytes=, plan --budget-mb / --host-budget-mb), or "
-                "pass fewer frames or a smaller frame per call")
+        need = math.ceil(self.device_need(floor) / _share(floor))
+        host = floor.predicted.host_bytes if self.separate else 0
+        return BudgetTooSmall(
+            f"{what} {'x'.join(map(str, floor.shape))} {str(floor.dtype).removeprefix('torch.')}: no plan fits "
+            f"{budget}; {needs_text(need, host, floor.layout())}. Free memory on the device (unload other models) or "
+            "in RAM, give the pass a budget of at least that (vae.budget = turbovae.MemoryBudget(bytes, host_bytes), "
+            "budget_bytes=, plan --budget-mb / --host-budget-mb), or pass fewer frames or a smaller frame per call",
+            need, host, floor.layout())
 
 
 def _cheapest_fitting(level: list[PassPlan], cost, predicted, budget: Budget, held: int, out_bytes: int,
