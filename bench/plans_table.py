@@ -63,10 +63,15 @@ def pixel_shape(key: str, target: Target) -> tuple[int, ...]:
     return (1, 3, target.frames, h, w)
 
 
+def budget_bytes(target: Target) -> int:
+    """The row's device budget: `budget_gb`, or the default budget."""
+    return int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
+
+
 def row_for(key: str, decode: bool, target: Target) -> dict:
     """One plan of the table, computed now."""
     shape = pixel_shape(key, target)
-    budget = int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
+    budget = budget_bytes(target)
     t = time.perf_counter()
     row = {"section": "plans", "table": TABLE, "case": f"{key} {'decode' if decode else 'encode'}",
            "variant": target.name, "pixels": list(shape), "budget_mb": round(budget / 2**20, 1),
@@ -101,9 +106,8 @@ def compute() -> list[dict]:
 
 def command_args(key: str, decode: bool, target: Target) -> list[str]:
     """The row as `python -m turbovae plan` arguments: its family, pixels, budget and host budget."""
-    budget = int(target.budget_gb * GB) if target.budget_gb is not None else DEFAULT_PASS_BUDGET_BYTES
     return ["plan", key, "--shape", "x".join(map(str, pixel_shape(key, target))), "--budget-mb",
-            str(budget // 2**20), "--host-budget-mb", str(int(target.host_gb * 1024)),
+            str(budget_bytes(target) // 2**20), "--host-budget-mb", str(int(target.host_gb * 1024)),
             *([] if decode else ["--encode"])]
 
 
@@ -114,13 +118,12 @@ def command_seconds(key: str, decode: bool, target: Target) -> float:
     import subprocess
     import sys
 
+    args = command_args(key, decode, target)
     t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "turbovae", *command_args(key, decode, target)],
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([sys.executable, "-m", "turbovae", *args], capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - t
     if done.returncode not in (0, 2):
-        raise RuntimeError(f"python -m turbovae {' '.join(command_args(key, decode, target))}: "
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(f"python -m turbovae {' '.join(args)}: {done.stderr[-2000:]}")
     return round(seconds, 2)
 
 

@@ -15,24 +15,25 @@ from typing import Optional, Sequence
 Shape = Sequence[int]
 
 
+def _dense(shape: Shape, innermost_first: Sequence[int]) -> tuple[int, ...]:
+    """Strides of `shape` laid out densely with its dimensions in the order `innermost_first` (a dimension of size
+    0 or 1 counts as 1 for the dimensions outside it)."""
+    strides, step = [0] * len(shape), 1
+    for d in innermost_first:
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
 def contiguous_strides(shape: Shape) -> tuple[int, ...]:
-    """Row-major strides of `shape` (a dimension of size 0 or 1 counts as 1 for the dimensions outside it)."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+    """Row-major strides of `shape`."""
+    return _dense(shape, range(len(shape) - 1, -1, -1))
 
 
 def channels_last_strides(shape: Shape) -> tuple[int, ...]:
     """Strides of a 4-D or 5-D `shape` laid out channels-last (channels innermost, then width, height, depth,
     batch), as `torch.empty(..., memory_format=channels_last[_3d])` makes them."""
-    order = (1, *range(len(shape) - 1, 1, -1), 0)  # innermost first: C, W, H, (D,) N
-    strides, step = [0] * len(shape), 1
-    for d in order:
-        strides[d] = step
-        step *= max(shape[d], 1)
-    return tuple(strides)
+    return _dense(shape, (1, *range(len(shape) - 1, 1, -1), 0))
 
 
 def is_contiguous(shape: Shape, strides: Shape) -> bool:
@@ -146,12 +147,7 @@ def elementwise_strides(shape: Shape, operands: Sequence[Shape]) -> tuple[int, .
         return contiguous_strides(shape)
     if channels_last and not contiguous:
         return channels_last_strides(shape)
-    order = _output_order(shape, operands)
-    strides, step = [0] * rank, 1
-    for d in reversed(order):
-        strides[d] = step
-        step *= max(shape[d], 1)
-    return tuple(strides)
+    return _dense(shape, list(reversed(_output_order(shape, operands))))
 
 
 def dense_strides(shape: Shape, strides: Shape, channels_last: bool) -> tuple[int, ...]:

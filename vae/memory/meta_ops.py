@@ -152,7 +152,7 @@ def _pointwise_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]
     return _new(shape, layout.elementwise_strides(shape, [_operand_strides(t, shape) for t in tensors]), dtype)
 
 
-def _cat_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+def _cat_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """`cat` of meta tensors of one dtype and rank (empty ones too): the sizes summed along `dim`, laid out
     channels-last where every input suggests that layout (`meta_layout.suggests_channels_last`: an empty one never
     does), else contiguous."""
@@ -173,7 +173,7 @@ def _cat_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return _new(shape, strides, dtype)
 
 
-def _mean_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+def _mean_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """`mean` of a floating meta tensor over the listed dimensions: a contiguous tensor of the rest; with
     `keepdim`, that tensor broadcast back to the kept size-1 dimensions (stride 0) and divided by the count, laid
     out by the elementwise rule (PyTorch's reference: a sum, then a division)."""
@@ -196,7 +196,7 @@ def _mean_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return _new(kept_shape, layout.elementwise_strides(kept_shape, [broadcast]), x.dtype)
 
 
-def _addmm_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+def _addmm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """`addmm(bias, m1, m2)` of floating meta tensors of one dtype (no `beta`/`alpha`): the product's contiguous
     output plus the bias broadcast to it, laid out by the elementwise rule (PyTorch's own decomposition)."""
     if len(args) != 3 or kwargs or not all(map(_is_meta, args)):
@@ -215,7 +215,7 @@ def _addmm_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return _new(shape, strides, dtype)
 
 
-def _im2col_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+def _im2col_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """`im2col(x, kernel, dilation, padding, stride)` of a 4-D floating meta tensor and a kernel of at least 2×2:
     [N, C·kh·kw, blocks], contiguous."""
     if len(args) != 5 or kwargs or not _is_meta(args[0]) or args[0].dim() != 4 \
@@ -249,7 +249,7 @@ def _plain_size_one_strides(x: torch.Tensor) -> bool:
     return True
 
 
-def _group_norm_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+def _group_norm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """`group_norm(x, groups, weight, bias, eps)` of a floating meta tensor (affine parameters of its dtype or
     none): a contiguous tensor of its shape, whatever its layout (the meta kernel's answer; the real kernels'
     layouts are the op rules' business, vae/memory/op_rules.py)."""
@@ -264,8 +264,9 @@ def _group_norm_output(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return _new(x.shape, layout.contiguous_strides(x.shape), x.dtype)
 
 
-_OUTPUTS = {_GROUP_NORM: _group_norm_output, _CAT: _cat_output, _MEAN: _mean_output, _ADDMM: _addmm_output,
-            _IM2COL: _im2col_output}
+# how -> the rule that answers it (`func(op, args, kwargs)`: the tensor the kernel would return, or None to run it)
+_OUTPUTS = {_POINTWISE: _pointwise_output, _GROUP_NORM: _group_norm_output, _CAT: _cat_output,
+            _MEAN: _mean_output, _ADDMM: _addmm_output, _IM2COL: _im2col_output}
 
 
 def run_op(func, args: tuple, kwargs: dict):
@@ -289,20 +290,24 @@ def run_op(func, args: tuple, kwargs: dict):
                 if isinstance(w, torch.Tensor) and w.device.type == "meta":
                     return torch.empty((*first.shape[:-1], w.shape[0]), dtype=first.dtype, device=first.device)
             else:
-                out = _pointwise_output(func, args, kwargs) if how is _POINTWISE else _OUTPUTS[how](args, kwargs)
+                out = _OUTPUTS[how](func, args, kwargs)
                 if out is not None:
                     return out
     return func(*args, **kwargs)
 
 
-class MetaAnswers(TorchDispatchMode):
-    """Runs every op through `run_op`: a meta pass that no counting mode watches (the causal caches' sizes) takes
-    the same answers, and imports no `torch._dynamo`."""
+class UncompiledMode(TorchDispatchMode):
+    """A dispatch mode no torch.compile runs inside (the counting modes, `MetaAnswers`): its ops skip PyTorch's
+    per-call Dynamo guard."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        """No torch.compile runs inside a meta pass: its ops skip PyTorch's per-call Dynamo guard."""
         return False
+
+
+class MetaAnswers(UncompiledMode):
+    """Runs every op through `run_op`: a meta pass that no counting mode watches (the causal caches' sizes) takes
+    the same answers, and imports no `torch._dynamo`."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return run_op(func, args, kwargs or {})

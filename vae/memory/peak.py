@@ -20,10 +20,9 @@ from typing import Iterable, Optional, Protocol
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .meta_ops import run_op
+from .meta_ops import UncompiledMode, run_op
 
 
 class OpMemory(Protocol):
@@ -42,7 +41,7 @@ class OpMemory(Protocol):
         """Bytes the real kernel holds while it runs beyond its inputs and outputs."""
 
 
-class LiveBytes(TorchDispatchMode):
+class LiveBytes(UncompiledMode):
     """Counts the bytes of every storage an op creates while the mode is on, until the storage is freed; `peak`
     is the most that were alive at once. Storages that existed before (`exclude`: inputs, weights) are never
     counted, also when an op returns a view of them. Works on meta tensors (prediction) and on real ones
@@ -67,11 +66,6 @@ class LiveBytes(TorchDispatchMode):
         self._seen: dict[int, weakref.ref] = {}
         for t in exclude:
             self._see(t.untyped_storage())
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No torch.compile runs inside a count: its ops skip PyTorch's per-call Dynamo guard."""
-        return False
 
     def _see(self, storage, device_bytes: int = 0, host_bytes: int = 0) -> bool:
         """Mark `storage` seen, counted as `device_bytes` and `host_bytes` alive until it is freed (its weak

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..base import VAEModel
-from ..memory.meta_ops import run_op
+from ..memory.meta_ops import UncompiledMode, run_op
 from ..memory.op_rules import op_memory_for
 from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
 from .execute import run_plan
@@ -118,7 +118,7 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class WorkCounter(torch.utils._python_dispatch.TorchDispatchMode):
+class WorkCounter(UncompiledMode):
     """2 × multiply-adds of convolutions, linear layers, matrix products and attention (the pass's arithmetic; the
     rest moves bytes), and the bytes convolutions read and write. Under inference mode the dispatcher hands a mode
     `conv2d`, `conv3d` and `linear` themselves rather than their decompositions, so each is counted by name."""
@@ -127,11 +127,6 @@ class WorkCounter(torch.utils._python_dispatch.TorchDispatchMode):
         super().__init__()
         self.flops = 0.0
         self.io_bytes = 0.0
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        """No torch.compile runs inside a count: its ops skip PyTorch's per-call Dynamo guard."""
-        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = run_op(func, args, kwargs or {})
