@@ -250,19 +250,19 @@ SEEDVR2_PLAN_KINDS = (
     PlanKind("untiled, slice 1", "untiled", temporal_slice=1),
     PlanKind("untiled, frame stages", "untiled", frame_stages=True),
     PlanKind("untiled, frame stages, host caches", "untiled", frame_stages=True, cache_on_host=True),
-    PlanKind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile_px=64),
-    PlanKind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile_px=32),
-    PlanKind("streamed bands, slice 1", "exact", temporal_slice=1, tile_px=64, frames_on_host=True,
+    PlanKind("layer-wise bands, slice 1", "exact", temporal_slice=1, tile_px=96),
+    PlanKind("layer-wise small bands, slice 1", "exact", temporal_slice=1, tile_px=64),
+    PlanKind("streamed bands, slice 1", "exact", temporal_slice=1, tile_px=96, frames_on_host=True,
              cache_on_host=True),
-    PlanKind("streamed bands, frame stages", "exact", frame_stages=True, tile_px=64, frames_on_host=True,
+    PlanKind("streamed bands, frame stages", "exact", frame_stages=True, tile_px=96, frames_on_host=True,
              cache_on_host=True),
 )
 WAN_PLAN_KINDS = (
     PlanKind("untiled, whole clip", "untiled"),
     PlanKind("untiled, slice 1", "untiled", temporal_slice=1),
-    PlanKind("exact tiles, slice 1", "exact", temporal_slice=1, tile_px=64),
-    PlanKind("exact small tiles, slice 1", "exact", temporal_slice=1, tile_px=32),
-    PlanKind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile_px=64, output_on_host=True),
+    PlanKind("exact tiles, slice 1", "exact", temporal_slice=1, tile_px=96),
+    PlanKind("exact small tiles, slice 1", "exact", temporal_slice=1, tile_px=64),
+    PlanKind("exact tiles, slice 1, host output", "exact", temporal_slice=1, tile_px=96, output_on_host=True),
     PlanKind("untiled, slice 1, host caches", "untiled", temporal_slice=1, cache_on_host=True),
 )
 

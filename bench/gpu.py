@@ -46,6 +46,7 @@ from ..vae.planning.meta_pass import MetaPasses, PassPaths
 from .common import BenchOptions, BenchRow, cuda_peak_mb, time_ms
 from ..vae.measuring import max_abs, psnr
 from .device_peaks import DEVICE_PEAKS
+from .op_costs import EXTRA_FLOP_FORMULAS
 from .cases import AUTO, AblationCase, for_section
 from .gpu_run import CASE_KEYS
 from .models import build_model
@@ -177,7 +178,7 @@ def conv_flops(model: nn.Module, case: AblationCase, x: torch.Tensor,
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
-        counter = FlopCounterMode(display=False)
+        counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS)
         with counter, torch.inference_mode():
             _call(model, case, temporal_slice)(x)
         return float(counter.get_total_flops())

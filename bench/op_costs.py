@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
 # Kind of work -> ATen operation names (overload packet names, as the profiler prints them without "aten::").
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -77,6 +77,16 @@ class Costs:
 
 
 # Operations that move no data: an allocation returns memory nobody has written yet (the op that fills it counts).
+def _onednn_conv_flop(x_shape, w_shape, _bias, _padding, _stride, _dilation, _groups, *, out_shape, **_kw) -> int:
+    return conv_flop_count(x_shape, w_shape, out_shape)
+
+
+# FLOP formulas of ops this package's passes run that torch.utils.flop_counter has none for: oneDNN's convolution,
+# which vae/accel/kernels/conv_guard.py calls on the CPU where PyTorch would run its im2col kernel (ungrouped, not
+# transposed). `FlopCounterMode(custom_mapping=EXTRA_FLOP_FORMULAS)` counts them too.
+EXTRA_FLOP_FORMULAS = {torch.ops.aten.mkldnn_convolution: _onednn_conv_flop}
+_FLOPS = {**flop_registry, **{op: shape_wrapper(f) for op, f in EXTRA_FLOP_FORMULAS.items()}}
+
 _NO_DATA = frozenset({"lift_fresh", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})
 
 
@@ -93,7 +103,7 @@ class _Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         packet = func._overloadpacket
-        if packet not in flop_registry:  # a composite (conv3d, group_norm, pad): count the ops it is made of
+        if packet not in _FLOPS:  # a composite (conv3d, group_norm, pad): count the ops it is made of
             self.outer.append(kind_of(packet.__name__))
             try:
                 with self:  # the mode is off inside its own handler: re-enter it so the parts are seen
@@ -108,8 +118,8 @@ class _Counter(TorchDispatchMode):
         # The parts of a composite count as the composite's kind (upsample_nearest3d's _unsafe_index is
         # upsampling, not a copy; rms_norm's mul is a norm); a composite of no known kind leaves them theirs.
         kind = next((k for k in self.outer if k != OTHER), kind_of(packet.__name__))
-        if packet in flop_registry:
-            self.costs.flops[kind] += float(flop_registry[packet](*args, **kwargs, out_val=out))
+        if packet in _FLOPS:
+            self.costs.flops[kind] += float(_FLOPS[packet](*args, **kwargs, out_val=out))
         seen: set[int] = set()
         for t in tree_flatten((args, kwargs, out))[0]:
             if isinstance(t, torch.Tensor) and id(t) not in seen:  # an in-place op's output is its input

@@ -9,7 +9,9 @@ with and without frame stages, at two band sizes; Wan's staged exact tiles — i
 kind: convolutions, matrix products and attention, norms and statistics, copies (host transfers and band buffers),
 other ops, and the time outside ops (Python, dispatch, launches). Beside each: the cost model's estimate, part by
 part (`vae/planning/cost.py` `breakdown`), and the two rankings, so a table shows where each plan's time goes and
-whether the estimate orders the plans as they measure (the planner takes the cheapest by the estimate).
+whether the estimate orders the plans as they measure (the planner takes the cheapest by the estimate). On the CPU
+each plan is timed again on PyTorch's own convolution kernels (`pytorch_kernels_ms`): the baseline of the package's
+choice of oneDNN for the small 3-D convolutions of bands and tiles (vae/memory/cpu_conv.py `onednn_instead`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from ..vae.api import TurboVAE
 from ..vae.dtypes import working_dtype
 from ..vae.measuring import max_abs
+from ..vae.memory.cpu_conv import pytorch_kernels
 from ..vae.planning.meta_pass import MetaPasses
 from ..vae.planning import PassPlan, PlanRequest, run_plan
 from ..vae.planning.cost import breakdown
@@ -62,6 +65,7 @@ class PlanCostRow(BenchRow):
     estimated_rank: Optional[int] = None
     measured_rank: Optional[int] = None
     host_mb: Optional[float] = None
+    pytorch_kernels_ms: Optional[float] = None  # CPU: the same plan on PyTorch's own conv kernels (the baseline)
 
 
 def pick(cands: list[PassPlan], kind: PlanKind) -> Optional[PassPlan]:
@@ -133,7 +137,7 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
     held = cache_bytes(model, shape, decode=decode, dtype=dtype)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
-    measured: list[tuple] = []  # (kind, plan, seconds, parts, error, prediction)
+    measured: list[tuple] = []  # (kind, plan, seconds, parts, error, prediction, ms on PyTorch's conv kernels)
     ref = None
     for kind in kinds:
         plan = pick(cands, kind)
@@ -145,19 +149,23 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
                 return run_plan(model, x, plan)
 
         ms, out = time_ms(once, device, repeat=opts.repeat)  # after a warm-up: first-call set-up is no plan's time
+        baseline_ms = None
+        if device.type == "cpu":  # the baseline of the package's own CPU conv choice (vae/memory/cpu_conv.py)
+            with pytorch_kernels():
+                baseline_ms, _ = time_ms(once, device, repeat=opts.repeat)
         if ref is None:
             ref = out
         err = max_abs(out, ref)
         parts = profiled_parts(once, device)
         pred = predict_plan(copies, plan, paths)
-        measured.append((kind, plan, ms / 1e3, parts, err, pred))
+        measured.append((kind, plan, ms / 1e3, parts, err, pred, baseline_ms))
         del out
     estimates = {k.name: breakdown(model, p, work, cache_bytes=held) for k, p, *_ in measured}
     est_order = sorted(measured, key=lambda m: estimates[m[0].name].total_s)
     meas_order = sorted(measured, key=lambda m: m[2])
     rows: list[BenchRow] = []
     base = measured[0][2] if measured else None
-    for kind, plan, seconds, parts, err, pred in measured:
+    for kind, plan, seconds, parts, err, pred, pytorchs_ms in measured:
         est = estimates[kind.name]
         rows.append(PlanCostRow(
             SECTION, case, kind.name, seconds * 1e3, baseline_ms=base * 1e3 if base else None, max_abs_err=err,
@@ -166,7 +174,7 @@ def _case(vae: TurboVAE, case: str, decode: bool, shape: tuple, kinds, device: t
                              "launches": round(est.launch_s, 4), "host copies": round(est.host_s, 4)},
             measured_parts=parts, estimated_rank=1 + est_order.index(next(m for m in est_order if m[0] is kind)),
             measured_rank=1 + meas_order.index(next(m for m in meas_order if m[0] is kind)),
-            predicted_peak_mb=pred.pass_bytes / 2**20, host_mb=pred.host_bytes / 2**20,
+            predicted_peak_mb=pred.pass_bytes / 2**20, host_mb=pred.host_bytes / 2**20, pytorch_kernels_ms=pytorchs_ms,
             note=f"median of {max(1, opts.repeat)}; parts from one profiled run"))
     return rows
 

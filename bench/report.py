@@ -289,17 +289,21 @@ def kinds_cells(row: Row) -> list[str]:
             _num(row.get("psnr_db"), ".1f")]
 
 
-PLAN_COSTS_HEADER = ("case", "plan kind", "measured", "estimated", "rank: measured / estimated", "convolutions",
+PLAN_COSTS_HEADER = ("case", "plan kind", "measured", "on PyTorch's conv kernels", "estimated",
+                     "rank: measured / estimated", "convolutions",
                      "matmuls, attention", "norms, statistics", "copies", "other ops", "outside ops",
                      "estimate: compute / tiling / launches / host", "device peak MB", "host MB")
 
 
 def plan_costs_cells(row: Row) -> list[str]:
-    """One plan kind of a plan-costs case (bench/plan_costs.py): measured and estimated time, both ranks, where the
-    profiled run's time went, the estimate's parts."""
+    """One plan kind of a plan-costs case (bench/plan_costs.py): measured time (and on the CPU its time on PyTorch's
+    own conv kernels, the baseline), estimated time, both ranks, where the profiled run's time went, the estimate's
+    parts."""
     parts = row.get("measured_parts") or {}
     est = row.get("estimated_parts") or {}
-    return [str(row["case"]), str(row["variant"]), _seconds(float(row["ms"])), _seconds(float(row["estimated_ms"])),
+    pytorchs = row.get("pytorch_kernels_ms")
+    return [str(row["case"]), str(row["variant"]), _seconds(float(row["ms"])),
+            _seconds(float(pytorchs)) if pytorchs is not None else "", _seconds(float(row["estimated_ms"])),
             f"{row.get('measured_rank')} / {row.get('estimated_rank')}",
             *(_num(parts.get(k), ".2f") for k in ("convolutions", "matmuls and attention", "norms and statistics",
                                                   "copies", "other ops", "outside ops")),

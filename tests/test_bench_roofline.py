@@ -29,6 +29,30 @@ def test_count_reads_conv_flops_and_bytes_off_the_shapes():
     assert costs.total_flops == costs.flops["conv"]
 
 
+def test_the_onednn_conv_the_package_calls_is_counted_as_pytorchs_conv():
+    """On the CPU the package's conv3d runs oneDNN where PyTorch would run its im2col kernel
+    (vae/accel/kernels/conv_guard.py); op_costs and the FlopCounterMode of bench/gpu.py count its FLOPs as the
+    convolution's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from turbovae.vae.accel.kernels import conv_guard
+    from turbovae.vae.memory.cpu_conv import pytorch_kernels
+
+    x, w = torch.randn(1, 8, 4, 10, 10), torch.randn(6, 8, 3, 3, 3)
+    run = lambda: conv_guard.conv3d(x, w, None, 1, (0, 1, 1))  # noqa: E731
+    with torch.profiler.profile() as prof:
+        run()
+    assert any("mkldnn_convolution" in e.key for e in prof.key_averages())  # what this count is about
+    ours = op_costs.count(run)
+    with pytorch_kernels():
+        theirs = op_costs.count(run)
+    assert ours.flops["conv"] == theirs.flops["conv"] == 2 * (6 * 2 * 10 * 10) * 8 * 27
+    counter = FlopCounterMode(display=False, custom_mapping=op_costs.EXTRA_FLOP_FORMULAS)
+    with counter:
+        run()
+    assert counter.get_total_flops() == ours.flops["conv"]
+
+
 def test_count_skips_views_and_counts_copies_once_in_place():
     x = torch.randn(4, 256)
     costs = op_costs.count(lambda: x.view(16, 64).transpose(0, 1)[:3])

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from turbovae.vae.accel import compile as C
+from turbovae.vae.memory.cpu_conv import pytorch_kernels
 
 
 class Block(nn.Module):
@@ -164,15 +165,17 @@ class _FailsAfterRunning:
                                                  ("decoder.mid_block.resnets.0", 1, True)])  # input written
 @pytest.mark.slow
 def test_region_failing_part_way_falls_back_to_the_eager_clip(name, fail_on, mutate, caplog):
+    """The eager pass and the compiled regions run PyTorch's conv kernels (a traced region holds `aten.conv3d`; eager
+    CPU passes run oneDNN on small convs otherwise, vae/memory/cpu_conv.py), so the fallback compares bit for bit."""
     model = _tiny_wan()
     g = torch.Generator().manual_seed(1)
     z = torch.randn(1, model.latent_format.channels, 3, 4, 4, generator=g)
-    with torch.inference_mode():
+    with torch.inference_mode(), pytorch_kernels():
         ref = model.decode_latents(z, temporal_slice=1)
     C.apply_compile(model, C.CompileSettings(backend="eager"))
     region = model.get_submodule(name)
     region._compiled_call_impl.compiled = _FailsAfterRunning(region, fail_on, mutate)
-    with caplog.at_level(logging.WARNING, logger="turbovae"), torch.inference_mode():
+    with caplog.at_level(logging.WARNING, logger="turbovae"), torch.inference_mode(), pytorch_kernels():
         out = model.decode_latents(z, temporal_slice=1)
     assert C.compile_failed(model)
     assert torch.equal(out, ref)

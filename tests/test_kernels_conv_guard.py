@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from turbovae.vae.accel.kernels import conv_guard as G
+from turbovae.vae.memory import cpu_conv
+from turbovae.vae.memory.cpu_conv import pytorch_kernels
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -68,8 +71,66 @@ def test_guarded_conv3d_routes_and_logs_once(seeded, caplog):
     assert (single - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     assert torch.allclose(multi, F.conv3d(torch.cat([x, x], 2), w, b, 1, (0, 1, 1)), rtol=0, atol=1e-4)
     assert [r.message for r in caplog.records].count(f"turbovae conv3d guard: {route.reason}") == 1
-    # Unaffected installs are a plain F.conv3d.
-    assert torch.equal(G.conv3d(x, w, b, 1, (0, 1, 1)), ref)
+    # Unaffected installs are a plain F.conv3d (on the CPU, on PyTorch's kernel choice; see below).
+    with pytorch_kernels():
+        assert torch.equal(G.conv3d(x, w, b, 1, (0, 1, 1)), ref)
+
+
+@pytest.mark.parametrize("shape,cout,channels_last", [((1, 4, 3, 6, 6), 4, False), ((1, 128, 5, 6, 40), 128, False),
+                                                       ((1, 128, 5, 6, 40), 128, True), ((2, 8, 3, 6, 6), 8, False)])
+def test_a_cpu_conv3d_below_pytorchs_onednn_threshold_runs_on_onednn(seeded, shape, cout, channels_last):
+    """A band or tile of an exact pass (few rows, or few channels) is below the size at which PyTorch sends a
+    conv3d to oneDNN; the package's conv3d calls oneDNN itself there (`cpu_conv.onednn_instead`): the output is
+    oneDNN's (equal to calling it), within fp32 rounding of PyTorch's im2col result, laid out as the prediction
+    says. Where PyTorch already picks oneDNN (a batch of 2), nothing changes; under `pytorch_kernels`, and with
+    autograd recording, the output is PyTorch's, and oneDNN's gradients are the im2col kernel's."""
+    x = torch.randn(*shape, generator=seeded)
+    x = x.contiguous(memory_format=torch.channels_last_3d) if channels_last else x
+    w = torch.randn(cout, shape[1], 3, 3, 3, generator=seeded) / (shape[1] * 27) ** 0.5
+    b = torch.randn(cout, generator=seeded)
+    args = (b, 1, (0, 1, 1))
+    pytorchs = cpu_conv.pytorch_backend(x, w, [1, 1, 1], [0, 1, 1], [1, 1, 1], 1)
+    with torch.inference_mode():
+        out = G.conv3d(x, w, *args)
+        im2col = F.conv3d(x, w, *args)
+        onednn = torch.ops.aten.mkldnn_convolution(x, w, b, [0, 1, 1], [1, 1, 1], [1, 1, 1], 1)
+        with pytorch_kernels():
+            assert torch.equal(G.conv3d(x, w, *args), im2col)
+    assert torch.equal(out, onednn)
+    assert (out - im2col).abs().max().item() <= 1e-5 * max(1.0, im2col.abs().max().item())
+    p = cpu_conv.conv_params(torch.ops.aten.conv3d.default, (x, w, b, [1, 1, 1], [0, 1, 1]), {})
+    assert cpu_conv.cpu_backend(p) == torch._C._ConvBackend.Mkldnn
+    with pytorch_kernels():
+        assert cpu_conv.cpu_backend(p) == pytorchs
+    assert out.stride() == cpu_conv.real_output(p, torch.empty(out.shape)).stride()
+    assert (pytorchs == torch._C._ConvBackend.Slow3d) == (shape[0] == 1)
+    # with autograd recording: the same output, and gradients as PyTorch's kernel gives them
+    grads = []
+    for kernels in (nullcontext, pytorch_kernels):
+        xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        with kernels():
+            y = G.conv3d(xg, wg, *args)
+        y.square().sum().backward()
+        grads.append((y.detach(), xg.grad, wg.grad))
+    assert torch.equal(grads[0][0], out)
+    for ours, theirs in zip(grads[0][1:], grads[1][1:]):
+        assert (ours - theirs).abs().max().item() <= 1e-5 * max(1.0, theirs.abs().max().item())
+
+
+def test_an_exported_conv3d_keeps_pytorchs_op():
+    """While tracing, the package's conv3d leaves `aten.conv3d` in the graph (the engines' programs run where they
+    are loaded, on that machine's kernels), though eager runs oneDNN on the same shape."""
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4, 3, 3, 3))
+
+        def forward(self, x):
+            return G.conv3d(x, self.w, None, 1, (0, 1, 1))
+
+    x = torch.randn(1, 4, 3, 6, 6)
+    targets = {str(n.target) for n in torch.export.export(Conv(), (x,)).graph.nodes if n.op == "call_function"}
+    assert "aten.conv3d.default" in targets and not any("mkldnn" in t for t in targets)
 
 
 @pytest.mark.gpu

@@ -120,12 +120,14 @@ def test_real_configs_predict_the_allocator_peak(key, decode, shape, k, channels
     assert LOW <= err <= HIGH, (predicted, measured, f"{err:+.1%}")
 
 
-# One convolution at a time: (input shape, weight shape, stride, padding, input layout, weight layout).
+# One convolution at a time: (input shape, weight shape, stride, padding, input layout, weight layout). 3-D convs
+# run as this package runs them (vae/accel/kernels/conv_guard.py): oneDNN where PyTorch would pick its im2col kernel
+# (Slow3d); `SLOW3D` rows run under `pytorch_kernels`, where Slow3d runs.
 CL = "cl"
 CONVS = [
-    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, None, None),    # Slow3d: columns
-    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, CL, CL),        # Slow3d: + plain copies of input and weight
-    ((1, 128, 4, 32, 32), (256, 128, 1, 1, 1), 1, 0, None, None),  # Slow3d 1x1x1: no columns
+    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, None, None),    # Slow3d's shapes: oneDNN (plain)
+    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, CL, CL),        # Slow3d's shapes: oneDNN (channels-last)
+    ((1, 128, 4, 32, 32), (256, 128, 1, 1, 1), 1, 0, None, None),  # Slow3d's 1x1x1: oneDNN
     ((1, 16, 32, 32), (16, 16, 3, 3), 1, 1, None, None),          # Slow2d: columns
     ((1, 16, 32, 32), (16, 16, 3, 3), 1, 1, None, CL),            # Slow2d: channels-last from the weight
     ((1, 64, 3, 128, 32), (64, 64, 3, 3, 3), 1, 0, None, None),   # oneDNN plain: reorders
@@ -139,6 +141,11 @@ CONVS = [
     ((1, 8, 256, 256), (8, 8, 3, 3), 1, 1, None, None),           # oneDNN "first conv": input read as it is
     ((1, 64, 128, 128), (3, 64, 3, 3), 1, 1, CL, CL),             # oneDNN 2-D channels-last
 ]
+SLOW3D = [
+    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, None, None),    # Slow3d: columns
+    ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3), 1, 0, CL, CL),        # Slow3d: + plain copies of input and weight
+    ((1, 128, 4, 32, 32), (256, 128, 1, 1, 1), 1, 0, None, None),  # Slow3d 1x1x1: no columns
+]
 
 
 def _laid_out(t: torch.Tensor, layout: Optional[str]) -> torch.Tensor:
@@ -147,43 +154,59 @@ def _laid_out(t: torch.Tensor, layout: Optional[str]) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last if t.ndim == 4 else torch.channels_last_3d)
 
 
-@pytest.mark.parametrize("xs,ws,stride,padding,x_layout,w_layout", CONVS)
+@pytest.mark.parametrize("xs,ws,stride,padding,x_layout,w_layout,pytorchs",
+                         [(*row, False) for row in CONVS] + [(*row, True) for row in SLOW3D])
 @pytest.mark.slow
 def test_one_convolution_predicts_the_allocator_peak_and_the_output_layout(xs, ws, stride, padding,
-                                                                          x_layout, w_layout):
+                                                                          x_layout, w_layout, pytorchs):
     """Each backend's rule alone: the meta op's output (restrided as the CPU kernel returns it) plus what the
     rule says the kernel holds inside equals the allocator's peak of the real op within 1 % + 16 KiB, and the
-    predicted output layout is the real one."""
+    predicted output layout is the real one. 3-D convs run through the package's conv3d, on its kernels or (the
+    Slow3d rows) PyTorch's."""
+    from turbovae.vae.accel.kernels.conv_guard import conv3d
+
     g = torch.Generator().manual_seed(0)
     x = _laid_out(torch.randn(xs, generator=g), x_layout)
     w = _laid_out(torch.randn(ws, generator=g), w_layout)
     b = torch.randn(ws[0], generator=g)
-    conv = F.conv2d if len(xs) == 4 else F.conv3d
-    with torch.inference_mode():
+    conv = F.conv2d if len(xs) == 4 else conv3d
+    with torch.inference_mode(), (cpu_conv_memory.pytorch_kernels() if pytorchs else nullcontext()):
         conv(x, w, b, stride, padding)
         measured, y = measure_peak(lambda: conv(x, w, b, stride, padding), "cpu")
         xm, wm, bm = (t.to("meta") for t in (x, w, b))
         tracker = LiveBytes(exclude=[xm, wm, bm], op_memory=CpuOpMemory())
         with tracker:
             ym = conv(xm, wm, bm, stride, padding)
+        dims = len(xs) - 2
+        per_dim = lambda v: list(v) if isinstance(v, tuple) else [v] * dims  # noqa: E731
+        backend = cpu_conv_memory.cpu_backend(cpu_conv_memory.conv_params(
+            torch.ops.aten.convolution.default,
+            (xm, wm, bm, per_dim(stride), per_dim(padding), [1] * dims, False, [0] * dims, 1), {}))
     assert ym.stride() == y.stride()
     assert abs(tracker.peak - measured.device_bytes) <= 0.01 * measured.device_bytes + 16 * 1024, \
         (tracker.peak, measured.device_bytes)
+    if dims == 3:  # every 3-D row runs oneDNN, on PyTorch's choice or this package's, but the Slow3d rows
+        assert backend == (torch._C._ConvBackend.Slow3d if pytorchs else torch._C._ConvBackend.Mkldnn)
 
 
 @pytest.mark.parametrize("xs,ws", [((1, 64, 3, 128, 32), (64, 64, 3, 3, 3)), ((1, 48, 3, 128, 64), (48, 48, 3, 3, 3)),
-                                   ((1, 64, 32, 32), (64, 64, 1, 1)), ((1, 16, 32, 32), (16, 16, 3, 3))])
+                                   ((1, 64, 32, 32), (64, 64, 1, 1)), ((1, 16, 32, 32), (16, 16, 3, 3)),
+                                   ((1, 64, 3, 32, 32), (64, 64, 3, 3, 3))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backend_is_asked_without_memory_and_answers_as_for_real_tensors(xs, ws, dtype):
     """The kernel choice asked with stride-0 tensors (no memory) is the one PyTorch makes for real tensors of
-    the shapes (`torch.empty` of the shapes: pages never written, so only address space)."""
+    the shapes (`torch.empty` of the shapes: pages never written, so only address space); the package's choice
+    differs from it only where it runs oneDNN instead of the 3-D im2col kernel."""
     xm, wm = torch.empty(xs, device="meta", dtype=dtype), torch.empty(ws, device="meta", dtype=dtype)
     dims = len(xs) - 2
     p = cpu_conv_memory.conv_params(torch.ops.aten.convolution.default,
                                     (xm, wm, None, [1] * dims, [0] * dims, [1] * dims, False, [0] * dims, 1), {})
     real = torch._C._select_conv_backend(torch.empty(xs, dtype=dtype), torch.empty(ws, dtype=dtype), None,
                                          [1] * dims, [0] * dims, [1] * dims, False, [0] * dims, 1, None)
-    assert cpu_conv_memory.cpu_backend(p) == real
+    assert cpu_conv_memory.pytorch_backend(xm, wm, [1] * dims, [0] * dims, [1] * dims, 1) == real
+    B = torch._C._ConvBackend
+    ours = cpu_conv_memory.cpu_backend(p)
+    assert ours == (B.Mkldnn if real == B.Slow3d and dtype == torch.float32 else real)
 
 
 def test_channels_last_group_norm_is_predicted_in_place():

@@ -465,14 +465,16 @@ def test_non_4n1_clip_is_padded_and_trimmed(tiny_vae):
 
 def test_decode_step_exports_with_explicit_memory(tiny_sd):
     """The engines' video slice graph: latents + memory in, pixels + new memory out, via torch.export."""
+    from turbovae.vae.memory.cpu_conv import pytorch_kernels
     from turbovae.vae.norms import native_channels_last_group_norm
 
     model = tiny_model(tiny_sd)
     z = latents(3, seed=13)
-    # The exported graph holds PyTorch's group-norm op (traced code leaves the norm to the compiler); the eager side
-    # runs the same kernel, so the two compare bit for bit (eager's stable channels-last statistics differ in the
-    # last bits: tests/test_norm_stats.py)
-    with torch.inference_mode(), native_channels_last_group_norm():
+    # The exported graph holds PyTorch's group-norm op (traced code leaves the norm to the compiler) and its conv3d
+    # (eager runs oneDNN where PyTorch would not: vae/memory/cpu_conv.py); the eager side runs the same kernels, so
+    # the two compare bit for bit (eager's stable channels-last statistics differ in the last bits:
+    # tests/test_norm_stats.py)
+    with torch.inference_mode(), native_channels_last_group_norm(), pytorch_kernels():
         _, state = model.decode_step(z[:, :, :2], None)
         want, want_state = model.decode_step(z[:, :, 2:], state)
 

@@ -433,7 +433,7 @@ def test_raw_forward_with_grad_backpropagates_like_diffusers(tiny_pair, grad_of,
     else:
         ours.requires_grad_(True)
     outs = (ours.decode_latents(z, temporal_slice=1), ours.encode_moments(x, temporal_slice=1))
-    assert [max_err(a, b) <= 1e-6 for a, b in zip(outs, fast)] == [True, True]  # rounding of other op orders
+    assert [max_err(a, b) <= 1e-5 for a, b in zip(outs, fast)] == [True, True]  # rounding of other op orders, kernels
     (outs[0].square().sum() + outs[1].square().sum()).backward()
 
     ref.zero_grad(set_to_none=True)

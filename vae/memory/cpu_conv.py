@@ -7,7 +7,9 @@ fp32 only when N·C·D·H > 20480 or the kernel is larger than 3×3 or …, else
 the kernels differ by tens of times the output in what they hold while they run. The choice is PyTorch's own
 (`torch._C._select_conv_backend`, asked with stride-0 CPU tensors of the call's shapes: it reads shapes, dtype,
 parameters and the thread count, never the data, so nothing is allocated), and so is the output's layout
-(`torch._C._conv_determine_backend_memory_format`). Measured with vae/memory/allocator.py on one AMD EPYC
+(`torch._C._conv_determine_backend_memory_format`). One exception is this package's: an fp32 3-D convolution
+PyTorch would give its im2col kernel runs on oneDNN (`onednn_instead`, vae/accel/kernels/conv_guard.py), and is
+priced as oneDNN's. Measured with vae/memory/allocator.py on one AMD EPYC
 (AVX-512), torch 2.13 CPU, fp32, 2 threads, single convs (tests/test_prediction_accuracy.py keeps checking them):
 
 - `Slow3d` / `Slow2d` (ConvolutionMM3d.cpp, ConvolutionMM2d.cpp): a contiguous copy of the input and of the
@@ -32,9 +34,10 @@ Not modelled (no model here runs them): transposed and grouped convolutions, oth
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -92,12 +95,64 @@ def _backend(x_shape: tuple, w_shape: tuple, dtype: torch.dtype, stride: tuple, 
                                          list(output_padding), groups, None)
 
 
+# Whether `onednn_instead` may answer yes (`pytorch_kernels` turns it off for a block of code).
+_ONEDNN_INSTEAD = [True]
+
+
+@contextlib.contextmanager
+def pytorch_kernels() -> Iterator[None]:
+    """CPU convolutions run, and are predicted, on the kernel PyTorch picks (no oneDNN in place of its 3-D im2col
+    kernel, `onednn_instead`): the baseline the plan-costs bench times beside this package's choice, and the
+    kernels an exported program runs (its graph holds `aten.conv3d`). Process-wide while it lasts, like
+    `torch.backends.mkldnn.flags`: the worker threads of a multi-device pass see it too."""
+    was = _ONEDNN_INSTEAD[0]
+    _ONEDNN_INSTEAD[0] = False
+    try:
+        yield
+    finally:
+        _ONEDNN_INSTEAD[0] = was
+
+
+def kernel_choice() -> str:
+    """Whose CPU convolution kernels run now: "turbovae" (oneDNN where `onednn_instead` says) or "pytorch" (inside
+    `pytorch_kernels`). Predictions differ between the two, so what memoizes them keys by it."""
+    return "turbovae" if _ONEDNN_INSTEAD[0] else "pytorch"
+
+
+def onednn_instead(backend, weight_dims: int, dtype: torch.dtype, transposed: bool, groups: int) -> bool:
+    """Whether this package runs a CPU convolution on oneDNN where PyTorch would pick its 3-D im2col kernel
+    (`Slow3d`): an fp32 3-D convolution, not transposed or grouped, with oneDNN built in and enabled, outside
+    `pytorch_kernels`.
+
+    Why: PyTorch sends a batch-1 conv3d to oneDNN only above a size (N·C·D·H > 20480, among others), and the bands
+    and tiles of exact passes fall below it: a band of a few rows is as wide as the frame but short. On those
+    shapes its im2col kernel takes several times oneDNN's time (the plan-costs bench times both) and holds a
+    columns buffer of C_in·27 × the output, so vae/accel/kernels/conv_guard.py calls oneDNN itself. This is the one
+    place that says when, so the prediction prices the kernel that runs."""
+    return (_ONEDNN_INSTEAD[0] and backend == torch._C._ConvBackend.Slow3d and weight_dims == 5
+            and dtype == torch.float32 and not transposed and groups == 1 and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled)
+
+
+def pytorch_backend(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int],
+                    dilation: list[int], groups: int, transposed: bool = False,
+                    output_padding: Optional[list[int]] = None):
+    """The `torch._C._ConvBackend` PyTorch itself picks for a convolution of these tensors' shapes on the CPU."""
+    return _backend(tuple(x.shape), tuple(weight.shape), x.dtype, tuple(stride), tuple(padding), tuple(dilation),
+                    transposed, tuple(output_padding or (0,) * (weight.ndim - 2)), groups, torch.get_num_threads(),
+                    torch.backends.mkldnn.enabled)
+
+
 def cpu_backend(p: dict):
-    """The `torch._C._ConvBackend` a CPU convolution of `p`'s shapes runs."""
+    """The `torch._C._ConvBackend` a CPU convolution of `p`'s shapes runs in this package: PyTorch's choice, or
+    oneDNN where this package calls it instead (`onednn_instead`; every conv3d of the models goes through
+    vae/accel/kernels/conv_guard.py, a test holds that)."""
     x, w = p["input"], p["weight"]
-    return _backend(tuple(x.shape), tuple(w.shape), x.dtype, tuple(p["stride"]), tuple(p["padding"]),
-                    tuple(p["dilation"]), bool(p["transposed"]), tuple(p["output_padding"]), p["groups"],
-                    torch.get_num_threads(), torch.backends.mkldnn.enabled)
+    backend = pytorch_backend(x, w, p["stride"], p["padding"], p["dilation"], p["groups"], bool(p["transposed"]),
+                              p["output_padding"])
+    if onednn_instead(backend, w.ndim, x.dtype, bool(p["transposed"]), p["groups"]):
+        return torch._C._ConvBackend.Mkldnn
+    return backend
 
 
 def cpu_layout(p: dict, backend) -> torch.memory_format:

@@ -43,13 +43,15 @@ class DeviceSpeed:
 
 
 # One H100/H200 in bf16 (docs/results: ~100-400 TFLOP/s on the VAE passes; pageable copies ~25 GB/s, pinned 55) and
-# this project's 2-core CPU in fp32, idle (docs/BENCHMARKS.md, "Where a plan's time goes": the untiled passes' rate,
-# and the layer-wise bands' convolutions against the untiled pass's for the same arithmetic).
+# this project's 2-core CPU in fp32, idle (docs/BENCHMARKS.md, "Where a plan's time goes": the untiled passes' rate;
+# the layer-wise bands' convolutions against the untiled pass's for the same arithmetic, on the oneDNN kernels
+# vae/memory/cpu_conv.py picks for them; the layer-wise passes' time outside convolutions beyond the untiled pass's,
+# per band).
 SPEEDS = {
     "cuda": DeviceSpeed(flops_per_s=250e12, step_s=0.004, band_s=0.0004, host_bytes_per_s=25e9, fetch_copies=True,
                         layerwise_factor=1.3),
-    "cpu": DeviceSpeed(flops_per_s=0.35e12, step_s=0.02, band_s=0.002, host_bytes_per_s=8e9, fetch_copies=False,
-                       layerwise_factor=2.5),
+    "cpu": DeviceSpeed(flops_per_s=0.35e12, step_s=0.02, band_s=0.0005, host_bytes_per_s=8e9, fetch_copies=False,
+                       layerwise_factor=1.25),
 }
 
 

@@ -27,6 +27,7 @@ from ..base import VAEModel, run_slices
 from ..accel.switches import FastPaths, active
 from ..accel import self_checks
 from ..accel.channels_last import channels_last_keeps_fp32
+from ..memory.cpu_conv import kernel_choice
 from ..memory.meta_device import predicting_for
 from ..memory.op_rules import op_memory_for
 from ..memory.peak import LiveBytes, PeakPrediction, weight_bytes
@@ -108,7 +109,9 @@ class MetaPasses:
 
     def memo(self, key, make):
         """`make()` once per `key` for this model (plain numbers and predictions only: nothing that holds memory);
-        the planner keeps its per-shape predictions, FLOP counts and cache sizes here."""
+        the planner keeps its per-shape predictions, FLOP counts and cache sizes here. Kept apart per CPU kernel
+        choice (`cpu_conv.kernel_choice`), which changes what a CPU pass allocates."""
+        key = (kernel_choice(), key)
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
@@ -124,7 +127,7 @@ class MetaPasses:
 
     def predict(self, shape: Sequence[int], *, decode: bool, dtype: torch.dtype, temporal_slice: Optional[int],
                 paths: PassPaths) -> PeakPrediction:
-        key = (tuple(int(d) for d in shape), decode, dtype, temporal_slice, paths)
+        key = (tuple(int(d) for d in shape), decode, dtype, temporal_slice, paths, kernel_choice())
         found = self._predicted.get(key)
         if found is None:
             found = self._predicted[key] = _predict(self.copy(dtype, paths.fast), key[0], decode=decode,

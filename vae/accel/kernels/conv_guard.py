@@ -14,6 +14,10 @@ on an affected install we route around the fallback ourselves:
 
 `choose_conv3d_route` is a pure function of (torch version, cuDNN version, dtype, device) so the
 policy is testable without a GPU; `conv3d` applies it and logs the choice once per process.
+
+On the CPU, `conv3d` also calls oneDNN where PyTorch would run its 3-D im2col kernel on an fp32 conv
+(vae/memory/cpu_conv.py `onednn_instead` says when and why: the bands and tiles of exact passes), except while
+tracing: an exported graph keeps `aten.conv3d`, which runs where the program is loaded.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import self_checks
+from ...memory.cpu_conv import onednn_instead, pytorch_backend
 from ...memory.oom import is_out_of_memory
 from ...tracing import tracing
 
@@ -132,10 +137,15 @@ def conv3d_as_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: IntOr3 = 1,
            padding: IntOr3 = 0, dilation: IntOr3 = 1, groups: int = 1,
            route: Optional[Conv3dRoute] = None) -> torch.Tensor:
-    """`F.conv3d` with the regression guard applied (a plain F.conv3d where the install is unaffected)."""
+    """`F.conv3d` with the regression guard applied (a plain F.conv3d where the install is unaffected); on the
+    CPU, oneDNN where PyTorch would run its im2col kernel (module docstring)."""
     if route is None:
         route = current_route(x.dtype, x.device.type)
     if route.route == "native":
+        if x.device.type == "cpu" and not isinstance(padding, str) and not tracing():
+            s, p, d = list(_triple(stride)), list(_triple(padding)), list(_triple(dilation))
+            if onednn_instead(pytorch_backend(x, weight, s, p, d, groups), weight.ndim, x.dtype, False, groups):
+                return torch.ops.aten.mkldnn_convolution(x, weight, bias, p, s, d, groups)
         return F.conv3d(x, weight, bias, stride, padding, dilation, groups)
     if route.reason not in _LOGGED:
         _LOGGED.add(route.reason)
