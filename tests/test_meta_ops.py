@@ -152,7 +152,7 @@ def _random_shape(rng: random.Random, rank: int) -> list[int]:
 
 
 def _random_calls(seed: int, count: int):
-    """(name, op, args) for `count` random calls of every answered op but the convs and linear (tested above)."""
+    """(name, op, args[, kwargs]) for `count` random calls of every answered op but the convs and linear (tested above)."""
     rng = random.Random(seed)
     for _ in range(count):
         for func in meta_ops.POINTWISE:
@@ -162,13 +162,22 @@ def _random_calls(seed: int, count: int):
             a = _random_tensor(rng, shape, dtype)
             if func in (aten.exp.default, aten.neg.default):
                 yield str(func), func, (a,)
-            elif func is aten.remainder.Scalar or (func not in (aten.maximum.default, aten.minimum.default,
-                                                                aten.remainder.Tensor) and rng.random() < 0.25):
+            elif func in (aten.remainder.Scalar, aten.clamp_min.default) or (
+                    func not in (aten.maximum.default, aten.minimum.default, aten.remainder.Tensor)
+                    and rng.random() < 0.25):
                 yield str(func), func, (a, rng.choice([2, 3.5, True]))
             else:  # a second tensor of a shape that broadcasts with the first, in either order
                 tail = rng.randint(0, rank)
                 b = _random_tensor(rng, [rng.choice([1, s]) for s in shape[rank - tail:]], dtype)
                 yield str(func), func, ((a, b) if rng.random() < 0.5 else (b, a))
+        for func, functional in meta_ops.POINTWISE_OUT.items():  # into an `out` of the result's shape, or not
+            dtype = rng.choice([torch.float32, torch.bfloat16, torch.int64])
+            rank = rng.randint(0, 4)
+            shape = _random_shape(rng, rank)
+            a, b = _random_tensor(rng, shape, dtype), _random_tensor(rng, [rng.choice([1, s]) for s in shape], dtype)
+            out_shape = shape if rng.random() < 0.8 else [*shape, 2]
+            out = a if rng.random() < 0.2 else _random_tensor(rng, out_shape, rng.choice([dtype, dtype, torch.float64]))
+            yield str(func), func, (a, b), {"out": out}
         dtype = rng.choice([torch.float32, torch.bfloat16])
         rank = rng.randint(1, 5)
         shape, dim = _random_shape(rng, rank), rng.randrange(-rank, rank)
@@ -179,6 +188,9 @@ def _random_calls(seed: int, count: int):
         shape = _random_shape(rng, rank)
         dims = list({d % rank: d for d in rng.sample(range(-rank, rank), rng.randint(1, rank))}.values())
         yield "mean", aten.mean.dim, (_random_tensor(rng, shape, dtype), dims, rng.random() < 0.5)
+        x = _random_tensor(rng, shape, dtype)
+        order = rng.choice([2, 2, 1, 3.0, 0.5])
+        yield "linalg_vector_norm", aten.linalg_vector_norm.default, (x, order, dims, rng.random() < 0.5)
         m, k, n = (rng.randint(1, 6) for _ in range(3))
         bias = _random_tensor(rng, rng.choice([[n], [1, n], [m, n], [m, 1], [1]]), dtype)
         m1, m2 = _random_tensor(rng, [m, k], dtype), _random_tensor(rng, [k, n], dtype)
@@ -194,26 +206,44 @@ def _random_calls(seed: int, count: int):
         yield "group_norm", aten.group_norm.default, (_random_tensor(rng, shape, dtype), groups, weight, weight, 1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized:UserWarning")  # out= of a shape
 def test_every_answer_equals_its_meta_kernel_over_random_shapes_and_layouts():
     """Broadcasting, half precision laid out densely first, size-1 dimensions with odd strides, empty inputs to
     `cat`, kept dimensions of `mean`: wherever a rule answers, the answer is the kernel's tensor; where the kernel
     raises, the call raises. Most calls are answered (the rules are not left unused)."""
     answered, calls = {}, {}
-    for name, func, args in _random_calls(seed=2026, count=150):
+    for name, func, args, *options in _random_calls(seed=2026, count=150):
+        kwargs = options[0] if options else {}
         calls[name] = calls.get(name, 0) + 1
         try:
-            theirs = func(*args)
+            theirs = func(*args, **kwargs)
         except RuntimeError:
             with pytest.raises(RuntimeError):
-                meta_ops.run_op(func, args, {})
+                meta_ops.run_op(func, args, kwargs)
             continue
-        ours = meta_ops._OUTPUTS[meta_ops._answer(func)](func, args, {})
+        ours = meta_ops._OUTPUTS[meta_ops._answer(func)](func, args, kwargs)
         if ours is not None:
             answered[name] = answered.get(name, 0) + 1
             _same(ours, theirs)
-        _same(meta_ops.run_op(func, args, {}), theirs)
+            assert "out" not in kwargs or ours is kwargs["out"]
+        _same(meta_ops.run_op(func, args, kwargs), theirs)
     for name, n in calls.items():
         assert answered.get(name, 0) > n // 4, (name, answered.get(name, 0), n)
+
+
+def test_a_group_norm_of_a_frame_of_a_clip_is_answered_and_one_value_per_channel_is_left_to_its_kernel():
+    """A frame of a clip (a band view of a CPU plan's reference norm: batch of 1, channels strided by the clip's
+    frames) is answered; where each channel holds one value and its size-1 dimensions have odd strides, the meta
+    kernel's output carries them and the rule leaves the call to it."""
+    frame = _meta(1, 8, 2, 6, 5, dtype=torch.float32)[:, :, 1]
+    args = (frame, 2, None, None, 1e-6)
+    assert meta_ops._group_norm_output(aten.group_norm.default, args, {}) is not None
+    _same(meta_ops.run_op(aten.group_norm.default, args, {}), aten.group_norm.default(*args))
+    single = _meta(2, 8, 1, dtype=torch.float32).as_strided((2, 8, 1), (8, 1, 999))
+    args = (single, 2, None, None, 1e-6)
+    assert meta_ops._group_norm_output(aten.group_norm.default, args, {}) is None
+    assert aten.group_norm.default(*args).stride() != (8, 1, 1)  # what a contiguous answer would have got wrong
+    _same(meta_ops.run_op(aten.group_norm.default, args, {}), aten.group_norm.default(*args))
 
 
 def test_real_tensors_run_the_real_op():
@@ -263,6 +293,12 @@ for key, decode, t in rows:
 plan_pass("qwen_image", (1, 16, 5, 90, 160), decode=True, dtype="fp16", device_type="cuda", mode="fast",
           budget_bytes=4 * GB)
 plan_pass("wan2.2", (1, 48, 5, 45, 80), decode=True, dtype="fp32", device_type="cuda", budget_bytes=GB)
+# CPU targets: the reference norms (group norm of a frame or band, RMS norm with its out= division)
+for key, shape, decode, budget in [("seedvr2", (1, 16, 3, 32, 48), True, None), ("seedvr2", (1, 3, 5, 256, 384), False, GB),
+                                   ("qwen_image", (1, 16, 21, 90, 160), True, None),
+                                   ("wan2.2", (1, 3, 81, 720, 1280), False, 2 * GB)]:
+    plan_pass(key, shape, decode=decode, dtype="fp32", device_type="cpu", budget_bytes=budget,
+              host_budget_bytes=24 * GB)
 sys.argv = ["turbovae", "plan", "seedvr2", "--shape", "1x16x21x90x160", "--budget-mb", "4096"]
 try:
     runpy.run_module("turbovae", run_name="__main__")
@@ -272,11 +308,11 @@ print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
 """
 
 
-def test_planning_a_gpu_pass_imports_no_dynamo():
+def test_planning_imports_no_dynamo():
     """Planning runs no meta kernel PyTorch implements in Python behind its Dynamo-disable decorator, whose first
     call imports `torch._dynamo` (most of a fresh `python -m turbovae plan`'s planning time, docs/memory.md): every
-    family, decode and encode, the upscaler sizes and plans table's rows, bf16, fp16 and fp32, exact and fast, and
-    the command itself, in a fresh process."""
+    family, decode and encode, the upscaler sizes and plans table's rows, bf16, fp16 and fp32, exact and fast, CPU
+    targets too, and the command itself, in a fresh process."""
     done = subprocess.run([sys.executable, "-c", _PLANS_WITHOUT_DYNAMO], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torch._dynamo imported: False" in done.stdout, done.stdout[-2000:]

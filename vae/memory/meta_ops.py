@@ -13,14 +13,15 @@ hundreds to thousands of times. What the mode needs from them is known without r
 - `conv2d` / `conv3d` (their meta kernel works out the output's size and layout in Python, about 30 µs) return what
   their meta kernel returned for the same input and weight metadata and parameters, remembered (a pass calls each
   conv at a few band shapes, hundreds of times);
-- elementwise ops (`add`, `sub`, `mul`, `div`, `remainder`, `maximum`, `minimum`, `exp`, `neg`) of tensors of one dtype
-  and plain numbers, `cat`, `mean` over dimensions, `addmm` and `im2col` (`F.unfold`): a new tensor whose shape,
-  dtype and strides follow from their operands by PyTorch's layout rules (`meta_layout`: broadcasting, the
-  elementwise output order, a concatenation's memory format, a reduction's and a matrix product's contiguous
-  output). Their meta kernels are Python reference implementations, and the first call of any of them imports
-  `torch._dynamo` (PyTorch wraps them in its Dynamo-disable decorator); likewise `group_norm`, whose meta kernel
-  returns a contiguous tensor of the input's shape, which a fresh `python -m turbovae plan`
-  would otherwise spend most of its planning time on (docs/memory.md).
+- elementwise ops (`add`, `sub`, `mul`, `div`, `remainder`, `maximum`, `minimum`, `clamp_min`, `exp`, `neg`) of
+  tensors of one dtype and plain numbers (and the `out=` forms of the first four, which return `out`), `cat`, `mean`
+  and `linalg_vector_norm` over dimensions, `addmm` and `im2col` (`F.unfold`): a new tensor whose shape, dtype and
+  strides follow from their operands by PyTorch's layout rules (`meta_layout`: broadcasting, the elementwise output
+  order, a concatenation's memory format, a reduction's and a matrix product's contiguous output). Their meta
+  kernels are Python reference implementations, and the first call of any of them imports `torch._dynamo`
+  (PyTorch wraps them in its Dynamo-disable decorator); likewise `group_norm`, whose meta kernel returns a
+  contiguous tensor of the input's shape (but where size-1 dimensions show through its reshapes), which a fresh
+  `python -m turbovae plan` would otherwise spend most of its planning time on (docs/memory.md).
 Everything else, and every case a rule does not cover (operands of mixed dtypes, empty tensors, an option
 the rule does not read), runs its meta kernel. Only meta tensors take these answers (a measurement on real tensors
 runs the real op); `tests/test_meta_ops.py` checks each answer against the meta kernel's own result, over random
@@ -29,6 +30,7 @@ shapes and layouts. `MetaAnswers` gives a meta pass that no counting mode watche
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -38,8 +40,9 @@ from . import meta_layout as layout
 
 aten = torch.ops.aten
 
-_IN_PLACE, _LINEAR, _CONV, _POINTWISE, _CAT, _MEAN, _ADDMM, _IM2COL, _GROUP_NORM = (
-    "in place", "linear", "conv", "pointwise", "cat", "mean", "addmm", "im2col", "group norm")
+_IN_PLACE, _LINEAR, _CONV, _POINTWISE, _POINTWISE_OUT, _CAT, _MEAN, _ADDMM, _IM2COL, _GROUP_NORM, _VECTOR_NORM = (
+    "in place", "linear", "conv", "pointwise", "pointwise out", "cat", "mean", "addmm", "im2col", "group norm",
+    "vector norm")
 # id(op) -> how a meta call of it is answered (one of the above), or None (its kernel); keyed by id (an op lives
 # for good, and OpOverload's own hash is Python, paid on every op of a pass)
 _ANSWERS: dict = {}
@@ -48,11 +51,16 @@ _ANSWERS: dict = {}
 # them floating, left to the kernel)
 POINTWISE = {aten.add.Tensor: True, aten.sub.Tensor: True, aten.mul.Tensor: True, aten.div.Tensor: False,
              aten.remainder.Tensor: True, aten.remainder.Scalar: True, aten.maximum.default: True,
-             aten.minimum.default: True, aten.exp.default: False, aten.neg.default: True}
+             aten.minimum.default: True, aten.clamp_min.default: True, aten.exp.default: False,
+             aten.neg.default: True}
+# their `out=` forms -> the op whose rule says what they write
+POINTWISE_OUT = {aten.add.out: aten.add.Tensor, aten.sub.out: aten.sub.Tensor, aten.mul.out: aten.mul.Tensor,
+                 aten.div.out: aten.div.Tensor}
 _UNARY = (aten.exp.default, aten.neg.default)
 _WITH_ALPHA = (aten.add.Tensor, aten.sub.Tensor)
 _BY_NAME = {aten.cat.default: _CAT, aten.mean.dim: _MEAN, aten.addmm.default: _ADDMM, aten.im2col.default: _IM2COL,
-            aten.group_norm.default: _GROUP_NORM, aten.linear.default: _LINEAR, aten.conv2d.default: _CONV,
+            aten.group_norm.default: _GROUP_NORM, aten.linalg_vector_norm.default: _VECTOR_NORM,
+            aten.linear.default: _LINEAR, aten.conv2d.default: _CONV,
             aten.conv3d.default: _CONV}
 # dtypes PyTorch's reference kernels compute in float32: their operands are converted (laid out densely) first
 _HALF = (torch.float16, torch.bfloat16)
@@ -72,6 +80,8 @@ def plain_in_place(func) -> bool:
 def _answer(func) -> Optional[str]:
     if func in POINTWISE:
         return _POINTWISE
+    if func in POINTWISE_OUT:
+        return _POINTWISE_OUT
     how = _BY_NAME.get(func)
     if how is not None:
         return how
@@ -139,6 +149,8 @@ def _pointwise_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]
     if len(args) != (1 if func in _UNARY else 2) or not all(map(_is_meta, tensors)) \
             or (kwargs and (func not in _WITH_ALPHA or set(kwargs) != {"alpha"})):
         return None
+    if func is aten.clamp_min.default and 1 in tensors[0].shape and not _plain_size_one_strides(tensors[0]):
+        return None  # its reference is a chain of elementwise ops and a `where`: odd size-1 strides carry through
     dtype = tensors[0].dtype
     integer = not dtype.is_floating_point and not dtype.is_complex and dtype is not torch.bool
     if not (dtype.is_floating_point or (integer and POINTWISE[func])) or any(t.dtype != dtype for t in tensors):
@@ -150,6 +162,18 @@ def _pointwise_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]
     if shape is None:
         return None
     return _new(shape, layout.elementwise_strides(shape, [_operand_strides(t, shape) for t in tensors]), dtype)
+
+
+def _pointwise_out_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The `out=` form of an answered elementwise op, given an `out` of the result's shape and dtype with no two
+    elements at one place: `out` itself, unchanged (the kernel writes into it; it resizes, or refuses, any other)."""
+    out = kwargs.get("out")
+    if not _is_meta(out) or any(size > 1 and stride == 0 for size, stride in zip(out.shape, out.stride())):
+        return None
+    result = _pointwise_output(POINTWISE_OUT[func], args, {k: v for k, v in kwargs.items() if k != "out"})
+    if result is None or result.shape != out.shape or result.dtype != out.dtype:
+        return None
+    return out
 
 
 def _cat_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
@@ -194,6 +218,26 @@ def _mean_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     rest = iter(strides)
     broadcast = tuple(0 if i in gone else next(rest) for i in range(x.dim()))
     return _new(kept_shape, layout.elementwise_strides(kept_shape, [broadcast]), x.dtype)
+
+
+def _vector_norm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """`linalg_vector_norm(x, ord, dim, keepdim)` of a floating meta tensor over listed dimensions, of a finite
+    nonzero `ord`, in `x`'s dtype, over at least one dimension of more than one element: laid out as `mean` over
+    those dimensions (PyTorch's reference: an elementwise power, a sum, and an elementwise root of the sum, where
+    `mean` divides it)."""
+    if not args or len(args) > 4 or any(k not in ("ord", "dim", "keepdim", "dtype") for k in kwargs):
+        return None
+    x = args[0]
+    order = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+    dims = args[2] if len(args) > 2 else kwargs.get("dim")
+    keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if not _is_meta(x) or kwargs.get("dtype") not in (None, x.dtype) or isinstance(order, bool) \
+            or not isinstance(order, (int, float)) or order == 0 or not math.isfinite(order) \
+            or not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) and -x.dim() <= d < x.dim()
+                                                              for d in dims) \
+            or all(x.shape[d] == 1 for d in dims):
+        return None  # over size-1 dimensions only, the reference returns |x| itself where it is contiguous
+    return _mean_output(func, (x, dims, keep), {})
 
 
 def _addmm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
@@ -259,14 +303,20 @@ def _group_norm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor
             or any(k not in ("weight", "bias", "eps") for k in kwargs) or not isinstance(args[1], int) \
             or args[1] < 1 or x.shape[1] % args[1] or any(not _is_meta(p) or p.dtype != x.dtype for p in params):
         return None
-    if 1 in x.shape and not _plain_size_one_strides(x):
-        return None  # a size-1 dimension's stride can show through the kernel's reshape: left to it
+    # The kernel normalises x viewed as [N, groups, K] and views the result back. Its output is contiguous when
+    # a group has more than one element and x has no trailing dimensions that are all of size 1; else size-1
+    # dimensions' strides can show through the reshapes, and only plainly laid-out inputs are answered.
+    spatial = math.prod(x.shape[2:])
+    if not ((x.dim() == 2 or spatial > 1) and x.shape[1] // args[1] * spatial > 1) \
+            and not _plain_size_one_strides(x):
+        return None
     return _new(x.shape, layout.contiguous_strides(x.shape), x.dtype)
 
 
 # how -> the rule that answers it (`func(op, args, kwargs)`: the tensor the kernel would return, or None to run it)
-_OUTPUTS = {_POINTWISE: _pointwise_output, _GROUP_NORM: _group_norm_output, _CAT: _cat_output,
-            _MEAN: _mean_output, _ADDMM: _addmm_output, _IM2COL: _im2col_output}
+_OUTPUTS = {_POINTWISE: _pointwise_output, _POINTWISE_OUT: _pointwise_out_output, _GROUP_NORM: _group_norm_output,
+            _CAT: _cat_output,
+            _MEAN: _mean_output, _VECTOR_NORM: _vector_norm_output, _ADDMM: _addmm_output, _IM2COL: _im2col_output}
 
 
 def run_op(func, args: tuple, kwargs: dict):
