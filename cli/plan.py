@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="host memory (RAM) the pass may keep caches, output and activations in, in MB (default: the "
                         "RAM available now less a margin, docs/memory.md)")
     p.add_argument("--mode", choices=MODES, default="auto",
-                   help="auto: any exact plan (default); exact: exact tiles; fast: blended tiles (not exact)")
+                   help="auto: any exact plan (default); exact: exact tiles; fast: blended tiles (not exact); the "
+                        "planner chooses the tile size")
     p.add_argument("--no-host-memory", action="store_true",
                    help="plans that keep caches and output on the device only")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

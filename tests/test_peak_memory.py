@@ -136,6 +136,18 @@ def test_plan_function_for_a_family_and_a_clip_of_any_length():
     assert pixels.shape == (1, 16, 21, 90, 160)  # a pixel shape is turned into its latents for decode
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_plan_in_a_tiled_mode_chooses_the_tile_that_fits(mode):
+    """`plan --mode exact|fast` (and `plan_pass`) search tile sizes as auto mode does: a 1 GB budget that the default
+    512 px tiles of a 720p clip exceed gets smaller tiles of that kind, not a refusal naming the 512 px floor."""
+    from turbovae.vae.plan_pass import plan_pass
+
+    budget = 2**30
+    plan = plan_pass("qwen_image", (1, 16, 5, 90, 160), decode=True, dtype="fp16", device_type="cuda", mode=mode,
+                     budget_bytes=budget)
+    assert plan.mode == mode and plan.tile_px < 512 and plan.fits and plan.predicted.pass_bytes <= budget
+
+
 def test_plan_function_typed_errors():
     from turbovae.vae.plan_pass import PlanError, plan_pass
 

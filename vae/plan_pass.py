@@ -74,7 +74,9 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
     `source`: a family (`family_names()`) or a checkpoint. `shape`: latents [B, C, T, h, w] or pixels [B, I, T, H, W]
     (for decode, pixels are turned into their latents; for encode, latents into their pixels; clips are padded to
     1+4n frames as the public path pads). `dtype` default bf16 on CUDA, fp32 elsewhere. `device_type`: the device
-    the pass would run on (its default paths: fused norms on CUDA where Triton is installed). `budget_bytes`
+    the pass would run on (its default paths: fused norms on CUDA where Triton is installed). `mode`: "auto" (any
+    exact plan, untiled where it fits), "exact" or "fast" (tiles of that kind, of the size the planner chooses;
+    one tile may cover the frame). `budget_bytes`
     default: the default budget on this machine's device of that type, or DEFAULT_PASS_BUDGET_BYTES for a device
     this machine lacks. `host_memory`: whether the plan may keep caches and output in host memory (default: where
     host memory is apart from the device's, i.e. not on the CPU); `host_budget_bytes`: how much (default: this
@@ -106,7 +108,9 @@ def plan_pass(source: Union[str, os.PathLike, VAEModel], shape: Union[str, Seque
         have = torch.cuda.is_available() if device_type == "cuda" else device_type == "cpu"
         budget_bytes = default_budget_bytes(device_type) if have else DEFAULT_PASS_BUDGET_BYTES
     separate = device_type != "cpu"
-    request = PlanRequest(mode=mode, allow_host=separate if host_memory is None else host_memory,
+    # exact or fast tiles of the size the planner chooses (tile_px 0), as in auto mode: not only the default tile
+    request = PlanRequest(mode=mode, tile_px=None if mode == "auto" else 0,
+                          allow_host=separate if host_memory is None else host_memory,
                           host_is_separate=True if host_memory else None)
     if host_budget_bytes is None:
         host_budget_bytes = default_host_budget_bytes()
