@@ -76,7 +76,6 @@ class Costs:
         return sum(self.bytes.values())
 
 
-# Operations that move no data: an allocation returns memory nobody has written yet (the op that fills it counts).
 def _onednn_conv_flop(x_shape, w_shape, _bias, _padding, _stride, _dilation, _groups, *, out_shape, **_kw) -> int:
     return conv_flop_count(x_shape, w_shape, out_shape)
 
@@ -87,6 +86,7 @@ def _onednn_conv_flop(x_shape, w_shape, _bias, _padding, _stride, _dilation, _gr
 EXTRA_FLOP_FORMULAS = {torch.ops.aten.mkldnn_convolution: _onednn_conv_flop}
 _FLOPS = {**flop_registry, **{op: shape_wrapper(f) for op, f in EXTRA_FLOP_FORMULAS.items()}}
 
+# Operations that move no data: an allocation returns memory nobody has written yet (the op that fills it counts).
 _NO_DATA = frozenset({"lift_fresh", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})
 
 

@@ -60,8 +60,7 @@ _UNARY = (aten.exp.default, aten.neg.default)
 _WITH_ALPHA = (aten.add.Tensor, aten.sub.Tensor)
 _BY_NAME = {aten.cat.default: _CAT, aten.mean.dim: _MEAN, aten.addmm.default: _ADDMM, aten.im2col.default: _IM2COL,
             aten.group_norm.default: _GROUP_NORM, aten.linalg_vector_norm.default: _VECTOR_NORM,
-            aten.linear.default: _LINEAR, aten.conv2d.default: _CONV,
-            aten.conv3d.default: _CONV}
+            aten.linear.default: _LINEAR, aten.conv2d.default: _CONV, aten.conv3d.default: _CONV}
 # dtypes PyTorch's reference kernels compute in float32: their operands are converted (laid out densely) first
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -315,8 +314,8 @@ def _group_norm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor
 
 # how -> the rule that answers it (`func(op, args, kwargs)`: the tensor the kernel would return, or None to run it)
 _OUTPUTS = {_POINTWISE: _pointwise_output, _POINTWISE_OUT: _pointwise_out_output, _GROUP_NORM: _group_norm_output,
-            _CAT: _cat_output,
-            _MEAN: _mean_output, _VECTOR_NORM: _vector_norm_output, _ADDMM: _addmm_output, _IM2COL: _im2col_output}
+            _CAT: _cat_output, _MEAN: _mean_output, _VECTOR_NORM: _vector_norm_output, _ADDMM: _addmm_output,
+            _IM2COL: _im2col_output}
 
 
 def run_op(func, args: tuple, kwargs: dict):
