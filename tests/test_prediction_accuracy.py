@@ -177,15 +177,12 @@ def test_one_convolution_predicts_the_allocator_peak_and_the_output_layout(xs, w
         tracker = LiveBytes(exclude=[xm, wm, bm], op_memory=CpuOpMemory())
         with tracker:
             ym = conv(xm, wm, bm, stride, padding)
-        dims = len(xs) - 2
-        per_dim = lambda v: list(v) if isinstance(v, tuple) else [v] * dims  # noqa: E731
-        backend = cpu_conv_memory.cpu_backend(cpu_conv_memory.conv_params(
-            torch.ops.aten.convolution.default,
-            (xm, wm, bm, per_dim(stride), per_dim(padding), [1] * dims, False, [0] * dims, 1), {}))
+        op = torch.ops.aten.conv3d.default if len(xs) == 5 else torch.ops.aten.conv2d.default
+        backend = cpu_conv_memory.cpu_backend(cpu_conv_memory.conv_params(op, (xm, wm, bm, stride, padding), {}))
     assert ym.stride() == y.stride()
     assert abs(tracker.peak - measured.device_bytes) <= 0.01 * measured.device_bytes + 16 * 1024, \
         (tracker.peak, measured.device_bytes)
-    if dims == 3:  # every 3-D row runs oneDNN, on PyTorch's choice or this package's, but the Slow3d rows
+    if len(xs) == 5:  # every 3-D row runs oneDNN, on PyTorch's choice or this package's, but the Slow3d rows
         assert backend == (torch._C._ConvBackend.Slow3d if pytorchs else torch._C._ConvBackend.Mkldnn)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -134,9 +134,9 @@ def onednn_instead(backend, weight_dims: int, dtype: torch.dtype, transposed: bo
             and torch.backends.mkldnn.enabled)
 
 
-def pytorch_backend(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int],
-                    dilation: list[int], groups: int, transposed: bool = False,
-                    output_padding: Optional[list[int]] = None):
+def pytorch_backend(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+                    dilation: Sequence[int], groups: int, transposed: bool = False,
+                    output_padding: Optional[Sequence[int]] = None):
     """The `torch._C._ConvBackend` PyTorch itself picks for a convolution of these tensors' shapes on the CPU."""
     return _backend(tuple(x.shape), tuple(weight.shape), x.dtype, tuple(stride), tuple(padding), tuple(dilation),
                     transposed, tuple(output_padding or (0,) * (weight.ndim - 2)), groups, torch.get_num_threads(),

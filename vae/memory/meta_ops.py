@@ -231,12 +231,12 @@ def _vector_norm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tenso
     dims = args[2] if len(args) > 2 else kwargs.get("dim")
     keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
     if not _is_meta(x) or kwargs.get("dtype") not in (None, x.dtype) or isinstance(order, bool) \
-            or not isinstance(order, (int, float)) or order == 0 or not math.isfinite(order) \
-            or not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) and -x.dim() <= d < x.dim()
-                                                              for d in dims) \
-            or all(x.shape[d] == 1 for d in dims):
+            or not isinstance(order, (int, float)) or order == 0 or not math.isfinite(order):
+        return None
+    out = _mean_output(func, (x, dims, keep), {})  # None unless `dims` name dimensions of x, each once
+    if out is None or all(x.shape[d] == 1 for d in dims):
         return None  # over size-1 dimensions only, the reference returns |x| itself where it is contiguous
-    return _mean_output(func, (x, dims, keep), {})
+    return out
 
 
 def _addmm_output(func, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:

@@ -143,7 +143,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         route = current_route(x.dtype, x.device.type)
     if route.route == "native":
         if x.device.type == "cpu" and not isinstance(padding, str) and not tracing():
-            s, p, d = list(_triple(stride)), list(_triple(padding)), list(_triple(dilation))
+            s, p, d = _triple(stride), _triple(padding), _triple(dilation)
             if onednn_instead(pytorch_backend(x, weight, s, p, d, groups), weight.ndim, x.dtype, False, groups):
                 return torch.ops.aten.mkldnn_convolution(x, weight, bias, p, s, d, groups)
         return F.conv3d(x, weight, bias, stride, padding, dilation, groups)
